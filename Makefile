@@ -1,0 +1,63 @@
+# dataflex-rl. `make help` lists the targets. The first target that needs Python creates .venv and installs
+# everything (torch 2.13.0 CPU first, so pip never pulls a CUDA build), so each target works on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
+ALPHA ?= 0.0,0.25,0.5
+SEEDS ?= 1,2
+BACKEND ?= local
+LAUNCHER ?= local
+JOBS ?=
+STEPS ?=
+SWEEP ?=
+MECH ?=
+ETA ?=
+EXTRA ?=
+DRY_RUN ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help install test test-full bench sweep tune report train clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-11s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install the project with its pinned stack (done by every target)
+
+test: $(STAMP) ## Fast test tier (under 10 minutes on 2 cores)
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+
+test-full: $(STAMP) ## Every test, including the long real runs
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
+	$(PY) -m benchmarks
+
+sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEEDS, JOBS, STEPS, SWEEP, EXTRA)
+	$(PY) -m sweeps alpha=$(ALPHA) seeds=$(SEEDS) backend=$(BACKEND) launcher=$(LAUNCHER) \
+		$(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
+		$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) \
+		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]')
+
+tune: $(STAMP) ## Optuna search over alpha (and what conf/sweep/optuna.yaml lists)
+	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP))
+
+report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep
+	$(PY) -m analysis.report runs/$(SWEEP)
+
+train: $(STAMP) ## One training run on the local CPU backend (ARGS="hydra overrides")
+	$(PY) -m dataflex_rl.train $(ARGS)
+
+clean: ## Remove the virtualenv and caches (keeps runs/)
+	rm -rf $(VENV) .pytest_cache .hypothesis

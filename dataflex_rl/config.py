@@ -1,0 +1,201 @@
+"""Typed, validated configuration of the ``dataflex`` block.
+
+The block users write (public interface)::
+
+    dataflex:
+      mechanism: reweight
+      scorer:   {name: token_prob}
+      actuator: {name: advantage_reweight, params: {alpha: 0.5}}
+      warmup_step: 0
+
+:func:`parse_dataflex_config` turns a dict or ``DictConfig`` into frozen dataclasses once, at the boundary, and
+refuses bad input with a :class:`ConfigError` that names the key, the value and what is allowed. Component
+parameters are checked by each component's own ``Params`` dataclass (see :mod:`dataflex_rl.scorers`,
+:mod:`dataflex_rl.actuators`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+TOP_LEVEL_KEYS = ("mechanism", "scorer", "actuator", "warmup_step")
+COMPONENT_KEYS = ("name", "params")
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed. The message names the key, the value and what is allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentConfig:
+    """One swappable part: a registry ``name`` and its validated, frozen ``params``."""
+
+    name: str
+    params: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "params": dict(self.params)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataflexConfig:
+    """The whole ``dataflex`` block, validated. Build it with :func:`parse_dataflex_config`."""
+
+    mechanism: str
+    scorer: ComponentConfig
+    actuator: ComponentConfig
+    warmup_step: int = 0
+
+    def __post_init__(self) -> None:
+        check_non_negative_int("dataflex.warmup_step", self.warmup_step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mechanism": self.mechanism,
+            "scorer": self.scorer.to_dict(),
+            "actuator": self.actuator.to_dict(),
+            "warmup_step": self.warmup_step,
+        }
+
+
+def to_plain(cfg: Any) -> Any:
+    """A plain Python container from a ``DictConfig``/``ListConfig`` (resolved) or anything mapping-like."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # omegaconf is a dependency; this only keeps the core importable without it
+        DictConfig = ListConfig = ()  # type: ignore[assignment,misc]
+    if DictConfig and isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(cfg, Mapping):
+        return {key: to_plain(value) for key, value in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_plain(value) for value in cfg]
+    return cfg
+
+
+def check_keys(where: str, given: Mapping[str, Any], allowed: tuple[str, ...] | list[str]) -> None:
+    """Refuse keys of ``given`` that are not in ``allowed``."""
+    unknown = [key for key in given if key not in allowed]
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: "
+            f"{', '.join(allowed) if allowed else '(none)'}"
+        )
+
+
+def check_non_negative_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= 0")
+    return int(value)
+
+
+def check_unit_interval(key: str, value: Any) -> float:
+    """A finite real number in [0, 1] (booleans and strings are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number in [0, 1]")
+    if not 0.0 <= float(value) <= 1.0:
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be in [0, 1]")
+    return float(value)
+
+
+def check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{key} = {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
+    return value
+
+
+def build_params(where: str, params_cls: type, given: Mapping[str, Any] | None) -> Any:
+    """Instantiate a component's frozen ``Params`` dataclass from user params, refusing unknown keys.
+
+    ``Params.__post_init__`` checks the values themselves (with ``where`` unknown to it, so errors are re-raised
+    with the full key path).
+    """
+    given = {} if given is None else to_plain(given)
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{where} = {given!r} is not allowed: it must be a mapping of parameter names to values")
+    allowed = [field.name for field in dataclasses.fields(params_cls)]
+    check_keys(where, given, allowed)
+    try:
+        return params_cls(**given)
+    except ConfigError as error:
+        raise ConfigError(f"{where}.{error}") from None
+
+
+def parse_dataflex_config(cfg: Any) -> DataflexConfig:
+    """Validate the ``dataflex`` block (dict, ``DictConfig`` or :class:`DataflexConfig`) into a DataflexConfig.
+
+    Checks the component names against the registries, each component's params, and that the scorer's output
+    fits what the actuator consumes and what the mechanism can drive.
+    """
+    if isinstance(cfg, DataflexConfig):
+        return cfg
+    from dataflex_rl.mechanism import MECHANISMS
+    from dataflex_rl.actuators import ACTUATORS
+    from dataflex_rl.scorers import SCORERS
+    from dataflex_rl.registry import RegistryError
+
+    raw = to_plain(cfg)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"dataflex = {raw!r} is not allowed: it must be a mapping with keys {TOP_LEVEL_KEYS}")
+    check_keys("dataflex", raw, TOP_LEVEL_KEYS)
+
+    def lookup(registry: Any, key: str, name: Any) -> Any:
+        try:
+            return registry.get(name)
+        except RegistryError as error:
+            raise ConfigError(f"{key} = {name!r} is not allowed: {error}") from None
+
+    mechanism_name = raw.get("mechanism", "reweight")
+    mechanism_cls = lookup(MECHANISMS, "dataflex.mechanism", mechanism_name)
+
+    def component(key: str, registry: Any) -> tuple[ComponentConfig, type]:
+        block = raw.get(key)
+        if block is None:
+            block = {"name": getattr(mechanism_cls, f"default_{key}")}
+        if isinstance(block, str):  # shorthand `scorer: token_prob`
+            block = {"name": block}
+        if not isinstance(block, Mapping) or "name" not in block:
+            raise ConfigError(f"dataflex.{key} = {block!r} is not allowed: it must be a mapping with a 'name'")
+        check_keys(f"dataflex.{key}", block, COMPONENT_KEYS)
+        cls = lookup(registry, f"dataflex.{key}.name", block["name"])
+        params = build_params(f"dataflex.{key}.params", cls.Params, block.get("params"))
+        frozen = MappingProxyType(dataclasses.asdict(params))
+        return ComponentConfig(name=block["name"], params=frozen), cls
+
+    scorer, scorer_cls = component("scorer", SCORERS)
+    actuator, actuator_cls = component("actuator", ACTUATORS)
+    check_compatible(scorer_cls, actuator_cls, mechanism_cls)
+    warmup = check_non_negative_int("dataflex.warmup_step", raw.get("warmup_step", 0))
+    return DataflexConfig(mechanism=mechanism_name, scorer=scorer, actuator=actuator, warmup_step=warmup)
+
+
+def check_compatible(scorer_cls: type, actuator_cls: type, mechanism_cls: type) -> None:
+    """Refuse a scorer/actuator/mechanism combination whose shapes, signals or fields do not fit."""
+    if scorer_cls.granularity not in actuator_cls.granularities:
+        raise ConfigError(
+            f"dataflex.scorer.name = {scorer_cls.name!r} produces a {scorer_cls.granularity}-level signal, but "
+            f"dataflex.actuator.name = {actuator_cls.name!r} accepts only "
+            f"{'/'.join(sorted(actuator_cls.granularities))}-level signals"
+        )
+    if scorer_cls.signal not in actuator_cls.signals:
+        raise ConfigError(
+            f"dataflex.scorer.name = {scorer_cls.name!r} produces a {scorer_cls.signal!r} signal, but "
+            f"dataflex.actuator.name = {actuator_cls.name!r} consumes only {sorted(actuator_cls.signals)}"
+        )
+    missing = [field for field in scorer_cls.required_fields if field not in mechanism_cls.provided_fields]
+    if missing:
+        raise ConfigError(
+            f"dataflex.scorer.name = {scorer_cls.name!r} requires batch field(s) {missing} that "
+            f"dataflex.mechanism = {mechanism_cls.name!r} does not provide; it provides "
+            f"{sorted(mechanism_cls.provided_fields)}"
+        )
+    if actuator_cls.name not in mechanism_cls.actuators_allowed and mechanism_cls.actuators_allowed != ("*",):
+        raise ConfigError(
+            f"dataflex.actuator.name = {actuator_cls.name!r} cannot drive dataflex.mechanism = "
+            f"{mechanism_cls.name!r}; allowed actuators: {list(mechanism_cls.actuators_allowed)}"
+        )

@@ -1,0 +1,79 @@
+"""Every metric key the project writes, in one place.
+
+Keys follow verl's names where verl has one (``critic/score/mean``, ``actor/grad_norm``, ...), ``dataflex/...``
+for the mechanism, ``grad_norm/by_prob/...`` for gradient statistics by token probability and ``val/...`` for
+evaluation. The run store, W&B and the analysis package all use these strings.
+"""
+
+from __future__ import annotations
+
+# --- mechanism (dataflex/...) -------------------------------------------------------------------------------
+ACTIVE = "dataflex/active"
+WEIGHT_PREFIX = "dataflex/weight"
+WEIGHT_STATS = ("mean", "std", "min", "max", "p05", "p50", "p95")
+WEIGHT_KEYS = tuple(f"{WEIGHT_PREFIX}/{stat}" for stat in WEIGHT_STATS)
+TOKEN_PROB_MEAN = "dataflex/token_prob/mean"
+TOKEN_PROB_LOW_FRAC = "dataflex/token_prob/low_frac"
+VALID_TOKENS = "dataflex/valid_tokens"
+
+# Histogram names (run store ``histograms.parquet`` column ``name``; W&B key is the same string).
+HIST_WEIGHT = "dataflex/hist/weight"
+HIST_TOKEN_PROB = "dataflex/hist/token_prob"
+
+# --- rollout / reward / advantage (verl names) -------------------------------------------------------------
+SCORE_MEAN = "critic/score/mean"
+SCORE_MAX = "critic/score/max"
+SCORE_MIN = "critic/score/min"
+ADV_MEAN = "critic/advantages/mean"
+ADV_MAX = "critic/advantages/max"
+ADV_MIN = "critic/advantages/min"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+TRAIN_ACCURACY = "train/accuracy"
+
+# --- actor update (verl names) -----------------------------------------------------------------------------
+PG_LOSS = "actor/pg_loss"
+GRAD_NORM = "actor/grad_norm"  # before clipping
+GRAD_NORM_CLIPPED = "actor/grad_norm_clipped"  # after clipping
+GRAD_CLIP_FRAC = "actor/grad_clip_frac"  # share of optimiser steps where clipping rescaled the gradient
+PG_CLIPFRAC = "actor/pg_clipfrac"
+PPO_KL = "actor/ppo_kl"
+ENTROPY = "actor/entropy"
+KL_LOSS = "actor/kl_loss"
+LR = "actor/lr"
+
+# --- timing (verl names) -----------------------------------------------------------------------------------
+TIMING_GEN = "timing_s/gen"
+TIMING_UPDATE = "timing_s/update"
+TIMING_STEP = "timing_s/step"
+TIMING_MECHANISM = "timing_s/mechanism"
+TIMING_LOG = "timing_s/log"
+
+# --- validation --------------------------------------------------------------------------------------------
+VAL_ACCURACY = "val/accuracy"
+
+
+def val_accuracy_by_difficulty(difficulty: int) -> str:
+    """``val/accuracy/d<difficulty>``: accuracy on problems of one difficulty (K&K: number of people)."""
+    return f"{VAL_ACCURACY}/d{difficulty}"
+
+
+# --- gradient statistics by token probability (grad_norm/by_prob/...) --------------------------------------
+GRAD_BY_PROB_PREFIX = "grad_norm/by_prob"
+
+
+def bucket_label(low: float, high: float) -> str:
+    """Stable label of the probability bucket ``[low, high)``, e.g. ``0.00-0.25``."""
+    return f"{low:.2f}-{high:.2f}"
+
+
+def grad_by_prob(label: str, stat: str) -> str:
+    """Key of one per-bucket statistic.
+
+    ``stat`` is one of ``token_share``, ``adv_weight_abs_mean``, ``logit_grad_norm`` (closed form, every step),
+    ``logit_grad_share`` (that bucket's share of the summed closed-form norms), ``param_grad_norm``
+    (exact, every ``stats.exact_every`` steps) and ``param_grad_share``.
+    """
+    return f"{GRAD_BY_PROB_PREFIX}/{label}/{stat}"
+
+
+GRAD_LOW_PROB_SHARE = f"{GRAD_BY_PROB_PREFIX}/low_prob_share"  # share of the logit-gradient norm from pi < 0.5

@@ -1,0 +1,103 @@
+"""Name -> component registries, one per kind, filled by decorators.
+
+>>> SCORERS = Registry("scorer")
+>>> @SCORERS.register("token_prob")
+... class TokenProbScorer: ...
+
+A duplicate name raises; an unknown name raises with the registered names; a dotted path ``pkg.module:Attr``
+loads an out-of-tree component without registering it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(KeyError):
+    """Unknown or duplicate registry name. ``str()`` is the plain message (KeyError would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry(Generic[T]):
+    """A name -> object map for one kind of component (``scorer``, ``actuator``, ``mechanism``, ``task`` ...)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name``; raises :class:`RegistryError` if the name is taken."""
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"{self.kind} name must be a non-empty string without ':', got {name!r}")
+
+        def decorator(obj: T) -> T:
+            if name in self._entries:
+                raise RegistryError(
+                    f"{self.kind} {name!r} is already registered (by {_describe(self._entries[name])}); "
+                    f"pick another name"
+                )
+            self._entries[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        """The component registered as ``name``, or loaded from a dotted path ``pkg.module:Attr``."""
+        if not isinstance(name, str):
+            raise RegistryError(f"{self.kind} name must be a string, got {name!r}; registered: {self.names()}")
+        if name in self._entries:
+            return self._entries[name]
+        if ":" in name:
+            return _load_dotted(self.kind, name)
+        raise RegistryError(
+            f"unknown {self.kind} {name!r}; registered {self.kind}s: {', '.join(self.names()) or '(none)'}; "
+            f"or give a dotted path 'package.module:Name'"
+        )
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Restore the registry's entries on exit (for tests that register throwaway components)."""
+        saved = dict(self._entries)
+        try:
+            yield
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)
+
+
+def _load_dotted(kind: str, path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise RegistryError(f"cannot import module {module_name!r} for {kind} {path!r}: {error}") from error
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as error:
+        raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (for {kind} {path!r})") from error
+    return obj
+
+
+def _describe(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -1,0 +1,90 @@
+"""Scorers: turn batch fields into a per-token signal of shape ``(bs, L)``.
+
+A scorer declares what it produces (``granularity``, ``signal``) and what it needs (``required_fields``,
+``needs_groups``, ``needs_forward``) so a config can be checked before any training starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+
+from dataflex_rl.registry import Registry
+
+SCORERS: Registry[type[Scorer]] = Registry("scorer")
+register_scorer = SCORERS.register
+
+
+class Scorer:
+    """Base class. Subclasses set the class attributes and implement :meth:`score`."""
+
+    name: ClassVar[str]
+    granularity: ClassVar[str] = "token"  # token | sequence | group
+    signal: ClassVar[str]  # what the numbers mean, e.g. "token_prob"
+    required_fields: ClassVar[tuple[str, ...]] = ()
+    needs_groups: ClassVar[bool] = False
+    needs_forward: ClassVar[bool] = False
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        pass
+
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    def score(self, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Signal ``(bs, L)`` float32; values at positions where ``response_mask`` is 0 are unspecified.
+
+        Must be pure tensor code (no ``.item()``, no raising on values) so the mechanism can fuse it.
+        """
+        raise NotImplementedError
+
+    def validate(self, fields: Mapping[str, torch.Tensor]) -> None:
+        """Raise ``ValueError`` describing bad input (called only when the mechanism's cheap check fails)."""
+
+
+@register_scorer("token_prob")
+class TokenProbScorer(Scorer):
+    """``pi_t = exp(old_log_probs_t)``: the sampling policy's probability of each generated token.
+
+    Uses the log-probs the trainer already computed before the update (no extra forward pass).
+    """
+
+    name = "token_prob"
+    granularity = "token"
+    signal = "token_prob"
+    required_fields = ("old_log_probs", "response_mask")
+
+    def score(self, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``exp(old_log_probs)`` on valid tokens, 1.0 at masked positions (whatever they held).
+
+        Pure tensor code (no host sync) so a mechanism can fuse it; :meth:`validate` checks the input.
+        """
+        response_mask = fields["response_mask"].bool()
+        # Masked positions may hold anything (padding, NaN, +inf); replace them before exp so nothing leaks.
+        return masked_log_probs(fields["old_log_probs"], response_mask).exp()
+
+    def validate(self, fields: Mapping[str, torch.Tensor]) -> None:
+        check_log_probs(fields["old_log_probs"], fields["response_mask"].bool())
+
+
+def masked_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``log_probs`` as float32 on valid tokens, 0 elsewhere."""
+    return torch.where(response_mask, log_probs.float(), 0.0)
+
+
+def check_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor, field: str = "old_log_probs") -> None:
+    """Raise ``ValueError`` if a valid token's log-prob is non-finite or positive (how many, and where)."""
+    bad = response_mask & ~(torch.isfinite(log_probs) & (log_probs <= 0))
+    if bool(bad.any()):
+        positions = bad.nonzero()
+        first = [tuple(int(i) for i in row) for row in positions[:5]]
+        values = [float(log_probs[row, col]) for row, col in first]
+        raise ValueError(
+            f"{field}: {positions.shape[0]} valid token(s) have a non-finite or positive log-prob "
+            f"(a log-probability must be finite and <= 0); first (row, position) -> value: "
+            f"{dict(zip(first, values))}"
+        )

@@ -1,0 +1,30 @@
+"""Problem generators, answer parsers and rewards (no torch).
+
+>>> from dataflex_rl.tasks import build_task
+>>> task = build_task("arithmetic", {"max_digits": 2})
+>>> problem = task.train_problems(1, seed=0)[0]
+>>> task.reward(problem, problem.completion)
+1.0
+
+Registered tasks: ``arithmetic`` (:mod:`.arithmetic`) and ``knights_knaves`` (:mod:`.knights_knaves`); the verl
+reward function is :func:`dataflex_rl.tasks.reward_fn.compute_score`.
+"""
+
+from dataflex_rl.tasks import arithmetic, knights_knaves  # noqa: F401  (registers the tasks)
+from dataflex_rl.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from dataflex_rl.tasks.base import TASKS, Problem, Task, build_task
+from dataflex_rl.tasks.knights_knaves import KnightsKnavesConfig, KnightsKnavesTask, Puzzle, generate_puzzles, solve
+
+__all__ = [
+    "TASKS",
+    "ArithmeticConfig",
+    "ArithmeticTask",
+    "KnightsKnavesConfig",
+    "KnightsKnavesTask",
+    "Problem",
+    "Puzzle",
+    "Task",
+    "build_task",
+    "generate_puzzles",
+    "solve",
+]

@@ -1,0 +1,110 @@
+"""build_task, the registry, param validation and the conf/task YAML files."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from omegaconf import OmegaConf
+
+from dataflex_rl.registry import RegistryError
+from dataflex_rl.tasks import TASKS, ArithmeticTask, KnightsKnavesTask, Problem, build_task
+
+CONF_TASK = pathlib.Path(__file__).resolve().parents[2] / "conf" / "task"
+
+
+def test_registered_names() -> None:
+    assert TASKS.names() == ["arithmetic", "knights_knaves"]
+    assert TASKS.get("arithmetic") is ArithmeticTask
+    assert TASKS.get("knights_knaves") is KnightsKnavesTask
+
+
+def test_unknown_task_lists_registered() -> None:
+    with pytest.raises(RegistryError) as error:
+        build_task("sudoku", {})
+    message = str(error.value)
+    assert "sudoku" in message and "arithmetic" in message and "knights_knaves" in message
+
+
+def test_dotted_path_builds_out_of_tree_class() -> None:
+    task = build_task("dataflex_rl.tasks.arithmetic:ArithmeticTask", {"max_digits": 2})
+    assert isinstance(task, ArithmeticTask) and task.config.max_digits == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "fragments"),
+    [
+        ("arithmetic", {"max_digit": 4}, ["'max_digit'", "4", "max_digits", "ops", "test_seed"]),
+        ("knights_knaves", {"people": 3}, ["'people'", "3", "num_people", "rendering", "reward"]),
+    ],
+)
+def test_unknown_param_names_key_value_and_allowed(name: str, params: dict, fragments: list[str]) -> None:
+    with pytest.raises(ValueError) as error:
+        build_task(name, params)
+    for fragment in fragments:
+        assert fragment in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "fragments"),
+    [
+        ("arithmetic", {"ops": ["+", "/"]}, ["ops", "'/'", "'+', '-', '*'"]),
+        ("arithmetic", {"ops": "+"}, ["ops", "'+'", "non-empty list"]),
+        ("arithmetic", {"ops": ["+", "+"]}, ["ops", "repeats"]),
+        ("arithmetic", {"max_digits": 0}, ["max_digits=0", ">= 1"]),
+        ("arithmetic", {"max_digits": True}, ["max_digits=True"]),
+        ("arithmetic", {"min_digits": 3, "max_digits": 2}, ["min_digits=3", "<= 2"]),
+        # 10 one-digit operands squared = 100 problems: at most half may be held out.
+        ("arithmetic", {"max_digits": 1, "test_size": 51}, ["test_size=51", "100 distinct", "test_size <= 50"]),
+        ("knights_knaves", {"num_people": 1}, ["num_people=1", ">= 2"]),
+        ("knights_knaves", {"num_people": [3, 13]}, ["num_people=13", "<= 12"]),
+        ("knights_knaves", {"num_people": []}, ["num_people=[]"]),
+        ("knights_knaves", {"rendering": "fancy"}, ["rendering='fancy'", "'compact', 'chat'"]),
+        ("knights_knaves", {"reward": "dense"}, ["reward='dense'", "'binary', 'logic_rl'"]),
+        ("knights_knaves", {"reward": "logic_rl"}, ["logic_rl", "rendering='chat'", "rendering='compact'"]),
+        ("knights_knaves", {"max_depth": 1}, ["max_depth=1", ">= 2"]),
+        # Two people, depth 2: about 220 distinct puzzles, so a 256-puzzle test pool cannot exist.
+        ("knights_knaves", {"num_people": 2}, ["count=256", "num_people=2", "too small"]),
+    ],
+)
+def test_bad_values_raise_with_key_value_and_allowed(name: str, params: dict, fragments: list[str]) -> None:
+    with pytest.raises(ValueError) as error:
+        build_task(name, params)
+    for fragment in fragments:
+        assert fragment in str(error.value)
+
+
+@pytest.mark.parametrize("path", sorted(CONF_TASK.glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_task_yaml_builds_its_task(path: pathlib.Path) -> None:
+    config = OmegaConf.load(path)
+    assert config.name == path.stem
+    params = {key: value for key, value in config.items() if key != "name"}  # ListConfig values stay as they are
+    task = build_task(config.name, params)
+    assert task.name == path.stem
+    plain = OmegaConf.to_container(config)
+    assert isinstance(plain, dict)
+    plain.pop("name")
+    assert build_task(path.stem, plain).config == task.config
+    problem = task.train_problems(1, seed=0)[0]
+    assert isinstance(problem, Problem)
+    assert task.reward(problem, problem.completion) == 1.0
+
+
+def test_yaml_defaults_match_the_brief() -> None:
+    arithmetic = OmegaConf.to_container(OmegaConf.load(CONF_TASK / "arithmetic.yaml"))
+    assert arithmetic == {
+        "name": "arithmetic", "max_digits": 3, "min_digits": 1, "ops": ["+"], "test_size": 256, "test_seed": 12345,
+    }  # fmt: skip
+    knights_knaves = OmegaConf.to_container(OmegaConf.load(CONF_TASK / "knights_knaves.yaml"))
+    assert knights_knaves["num_people"] == 3
+    assert knights_knaves["rendering"] == "compact"
+    assert knights_knaves["reward"] == "binary"
+
+
+def test_count_must_be_a_non_negative_int() -> None:
+    task = build_task("arithmetic", {})
+    with pytest.raises(ValueError, match=r"count=-1"):
+        task.train_problems(-1, seed=0)
+    with pytest.raises(ValueError, match=r"count=2\.5"):
+        task.test_problems(2.5, seed=0)  # type: ignore[arg-type]
+    assert task.train_problems(0, seed=0) == []

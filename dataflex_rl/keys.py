@@ -46,7 +46,8 @@ TIMING_GEN = "timing_s/gen"
 TIMING_UPDATE = "timing_s/update"
 TIMING_STEP = "timing_s/step"
 TIMING_MECHANISM = "timing_s/mechanism"
-TIMING_LOG = "timing_s/log"
+TIMING_LOG = "timing_s/log"  # logging of the previous step
+TIMING_EXACT_GRAD = "timing_s/exact_grad"  # exact per-bucket gradient norms (every stats.exact_every steps)
 
 # --- validation --------------------------------------------------------------------------------------------
 VAL_ACCURACY = "val/accuracy"
@@ -69,9 +70,10 @@ def bucket_label(low: float, high: float) -> str:
 def grad_by_prob(label: str, stat: str) -> str:
     """Key of one per-bucket statistic.
 
-    ``stat`` is one of ``token_share``, ``adv_weight_abs_mean``, ``logit_grad_norm`` (closed form, every step),
-    ``logit_grad_share`` (that bucket's share of the summed closed-form norms), ``param_grad_norm``
-    (exact, every ``stats.exact_every`` steps) and ``param_grad_share``.
+    ``stat`` is one of ``token_share``, ``adv_weight_abs_mean``, ``logit_grad_bound`` (mean ``|A w| (1 - pi)``,
+    needs no logits: both backends), ``logit_grad_norm`` and ``logit_grad_norm_share`` (closed-form per-token
+    logit-gradient norms summed over the bucket, and the bucket's share of the total: local backend, every
+    step), ``param_grad_norm`` and ``param_grad_share`` (exact, every ``stats.exact_every`` steps: local).
     """
     return f"{GRAD_BY_PROB_PREFIX}/{label}/{stat}"
 

@@ -1,0 +1,47 @@
+"""Tracking: the logger protocol, the run store (source of truth), W&B and a console line.
+
+Typical use in a trainer::
+
+    identity = RunIdentity.for_config(resolved, sweep=..., run=..., backend=..., mechanism=..., alpha=..., seed=...)
+    store = RunStore(run_dir)
+    store.write_meta(identity)
+    store.set_status("running", step=start_step)
+    if start_step > 0:
+        store.truncate_after(start_step)
+    with build_loggers(resolved["logger"], store, identity, resolved) as loggers:
+        loggers.log_config(resolved)
+        for step in ...:
+            loggers.log_metrics(step, metrics)
+            if loggers.wants_histogram(step):
+                loggers.log_histogram(step, keys.HIST_WEIGHT, edges, counts)
+    # leaving the block closes every logger: completed, or failed/interrupted with the traceback in status.json
+"""
+
+from dataflex_rl.tracking.base import CLOSE_STATES, Logger, MultiLogger
+from dataflex_rl.tracking.build import LoggerConfig, WandbConfig, build_loggers, parse_logger_config
+from dataflex_rl.tracking.console import ConsoleLogger
+from dataflex_rl.tracking.identity import RunIdentity, config_hash, git_commit
+from dataflex_rl.tracking.run_store import STATES, RunStore, load_histograms, load_metrics, read_jsonl
+from dataflex_rl.tracking.wandb_logger import WANDB_MODES, WandbLogger, wandb_run_id
+
+__all__ = [
+    "CLOSE_STATES",
+    "STATES",
+    "WANDB_MODES",
+    "ConsoleLogger",
+    "Logger",
+    "LoggerConfig",
+    "MultiLogger",
+    "RunIdentity",
+    "RunStore",
+    "WandbConfig",
+    "WandbLogger",
+    "build_loggers",
+    "config_hash",
+    "git_commit",
+    "load_histograms",
+    "load_metrics",
+    "parse_logger_config",
+    "read_jsonl",
+    "wandb_run_id",
+]

@@ -1,0 +1,57 @@
+"""A compact progress line through :mod:`logging` every ``every`` steps (progress bars are the trainer's job).
+
+Example line (keys absent at that step are left out)::
+
+    step 120 | critic/score/mean=0.4531 val/accuracy=0.39 actor/grad_norm=1.274 dataflex/weight/std=0.1182
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+
+from dataflex_rl import keys
+
+LOG = logging.getLogger(__name__)
+
+DEFAULT_KEYS = (keys.SCORE_MEAN, keys.VAL_ACCURACY, keys.GRAD_NORM, f"{keys.WEIGHT_PREFIX}/std")
+
+
+def format_value(value: float) -> str:
+    """Four significant digits; NaN and inf spelled out."""
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+class ConsoleLogger:
+    """Logs ``step N | key=value ...`` for the selected ``metric_keys`` present in a step's metrics.
+
+    A line is written at steps divisible by ``every`` and at any step that carries ``val/accuracy`` (evaluation
+    steps are rare and always worth a line).
+    """
+
+    name = "console"
+
+    def __init__(self, every: int = 10, metric_keys: Sequence[str] = DEFAULT_KEYS, log: logging.Logger = LOG) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"console every = {every!r} is not allowed: it must be an integer >= 1")
+        self.every = every
+        self.metric_keys = tuple(metric_keys)
+        self.log = log
+        self._last_step: int | None = None
+
+    def log_config(self, config: dict) -> None:
+        """Nothing: the config is in ``config.yaml`` and W&B."""
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._last_step = step
+        if step % self.every != 0 and keys.VAL_ACCURACY not in metrics:
+            return
+        shown = " ".join(f"{key}={format_value(float(metrics[key]))}" for key in self.metric_keys if key in metrics)
+        self.log.info("step %d | %s", step, shown or "(no selected metrics)")
+
+    def log_histogram(self, step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> None:
+        """Nothing: histograms do not fit a console line."""
+
+    def close(self, state: str = "completed") -> None:
+        self.log.info("run %s after step %s", state, self._last_step if self._last_step is not None else "-")

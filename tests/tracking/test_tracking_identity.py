@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+
+import pytest
+from omegaconf import OmegaConf
+
+from dataflex_rl.tracking import RunIdentity, config_hash, git_commit
+
+
+def make_identity(**overrides) -> RunIdentity:
+    fields = dict(
+        sweep="sweep1",
+        run="a0.25-s3",
+        backend="local",
+        mechanism="reweight",
+        alpha=0.25,
+        seed=3,
+        config_hash="0123456789ab",
+        git_commit=None,
+    )
+    return RunIdentity(**{**fields, **overrides})
+
+
+class TestConfigHash:
+    def test_is_sha256_prefix_of_canonical_json(self):
+        # canonical JSON of the config below: keys sorted, no spaces -> '{"a":1,"b":{"c":[1,2.5],"d":"x"}}'
+        assert config_hash({"b": {"d": "x", "c": [1, 2.5]}, "a": 1}) == "832a131b69e7"
+
+    def test_key_order_and_dictconfig_do_not_matter(self):
+        config = {"trainer": {"lr": 1e-5, "steps": 10}, "seed": 1}
+        reordered = {"seed": 1, "trainer": {"steps": 10, "lr": 1e-5}}
+        assert config_hash(config) == config_hash(reordered) == config_hash(OmegaConf.create(config))
+
+    def test_any_value_change_changes_it(self):
+        assert config_hash({"trainer": {"lr": 1e-5}}) != config_hash({"trainer": {"lr": 2e-5}})
+        assert config_hash({"seed": 1}) != config_hash({"seed": "1"})
+
+    def test_resolves_interpolations(self):
+        interpolated = OmegaConf.create({"base": 4, "derived": "${base}"})
+        assert config_hash(interpolated) == config_hash({"base": 4, "derived": 4})
+
+    def test_refuses_values_json_cannot_hold(self):
+        with pytest.raises(TypeError, match="object"):
+            config_hash({"bad": object()})
+
+
+class TestGitCommit:
+    def test_commit_of_a_repository(self, tmp_path):
+        environment = {
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        }
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, env=environment)
+        (tmp_path / "file.txt").write_text("x")
+        subprocess.run(["git", "-C", str(tmp_path), "add", "file.txt"], check=True, env=environment)
+        subprocess.run(["git", "-C", str(tmp_path), "commit", "-q", "-m", "m"], check=True, env=environment)
+        expected = subprocess.run(
+            ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        assert git_commit(tmp_path) == expected
+        assert len(expected) == 40
+
+    def test_none_outside_git_and_for_missing_paths(self, tmp_path):
+        assert git_commit(tmp_path) is None
+        assert git_commit(tmp_path / "does-not-exist") is None
+
+    def test_none_without_git_binary(self, tmp_path, monkeypatch):
+        monkeypatch.setenv("PATH", str(tmp_path))
+        assert git_commit() is None
+
+    def test_default_is_a_commit_or_none(self):
+        commit = git_commit()
+        assert commit is None or (len(commit) == 40 and all(c in "0123456789abcdef" for c in commit))
+
+
+class TestRunIdentity:
+    def test_wandb_name_and_tags(self):
+        assert make_identity().wandb_name == "sweep1-a0.25-s3"
+        assert make_identity(alpha=0).wandb_name == "sweep1-a0-s3"
+        assert make_identity(alpha=1.0, seed=12).wandb_name == "sweep1-a1-s12"
+        assert make_identity().tags == ("reweight", "local")
+
+    def test_frozen_and_normalised(self):
+        identity = make_identity(alpha=1, seed=2)
+        assert isinstance(identity.alpha, float) and identity.alpha == 1.0
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            identity.alpha = 0.5  # type: ignore[misc]
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [("sweep", ""), ("run", None), ("alpha", float("nan")), ("alpha", True), ("seed", 1.5), ("git_commit", 5)],
+    )
+    def test_bad_fields_are_named(self, field, value):
+        with pytest.raises(ValueError, match=f"RunIdentity.{field}"):
+            make_identity(**{field: value})
+
+    def test_for_config_fills_hash(self):
+        config = {"a": 1}
+        identity = RunIdentity.for_config(
+            config, sweep="s", run="r", backend="verl", mechanism="reweight", alpha=0.5, seed=1
+        )
+        assert identity.config_hash == config_hash(config)
+        assert identity.git_commit == git_commit()
+        assert identity.to_dict()["backend"] == "verl"

@@ -199,3 +199,18 @@ def check_compatible(scorer_cls: type, actuator_cls: type, mechanism_cls: type) 
             f"dataflex.actuator.name = {actuator_cls.name!r} cannot drive dataflex.mechanism = "
             f"{mechanism_cls.name!r}; allowed actuators: {list(mechanism_cls.actuators_allowed)}"
         )
+
+
+def check_int_at_least(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= {minimum}")
+    return int(value)
+
+
+def check_number(key: str, value: Any, *, minimum: float | None = None, exclusive: bool = False) -> float:
+    """A finite real number, optionally ``> minimum`` (``exclusive``) or ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number")
+    if minimum is not None and (float(value) <= minimum if exclusive else float(value) < minimum):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be {'>' if exclusive else '>='} {minimum}")
+    return float(value)

@@ -1,0 +1,258 @@
+"""The local backend's configuration, typed once at the entry point (``conf/train.yaml`` and its groups).
+
+Every section is a frozen dataclass whose ``__post_init__`` refuses bad values with a
+:class:`~dataflex_rl.config.ConfigError` naming the key (full dotted path), the value and what is allowed. This runs
+before any model is built, so a bad override never costs a training run or touches an existing run folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from dataflex_rl.config import (
+    ConfigError,
+    DataflexConfig,
+    build_params,
+    check_choice,
+    check_int_at_least,
+    check_keys,
+    check_non_negative_int,
+    check_number,
+    check_unit_interval,
+    parse_dataflex_config,
+    to_plain,
+)
+
+ARCHITECTURES = ("qwen2", "llama")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _set(params: Any, name: str, value: Any) -> None:
+    object.__setattr__(params, name, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = None
+    architecture: str = "qwen2"
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 64
+
+    def __post_init__(self) -> None:
+        check_choice("architecture", self.architecture, ARCHITECTURES)
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            check_int_at_least(name, getattr(self, name), 1)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"hidden_size = {self.hidden_size} is not allowed: it must be a multiple of "
+                              f"num_heads = {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_kv_heads = {self.num_kv_heads} is not allowed: it must divide "
+                              f"num_heads = {self.num_heads}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start on generated solved problems; cached by a hash of model, task and this section."""
+
+    steps: int = 500
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+    cache_dir: str = ".cache/sft"
+
+    def __post_init__(self) -> None:
+        check_non_negative_int("steps", self.steps)
+        check_int_at_least("batch_size", self.batch_size, 1)
+        _set(self, "lr", check_number("lr", self.lr, minimum=0.0, exclusive=True))
+        _set(self, "weight_decay", check_number("weight_decay", self.weight_decay, minimum=0.0))
+        check_non_negative_int("seed", self.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    total_steps: int = 400
+    prompts_per_step: int = 32
+    rollouts_per_prompt: int = 8
+    temperature: float = 1.0
+    max_new_tokens: int | None = None  # None: the task's longest answer plus slack
+    recompute_old_log_probs: bool = False  # True: a forward pass, as verl; False: the sampler's own scores
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0  # None: no clipping (the norm is still logged)
+    adv_estimator: str = "grpo"
+    norm_adv_by_std: bool = True
+    policy_loss: str = "vanilla"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    ppo_epochs: int = 1
+    ppo_mini_batches: int = 1
+    kl_coef: float = 0.0
+    kl_type: str = "low_var_kl"
+    val_every: int = 25
+    val_size: int = 256
+    val_seed: int = 0
+    save_every: int = 50
+
+    def __post_init__(self) -> None:
+        check_non_negative_int("total_steps", self.total_steps)
+        check_int_at_least("prompts_per_step", self.prompts_per_step, 1)
+        check_int_at_least("rollouts_per_prompt", self.rollouts_per_prompt, 2 if self.adv_estimator in (
+            "grpo", "rloo") else 1)
+        _set(self, "temperature", check_number("temperature", self.temperature, minimum=0.0, exclusive=True))
+        if self.max_new_tokens is not None:
+            check_int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        _set(self, "lr", check_number("lr", self.lr, minimum=0.0, exclusive=True))
+        _set(self, "weight_decay", check_number("weight_decay", self.weight_decay, minimum=0.0))
+        if self.grad_clip is not None:
+            _set(self, "grad_clip", check_number("grad_clip", self.grad_clip, minimum=0.0, exclusive=True))
+        _check_verl_name("adv_estimator", self.adv_estimator, "adv")
+        _check_verl_name("policy_loss", self.policy_loss, "policy_loss")
+        for name in ("clip_ratio_low", "clip_ratio_high"):
+            _set(self, name, check_number(name, getattr(self, name), minimum=0.0))
+        _set(self, "clip_ratio_c", check_number("clip_ratio_c", self.clip_ratio_c, minimum=1.0, exclusive=True))
+        check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        check_int_at_least("ppo_epochs", self.ppo_epochs, 1)
+        check_int_at_least("ppo_mini_batches", self.ppo_mini_batches, 1)
+        if self.ppo_mini_batches > self.prompts_per_step:
+            raise ConfigError(f"ppo_mini_batches = {self.ppo_mini_batches} is not allowed: it must be <= "
+                              f"prompts_per_step = {self.prompts_per_step} (mini-batches split whole prompt groups)")
+        _set(self, "kl_coef", check_number("kl_coef", self.kl_coef, minimum=0.0))
+        check_choice("kl_type", self.kl_type, KL_TYPES)
+        check_non_negative_int("val_every", self.val_every)
+        check_int_at_least("val_size", self.val_size, 1)
+        check_non_negative_int("val_seed", self.val_seed)
+        check_non_negative_int("save_every", self.save_every)
+        for name in ("norm_adv_by_std", "recompute_old_log_probs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} = {getattr(self, name)!r} is not allowed: it must be true or false")
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompts_per_step * self.rollouts_per_prompt
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsConfig:
+    """Gradient-norm statistics by token probability (the paper's Fig. 1d)."""
+
+    bucket_edges: tuple[float, ...] = (0.25, 0.5, 0.75)
+    exact_every: int = 50  # 0: never; the exact per-bucket parameter-gradient norms cost one backward per bucket
+    exact_samples: int = 64  # sequences in the subsample for the exact norms
+
+    def __post_init__(self) -> None:
+        edges = tuple(self.bucket_edges)
+        if not edges or any(isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e < 1 for e in edges) \
+                or list(edges) != sorted(set(edges)):
+            raise ConfigError(f"bucket_edges = {list(edges)!r} is not allowed: it must be a non-empty increasing "
+                              f"list of distinct numbers strictly between 0 and 1")
+        _set(self, "bucket_edges", tuple(float(e) for e in edges))
+        check_non_negative_int("exact_every", self.exact_every)
+        check_int_at_least("exact_samples", self.exact_samples, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    name: str
+    params: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    run_dir: str
+    seed: int
+    dataflex: DataflexConfig
+    model: ModelConfig
+    task: TaskConfig
+    sft: SFTConfig
+    trainer: TrainerConfig
+    stats: StatsConfig
+    logger: Mapping[str, Any]
+    sweep: str | None = None
+    run_name: str | None = None
+    threads: int | None = None
+    mechanism_label: str | None = None
+    mode: str = "train"
+
+    @property
+    def alpha(self) -> float | None:
+        return self.dataflex.actuator.params.get("alpha")
+
+
+TOP_LEVEL_KEYS = ("run_dir", "seed", "dataflex", "model", "task", "sft", "trainer", "stats", "logger", "sweep",
+                  "run_name", "threads", "mechanism_label", "mode", "hydra")
+MODES = ("train", "sft")
+
+
+def parse_train_config(cfg: Any) -> TrainConfig:
+    """Validate the whole run config (dict or DictConfig) into a :class:`TrainConfig`; no side effects."""
+    raw = to_plain(cfg)
+    check_keys("config", raw, TOP_LEVEL_KEYS)
+    if not raw.get("run_dir"):
+        raise ConfigError("run_dir = None is not allowed: give run_dir=PATH (where the run store goes)")
+    seed = check_non_negative_int("seed", raw.get("seed", 1))
+    task = dict(raw.get("task") or {})
+    if "name" not in task:
+        raise ConfigError(f"task = {task!r} is not allowed: it needs a 'name' (task=arithmetic|knights_knaves)")
+    task_name = task.pop("name")
+    _check_task(task_name, task)
+    mode = check_choice("mode", raw.get("mode", "train"), MODES)
+    threads = raw.get("threads")
+    if threads is not None:
+        check_int_at_least("threads", threads, 1)
+    logger = raw.get("logger") or {}
+    from dataflex_rl.tracking import parse_logger_config
+
+    try:
+        parse_logger_config(logger)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return TrainConfig(
+        run_dir=str(raw["run_dir"]),
+        seed=seed,
+        dataflex=parse_dataflex_config(raw.get("dataflex") or {}),
+        model=build_params("model", ModelConfig, raw.get("model")),
+        task=TaskConfig(name=task_name, params=task),
+        sft=build_params("sft", SFTConfig, raw.get("sft")),
+        trainer=build_params("trainer", TrainerConfig, raw.get("trainer")),
+        stats=build_params("stats", StatsConfig, raw.get("stats")),
+        logger=logger,
+        sweep=raw.get("sweep"),
+        run_name=raw.get("run_name"),
+        threads=threads,
+        mechanism_label=raw.get("mechanism_label"),
+        mode=mode,
+    )
+
+
+def _check_task(name: str, params: dict[str, Any]) -> None:
+    from dataflex_rl.registry import RegistryError
+    from dataflex_rl.tasks import build_task
+
+    try:
+        build_task(name, params)
+    except RegistryError as error:
+        raise ConfigError(f"task.name = {name!r} is not allowed: {error}") from None
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"task.{error}") from None
+
+
+def _check_verl_name(key: str, value: str, kind: str) -> None:
+    """Refuse a name verl's registries do not know (advantage estimators, policy losses), listing the known ones."""
+    from verl.trainer.ppo import core_algos
+
+    registry = core_algos.ADV_ESTIMATOR_REGISTRY if kind == "adv" else core_algos.POLICY_LOSS_REGISTRY
+    if value not in registry:
+        raise ConfigError(f"{key} = {value!r} is not allowed; verl knows: {', '.join(sorted(registry))}")

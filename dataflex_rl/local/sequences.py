@@ -1,0 +1,161 @@
+"""Batches of prompt + response token sequences, generation, and per-token log-probabilities.
+
+Layout: prompts are left-padded to a common length ``P`` (so generation appends at the right), responses are
+right-padded to ``R``; ``input_ids`` is ``(N, P + R)``. Every per-token tensor of the RL step is ``(N, R)`` over
+response positions, with ``response_mask`` 1 on generated tokens up to and including the first ``<eos>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dataflex_rl.local.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass
+class SequenceBatch:
+    """``input_ids``/``attention_mask``: ``(N, P + R)``; ``response_mask``: ``(N, R)``; ``prompt_length``: ``P``;
+    ``group_index``: ``(N,)`` prompt index of each sequence (verl's ``uid``), for group-relative advantages;
+    ``sampling_log_probs``: ``(N, R)`` log-probs of the sampled tokens from the sampler's own logits (with the
+    temperature), when the batch was sampled."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_length: int
+    group_index: np.ndarray
+    sampling_log_probs: torch.Tensor | None = None
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_length :]
+
+    def select(self, rows: torch.Tensor | np.ndarray) -> SequenceBatch:
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        return SequenceBatch(
+            self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows], self.prompt_length,
+            self.group_index[rows.numpy()],
+            None if self.sampling_log_probs is None else self.sampling_log_probs[rows],
+        )
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)``, both ``(N, P)``: ``<bos>`` + prompt, left-padded with ``<pad>``."""
+    encoded = [[tokenizer.bos_token_id, *tokenizer.encode(prompt)] for prompt in prompts]
+    length = max(len(ids) for ids in encoded)
+    ids = torch.full((len(encoded), length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(encoded), length), dtype=torch.long)
+    for row, tokens in enumerate(encoded):
+        ids[row, length - len(tokens) :] = torch.tensor(tokens)
+        mask[row, length - len(tokens) :] = 1
+    return ids, mask
+
+
+def response_mask_from(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 on response tokens up to and including the first ``<eos>`` (all of them when there is none)."""
+    is_eos = responses == eos_token_id
+    # Number of eos tokens strictly before each position; a position is valid while that count is 0.
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    return (eos_before == 0).long()
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counting only attended tokens, so left padding does not shift them (as HF ``generate`` does)."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    prompts: list[str],
+    repeats: int,
+    max_new_tokens: int,
+    temperature: float | None,
+) -> SequenceBatch:
+    """Sample ``repeats`` responses per prompt with HF ``generate`` (KV cache); ``temperature=None`` is greedy.
+
+    The log-probs of the sampled tokens come from the scores ``generate`` computed anyway (logits divided by the
+    temperature; no top-k/top-p), which equal a fresh forward pass of the same weights to float rounding.
+    """
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)
+    prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
+        "do_sample": False}
+    output = model.generate(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        use_cache=True,
+        output_scores=bool(temperature),
+        return_dict_in_generate=True,
+        **sampling,
+    )
+    prompt_length = prompt_ids.shape[1]
+    responses = output.sequences[:, prompt_length:]
+    response_mask = response_mask_from(responses, tokenizer.eos_token_id)
+    sampling_log_probs = None
+    if temperature:
+        scores = torch.stack(output.scores, dim=1).float()  # (N, R, vocab), already divided by the temperature
+        sampling_log_probs = F.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        sampling_log_probs = sampling_log_probs * response_mask
+    return SequenceBatch(
+        input_ids=output.sequences,
+        attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
+        response_mask=response_mask,
+        prompt_length=prompt_length,
+        group_index=np.repeat(np.arange(len(prompts)), repeats),
+        sampling_log_probs=sampling_log_probs,
+    )
+
+
+def decode_responses(tokenizer: Tokenizer, batch: SequenceBatch) -> list[str]:
+    return [tokenizer.decode(row.tolist()) for row in batch.responses]
+
+
+@dataclasses.dataclass
+class TokenOutputs:
+    """Per response token, ``(N, R)``: ``log_probs`` of the sampled token, ``entropy`` of the distribution,
+    ``logit_grad_factor`` = ``sqrt((1 - p_y)^2 + sum_{j != y} p_j^2)``, the norm of ``d(-log p_y)/d logits``
+    (``None`` unless asked for)."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor
+    logit_grad_factor: torch.Tensor | None = None
+
+
+def response_token_outputs(
+    model: torch.nn.Module, batch: SequenceBatch, temperature: float, with_grad_factor: bool = False
+) -> TokenOutputs:
+    """Log-probs (with grad when enabled), entropy and optionally the logit-gradient factor of response tokens.
+
+    Logits are divided by the sampling temperature before the softmax, as verl's actor does.
+    """
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids(batch.attention_mask),
+        use_cache=False,
+    ).logits
+    # The token at position t is predicted by the logits at t - 1.
+    logits = logits[:, batch.prompt_length - 1 : -1].float() / temperature
+    log_softmax = F.log_softmax(logits, dim=-1)
+    targets = batch.responses.unsqueeze(-1)
+    log_probs = log_softmax.gather(-1, targets).squeeze(-1)
+    with torch.no_grad():
+        probs = log_softmax.exp()
+        entropy = -(probs * log_softmax).sum(-1)
+        factor = None
+        if with_grad_factor:
+            sampled = probs.gather(-1, targets).squeeze(-1)
+            squares = (probs * probs).sum(-1)
+            # |e_y - p|^2 = (1 - p_y)^2 + sum_{j != y} p_j^2 = 1 - 2 p_y + sum_j p_j^2
+            factor = (1.0 - 2.0 * sampled + squares).clamp(min=0.0).sqrt()
+    return TokenOutputs(log_probs=log_probs, entropy=entropy, logit_grad_factor=factor)

@@ -1,0 +1,135 @@
+"""SFT warm start: a random tiny model solves nothing, so it first learns from generated solved problems.
+
+The checkpoint is cached under a key hashed from the model, task and SFT configs (``sft.seed`` included, the run
+seed not), so every run of a sweep starts from the same weights and SFT runs once; a file lock makes concurrent
+runs wait for the one that trains instead of training it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dataflex_rl.local.config import ModelConfig, SFTConfig, TaskConfig
+from dataflex_rl.local.model import build_model, load_model
+from dataflex_rl.local.progress import progress_bar
+from dataflex_rl.local.sequences import position_ids
+from dataflex_rl.local.tokenizer import Tokenizer
+from dataflex_rl.tasks import Task
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 1  # bump when the SFT recipe changes, so stale checkpoints are not reused
+
+
+def sft_cache_key(model: ModelConfig, task: TaskConfig, sft: SFTConfig) -> str:
+    payload = {
+        "version": CACHE_VERSION,
+        "model": dataclasses.asdict(model),
+        "task": {"name": task.name, "params": dict(task.params)},
+        "sft": {key: value for key, value in dataclasses.asdict(sft).items() if key != "cache_dir"},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def warm_start(
+    model_config: ModelConfig, task_config: TaskConfig, sft: SFTConfig, task: Task
+) -> tuple[torch.nn.Module, Tokenizer, Path | None]:
+    """``(model, tokenizer, checkpoint dir)`` after SFT, from the cache when it holds this key.
+
+    ``sft.steps == 0`` skips SFT (the model as built or loaded; no checkpoint dir).
+    """
+    if sft.steps == 0:
+        model, tokenizer = build_model(model_config, task.alphabet, seed=sft.seed)
+        return model, tokenizer, None
+    directory = Path(sft.cache_dir) / sft_cache_key(model_config, task_config, sft)
+    with _locked(directory.with_suffix(".lock")):
+        if not (directory / "done.json").exists():
+            _train_and_save(model_config, sft, task, directory)
+        else:
+            log.info("SFT warm start from cache %s", directory)
+    model, tokenizer = load_model(directory)
+    return model, tokenizer, directory
+
+
+def _train_and_save(model_config: ModelConfig, sft: SFTConfig, task: Task, directory: Path) -> None:
+    model, tokenizer = build_model(model_config, task.alphabet, seed=sft.seed)
+    start = time.perf_counter()
+    final_loss = run_sft(model, tokenizer, task, sft)
+    temporary = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    model.save_pretrained(str(temporary))
+    tokenizer.save_pretrained(temporary)
+    summary = {"final_loss": final_loss, "steps": sft.steps, "seconds": time.perf_counter() - start}
+    (temporary / "done.json").write_text(json.dumps(summary))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(temporary, directory)
+    log.info("SFT done in %.1f s (final loss %.4f), cached at %s", summary["seconds"], final_loss, directory)
+
+
+def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTConfig) -> float:
+    """Teacher-forced cross-entropy on ``<bos> prompt completion <eos>``, loss on completion tokens only."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 20))
+    model.train()
+    loss_value = float("nan")
+    with progress_bar(total=sft.steps, desc="SFT") as bar:
+        for step in range(sft.steps):
+            problems = task.train_problems(sft.batch_size, seed=sft.seed * 1_000_003 + step)
+            input_ids, attention_mask, labels = _sft_batch(tokenizer, problems)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids(attention_mask), use_cache=False).logits
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            loss_value = loss.item()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.3f}")
+    model.eval()
+    return loss_value
+
+
+def _sft_batch(tokenizer: Tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``(ids, mask, labels)``, labels -100 except on completion tokens and the final ``<eos>``."""
+    rows = []
+    for problem in problems:
+        prompt = [tokenizer.bos_token_id, *tokenizer.encode(problem.prompt)]
+        completion = [*tokenizer.encode(problem.completion), tokenizer.eos_token_id]
+        rows.append((prompt, completion))
+    length = max(len(prompt) + len(completion) for prompt, completion in rows)
+    ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    labels = torch.full((len(rows), length), -100, dtype=torch.long)
+    for row, (prompt, completion) in enumerate(rows):
+        tokens = torch.tensor(prompt + completion)
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = 1
+        labels[row, len(prompt) : len(tokens)] = torch.tensor(completion)
+    return ids, mask, labels
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,139 @@
+"""Tier 3: short real runs through the real entry point, in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from dataflex_rl import keys
+from dataflex_rl.train import run
+from dataflex_rl.tracking import load_histograms, load_metrics
+
+from .conftest import REPO, compose_train, run_cli, tiny_overrides
+
+TIMING_PREFIX = "timing_s/"
+
+
+def metrics_without_timing(run_dir) -> pd.DataFrame:
+    frame = load_metrics(run_dir)
+    return frame[[c for c in frame.columns if not c.startswith(TIMING_PREFIX)]]
+
+
+def test_three_step_cli_run_writes_every_artifact(tmp_path, sft_cache):
+    run_dir = tmp_path / "run"
+    result = run_cli(tiny_overrides(run_dir, sft_cache) + ["logger.wandb.mode=offline"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("config.yaml", "meta.json", "status.json", "metrics.jsonl", "metrics.parquet", "histograms.parquet",
+                 "train.log", "checkpoints/last.pt"):
+        assert (run_dir / name).exists(), name
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline files missing"
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["backend"] == "local" and meta["alpha"] == 0.5 and meta["seed"] == 1
+    frame = load_metrics(run_dir)
+    assert list(frame["step"]) == [0, 1, 2, 3]
+    train_keys = [
+        keys.SCORE_MEAN, keys.ADV_MEAN, keys.ADV_MAX, keys.ADV_MIN, keys.PG_LOSS, keys.GRAD_NORM,
+        keys.GRAD_NORM_CLIPPED, keys.PG_CLIPFRAC, keys.PPO_KL, keys.ENTROPY, keys.RESPONSE_LENGTH_MEAN,
+        keys.TIMING_GEN, keys.TIMING_UPDATE, keys.TIMING_STEP, *keys.WEIGHT_KEYS, keys.TOKEN_PROB_MEAN,
+        keys.TOKEN_PROB_LOW_FRAC, keys.ACTIVE, keys.GRAD_LOW_PROB_SHARE,
+        keys.grad_by_prob("0.00-0.25", "token_share"), keys.grad_by_prob("0.75-1.00", "logit_grad_norm_share"),
+    ]
+    for key in train_keys:
+        assert key in frame.columns, key
+        assert frame.loc[frame.step >= 1, key].notna().all(), key
+    # Validation at the start, every 2 steps and at the end; exact per-bucket gradients every 2 steps.
+    assert frame.set_index("step")[keys.VAL_ACCURACY].notna().tolist() == [True, False, True, True]
+    exact = frame.set_index("step")[keys.grad_by_prob("0.00-0.25", "param_grad_norm")]
+    assert exact.notna().tolist() == [False, False, True, False]
+    share_columns = [c for c in frame.columns if c.endswith("/logit_grad_norm_share")]
+    norm_columns = [c for c in frame.columns if c.endswith("/logit_grad_norm")]
+    for _, row in frame[frame.step >= 1].iterrows():
+        # Shares add up to 1 whenever any token carries a gradient (all-equal rewards give zero advantages).
+        expected = 1.0 if row[norm_columns].sum() > 0 else 0.0
+        assert row[share_columns].sum() == pytest.approx(expected)
+    hists = load_histograms(run_dir)
+    assert set(hists["name"]) == {keys.HIST_WEIGHT, keys.HIST_TOKEN_PROB}
+    assert sorted(set(hists["step"])) == [1, 2, 3]
+
+
+def test_same_seed_same_metrics_and_alpha_zero_equals_baseline_preset(tmp_path, sft_cache):
+    def one(name, extra):
+        run_dir = tmp_path / name
+        assert run(compose_train(tiny_overrides(run_dir, sft_cache) + extra)) == 0
+        return metrics_without_timing(run_dir)
+
+    first = one("a", ["dataflex.actuator.params.alpha=0.0"])
+    again = one("b", ["dataflex.actuator.params.alpha=0.0"])
+    pd.testing.assert_frame_equal(first, again)  # same seed, same numbers, bit for bit
+    baseline = one("baseline", ["dataflex=baseline"])
+    pd.testing.assert_frame_equal(first, baseline)
+    other_seed = one("seed2", ["dataflex=baseline", "seed=2"])
+    assert not first[keys.TOKEN_PROB_MEAN].equals(other_seed[keys.TOKEN_PROB_MEAN])
+    assert first[keys.SCORE_MEAN].iloc[1:].max() > 0  # the warm start earns reward, so the updates do something
+    reweighted = one("alpha1", ["dataflex.actuator.params.alpha=1.0"])
+    # Step 1 has the same rollout (same seed, same warm start); only the weights differ.
+    assert reweighted.loc[1, keys.SCORE_MEAN] == first.loc[1, keys.SCORE_MEAN]
+    assert reweighted.loc[1, keys.WEIGHT_PREFIX + "/std"] > 0 == first.loc[1, keys.WEIGHT_PREFIX + "/std"]
+
+
+def test_resume_after_kill_keeps_metric_rows_unique_and_contiguous(tmp_path, sft_cache):
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(run_dir, sft_cache, steps=8)
+    reference_dir = tmp_path / "reference"
+    assert run(compose_train(tiny_overrides(reference_dir, sft_cache, steps=8))) == 0  # also warms the SFT cache
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "dataflex_rl.train", *overrides], cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    metrics_file = run_dir / "metrics.jsonl"
+    while time.time() < deadline:
+        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 4:
+            break
+        if process.poll() is not None:
+            pytest.fail("the run ended before it could be killed")
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_rows = len(metrics_file.read_text().splitlines())
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "running"  # killed: no chance to close
+    assert 4 <= killed_rows <= 9
+    result = run_cli(overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    frame = metrics_without_timing(run_dir)
+    assert list(frame["step"]) == list(range(9))
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["resumed_from_step"] >= 1
+    # Resuming replays exactly what the uninterrupted run did.
+    pd.testing.assert_frame_equal(frame, metrics_without_timing(reference_dir))
+    # A completed run is left alone.
+    again = run_cli(overrides)
+    assert again.returncode == 0 and "already completed" in again.stdout
+
+
+def test_bad_dataflex_config_fails_before_any_model_is_built(tmp_path, sft_cache):
+    run_dir = tmp_path / "run"
+    result = run_cli(tiny_overrides(run_dir, sft_cache) + ["dataflex.actuator.params.alpha=1.5"])
+    assert result.returncode == 2
+    assert "dataflex.actuator.params.alpha = 1.5 is not allowed" in result.stderr
+    # Only Hydra's log (appended, never truncated) may exist: no run store, no model, no SFT started.
+    assert not run_dir.exists() or {p.name for p in run_dir.iterdir()} <= {"train.log"}
+    result = run_cli(tiny_overrides(run_dir, sft_cache) + ["trainer.lr=-1"])
+    assert result.returncode == 2 and "trainer.lr = -1" in result.stderr
+
+
+def test_existing_run_folder_is_not_touched_by_a_bad_config(tmp_path, sft_cache):
+    run_dir = tmp_path / "run"
+    assert run(compose_train(tiny_overrides(run_dir, sft_cache, steps=1))) == 0
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.is_file()}
+    assert run(compose_train(tiny_overrides(run_dir, sft_cache, steps=1) + ["trainer.adv_estimator=nope"])) == 2
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.is_file()} == before
+    assert math.isfinite(load_metrics(run_dir)[keys.VAL_ACCURACY].iloc[-1])

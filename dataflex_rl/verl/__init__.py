@@ -1,0 +1,16 @@
+"""The verl backend (verl 0.9.1, GPU clusters).
+
+- :mod:`dataflex_rl.verl.trainer`: the ``dataflex_sync`` trainer, registered with verl's V1 trainer registry when
+  the module is imported. verl imports it in every process that imports ``verl``: its ``__init__`` loads every
+  entry point of the ``verl.plugins`` group, and ``pyproject.toml`` names this module there
+  (``dataflex = "dataflex_rl.verl.trainer"``). So after ``pip install`` of the project,
+  ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync +dataflex.mechanism=reweight ...``
+  works unchanged. verl swallows a plugin's import error (logged at DEBUG level); set
+  ``VERL_USE_EXTERNAL_MODULES=dataflex_rl.verl.trainer`` to have verl import it and fail loudly instead.
+- :mod:`dataflex_rl.verl.command`: the ``python -m verl.trainer.main_ppo ...`` command line of an experiment file
+  (does not import verl, so sweep drivers stay light).
+- :mod:`dataflex_rl.verl.histograms`: mechanism histograms to verl's W&B run.
+
+This package's ``__init__`` imports nothing heavy on purpose: importing :mod:`dataflex_rl.verl.command` must not
+import verl's trainer stack.
+"""

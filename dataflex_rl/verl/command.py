@@ -1,0 +1,204 @@
+"""Build the ``python -m verl.trainer.main_ppo ...`` command line of a verl experiment.
+
+An experiment file (``conf/experiment/verl_*.yaml``) holds ``backend: verl``, a ``verl`` block of variables plus
+an ``overrides`` list of verl Hydra overrides that use them (``${verl.model}``), and a ``dataflex`` block. The
+command is::
+
+    python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync <overrides...> +dataflex.<key>=<value>...
+        <extra verl overrides...>
+
+The dataflex block is validated here (the same :class:`ConfigError` as the trainer raises) and written out in
+full, so verl's logged config holds every mechanism parameter. Usage::
+
+    python -m dataflex_rl.verl.command conf/experiment/verl_kk_3b.yaml model=/models/Qwen2.5-3B-Instruct \\
+        data_dir=/data/kk dataflex.actuator.params.alpha=0.5 trainer.total_epochs=1          # prints it
+    python -m dataflex_rl.verl.command verl_kk_3b model=... data_dir=... --run                  # runs it
+
+Arguments: ``NAME=value`` sets a variable of the ``verl`` block (``verl.NAME=value`` too), ``dataflex.KEY=value``
+(with or without a leading ``+``) changes the dataflex block, anything else is passed to verl after the
+experiment's overrides, so it wins over them. Values are spliced into verl's Hydra overrides as written (quote a
+path with spaces the Hydra way: ``model="'/my models/qwen'"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dataflex_rl.config import ConfigError, parse_dataflex_config, to_plain
+
+TRAINER_MODE_OVERRIDE = "trainer.v1.trainer_mode=dataflex_sync"
+VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
+EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "experiment"
+# A Hydra override value that needs no quotes: an identifier-like word or a path, not a reserved word.
+_PLAIN_VALUE = re.compile(r"[A-Za-z_/][\w\-./]*")
+_HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
+
+
+def resolve_experiment(experiment: str | Path) -> Path:
+    """The experiment file: an existing path, or a name under ``conf/experiment/`` (``verl_kk_3b``)."""
+    path = Path(experiment)
+    if path.is_file():
+        return path
+    named = EXPERIMENT_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
+    if named.is_file():
+        return named
+    available = sorted(p.stem for p in EXPERIMENT_DIR.glob("verl_*.yaml")) if EXPERIMENT_DIR.is_dir() else []
+    raise ConfigError(
+        f"experiment = {str(experiment)!r} is not allowed: no such file, and no {named.name} in {EXPERIMENT_DIR}; "
+        f"verl experiments: {', '.join(available) or '(none)'}"
+    )
+
+
+def load_experiment(experiment: str | Path) -> DictConfig:
+    """Load and check an experiment file (``backend: verl``, ``verl.overrides`` a list, a ``dataflex`` block)."""
+    path = resolve_experiment(experiment)
+    config = OmegaConf.load(path)
+    if not isinstance(config, DictConfig) or config.get("backend") != "verl":
+        found = config.get("backend") if isinstance(config, DictConfig) else None
+        raise ConfigError(f"{path}: backend = {found!r} is not allowed: a verl experiment needs backend: verl")
+    overrides = OmegaConf.select(config, "verl.overrides", throw_on_missing=False)
+    if not OmegaConf.is_list(overrides):
+        raise ConfigError(f"{path}: verl.overrides must be a list of verl overrides 'key=value'")
+    if "dataflex" not in config:
+        raise ConfigError(f"{path}: dataflex: missing; a verl experiment needs a dataflex block")
+    return config
+
+
+def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """Sort ``key=value`` arguments into (variables, dataflex overrides, verl overrides), keeping their order."""
+    variable_names = [name for name in config.verl if name != "overrides"]
+    variables: dict[str, str] = {}
+    dataflex_overrides: list[str] = []
+    verl_overrides: list[str] = []
+    for argument in arguments:
+        key, equals, value = argument.partition("=")
+        bare_key = key.lstrip("+")
+        if bare_key == "dataflex" or bare_key.startswith("dataflex."):
+            dataflex_overrides.append(argument)
+        elif equals and (key in variable_names or key.removeprefix("verl.") in variable_names):
+            variables[key.removeprefix("verl.")] = value
+        else:
+            verl_overrides.append(argument)
+    return variables, dataflex_overrides, verl_overrides
+
+
+def merge_dataflex(block: Any, overrides: Sequence[str]) -> dict[str, Any]:
+    """The experiment's dataflex block with ``dataflex.KEY=value`` overrides applied, validated, in full."""
+    merged = OmegaConf.create(to_plain(block))
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        key = key.lstrip("+")
+        if not equals or not key.startswith("dataflex."):
+            raise ConfigError(
+                f"dataflex override {override!r} is not allowed: write dataflex.KEY=value, "
+                f"e.g. dataflex.actuator.params.alpha=0.5"
+            )
+        parsed = OmegaConf.from_dotlist([f"{key.removeprefix('dataflex.')}={value}"])
+        merged = OmegaConf.merge(merged, parsed)
+    return parse_dataflex_config(merged).to_dict()
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` written in Hydra's override grammar (strings quoted only when they need it)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    text = str(value)
+    if _PLAIN_VALUE.fullmatch(text) and text.lower() not in _HYDRA_RESERVED:
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def dataflex_arguments(block: Mapping[str, Any], prefix: str = "dataflex") -> list[str]:
+    """``+dataflex.<key>=<value>`` for every leaf of the block (verl's config has no dataflex key, hence ``+``)."""
+    arguments = []
+    for key, value in block.items():
+        if isinstance(value, Mapping) and value:
+            arguments.extend(dataflex_arguments(value, f"{prefix}.{key}"))
+        else:
+            arguments.append(f"+{prefix}.{key}={hydra_value(value)}")
+    return arguments
+
+
+def build_verl_command(
+    experiment: str | Path, dataflex_overrides: Sequence[str] = (), extra: Sequence[str] = ()
+) -> list[str]:
+    """The argv of ``python -m verl.trainer.main_ppo`` for an experiment.
+
+    ``dataflex_overrides``: ``dataflex.KEY=value`` changes to the experiment's dataflex block (validated here).
+    ``extra``: ``NAME=value`` for the experiment's variables (``model``, ``data_dir``, ``seed`` ...), more
+    ``dataflex.*`` overrides, and verl overrides appended last. Raises :class:`ConfigError` for a bad dataflex
+    value or a variable left unset.
+    """
+    config = load_experiment(experiment)
+    variables, extra_dataflex, verl_extra = split_arguments(config, extra)
+    for name, value in variables.items():
+        config.verl[name] = value
+    for name in config.verl:
+        if OmegaConf.is_missing(config.verl, name):
+            raise ConfigError(f"verl.{name}: missing; pass {name}=VALUE on the command line (e.g. {name}=/path)")
+    try:
+        experiment_overrides = [str(item) for item in OmegaConf.to_container(config.verl.overrides, resolve=True)]
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"verl.overrides: cannot resolve: {error}") from None
+    block = merge_dataflex(config.dataflex, [*dataflex_overrides, *extra_dataflex])
+    return [
+        sys.executable,
+        "-m",
+        VERL_ENTRY_MODULE,
+        TRAINER_MODE_OVERRIDE,
+        *experiment_overrides,
+        *dataflex_arguments(block),
+        *verl_extra,
+    ]
+
+
+def wandb_environment(group: str, tags: Sequence[str] = ()) -> dict[str, str]:
+    """Environment variables giving verl's W&B run a group and tags (verl's ``wandb.init`` reads them)."""
+    environment = {"WANDB_RUN_GROUP": group}
+    if tags:
+        environment["WANDB_TAGS"] = ",".join(tags)
+    return environment
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dataflex_rl.verl.command",
+        description="Print (or run) the verl command line of a verl experiment.",
+    )
+    parser.add_argument("experiment", help="experiment file, or its name under conf/experiment/")
+    parser.add_argument("arguments", nargs="*", help="NAME=value, dataflex.KEY=value, or verl overrides")
+    parser.add_argument("--run", action="store_true", help="run the command instead of printing it")
+    options = parser.parse_args(argv)
+    try:
+        command = build_verl_command(options.experiment, (), options.arguments)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not options.run:
+        print(shlex.join(command))
+        return 0
+    sys.stdout.flush()
+    os.execv(command[0], command)
+    return 0  # not reached: execv replaces this process
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,320 @@
+"""The ``dataflex_sync`` trainer: config validation at build time, and the ``_compute_advantage`` override.
+
+``_compute_advantage`` runs verl's own advantage code (GRPO, rollout correction) and then the mechanism, against an
+in-memory TransferQueue (see ``conftest.py``); verl's unmodified sync trainer on an identical queue gives the
+advantages and ``rollout_is_weights`` the mechanism must start from.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from dataflex_rl import ConfigError, build_mechanism, keys
+from dataflex_rl.mechanism import MECHANISMS, ReweightMechanism
+from dataflex_rl.verl.histograms import WandbHistogramLogger
+from dataflex_rl.verl.trainer import (
+    MECHANISM_TIMER,
+    TRAINER_NAME,
+    DataflexSyncTrainer,
+    mechanism_from_verl_config,
+)
+
+PARTITION = "train"
+
+
+def dataflex_block(alpha: float = 0.5, warmup_step: int = 0) -> dict:
+    return {
+        "mechanism": "reweight",
+        "scorer": {"name": "token_prob", "params": {}},
+        "actuator": {"name": "advantage_reweight", "params": {"alpha": alpha, "normalize": "mean"}},
+        "warmup_step": warmup_step,
+    }
+
+
+def set_dataflex(config, block) -> None:
+    OmegaConf.set_struct(config, False)
+    config.dataflex = block
+    OmegaConf.set_struct(config, True)
+
+
+def fill_queue(queue, rows: list[dict], *, with_rollout_log_probs: bool) -> KVBatchMeta:
+    """One row per response: ``uid``, ``response_mask``, ``rm_scores`` (score on the last token), log-probs.
+
+    Keys follow verl's ``{uid}_{session}_{turn}``; every response is one session of one turn.
+    """
+    keys_in_order = []
+    for session, row in enumerate(rows):
+        key = f"{row['uid']}_{session}_0"
+        mask = torch.tensor(row["mask"], dtype=torch.int64)
+        scores = torch.zeros(len(row["mask"]), dtype=torch.float32)
+        scores[-1] = row["score"]
+        fields = {
+            "uid": row["uid"],
+            "response_mask": mask,
+            "rm_scores": scores,
+            "old_log_probs": torch.tensor(row["old_log_probs"], dtype=torch.float32),
+        }
+        if with_rollout_log_probs:
+            fields["rollout_log_probs"] = torch.tensor(row["rollout_log_probs"], dtype=torch.float32)
+        queue.add(PARTITION, key, **fields)
+        keys_in_order.append(key)
+    return KVBatchMeta(keys=keys_in_order, tags=[{} for _ in keys_in_order], partition_id=PARTITION)
+
+
+def random_rows(seed: int, prompts: int, group: int) -> list[dict]:
+    """``prompts`` groups of ``group`` responses with varied lengths, a masked (tool) token, rewards 0/1."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for prompt in range(prompts):
+        for _ in range(group):
+            length = int(torch.randint(2, 9, (), generator=generator))
+            mask = [1] * length
+            if length > 4:
+                mask[2] = 0  # a token the policy did not generate (e.g. a tool response)
+            old = -torch.rand(length, generator=generator) * 3.0
+            rollout = old + (torch.rand(length, generator=generator) - 0.5) * 0.4
+            rows.append(
+                {
+                    "uid": f"p{prompt}",
+                    "mask": mask,
+                    "score": float(torch.randint(0, 2, (), generator=generator)),
+                    "old_log_probs": old.tolist(),
+                    "rollout_log_probs": rollout.tolist(),
+                }
+            )
+    return rows
+
+
+def stub_trainer(config, global_steps: int, histogram_logger=None) -> DataflexSyncTrainer:
+    """The trainer without ``__init__`` (no workers): only what ``_compute_advantage`` reads."""
+    trainer = object.__new__(DataflexSyncTrainer)
+    trainer.config = config
+    trainer.mechanism = mechanism_from_verl_config(config)
+    trainer.histogram_logger = histogram_logger
+    trainer.global_steps = global_steps
+    trainer.timing_raw = {}
+    return trainer
+
+
+def stub_verl_trainer(config) -> PPOTrainerSync:
+    trainer = object.__new__(PPOTrainerSync)
+    trainer.config = config
+    return trainer
+
+
+def padded(queue, batch: KVBatchMeta, field: str) -> torch.Tensor:
+    return queue.kv_batch_get(batch.keys, batch.partition_id, [field]).to_padded_tensor()[field]
+
+
+def run_both(verl_config, rows, *, global_steps, with_rollout_log_probs, queues):
+    """The same rows through the dataflex trainer and through verl's sync trainer, each on its own queue.
+
+    Returns (dataflex queue, verl queue, batch, the dataflex trainer's metrics, the dataflex trainer).
+    """
+    ours = queues.new()
+    batch = fill_queue(ours, rows, with_rollout_log_probs=with_rollout_log_probs)
+    metrics: dict = {}
+    trainer = stub_trainer(verl_config, global_steps)
+    returned = trainer._compute_advantage(batch, metrics=metrics)
+    assert returned.keys == batch.keys
+
+    theirs = queues.new()
+    fill_queue(theirs, rows, with_rollout_log_probs=with_rollout_log_probs)
+    stub_verl_trainer(verl_config)._compute_advantage(batch, metrics={})
+    return ours, theirs, batch, metrics, trainer
+
+
+# --- build time -----------------------------------------------------------------------------------------------------
+def test_registered_under_its_name():
+    assert get_trainer_cls(TRAINER_NAME) is DataflexSyncTrainer
+    assert issubclass(DataflexSyncTrainer, PPOTrainerSync)
+
+
+def test_builds_on_the_composed_experiment_config_as_the_sync_trainer(verl_config):
+    trainer = DataflexSyncTrainer(config=verl_config)
+    # verl's base class picks the sync replay buffer only when it sees trainer_mode == "sync".
+    assert isinstance(trainer.replay_buffer, ReplayBuffer)
+    assert trainer.trainer_mode == "sync"
+    assert trainer.registered_name == TRAINER_NAME == verl_config.trainer.v1.trainer_mode
+    assert trainer.parameter_sync_step == 1
+    assert trainer.mechanism.config.actuator.params["alpha"] == 0.2  # the experiment's default
+    assert isinstance(trainer.histogram_logger, WandbHistogramLogger)  # trainer.logger holds wandb
+
+
+def test_no_histogram_logger_without_wandb(verl_config):
+    verl_config.trainer.logger = ["console"]
+    assert DataflexSyncTrainer(config=verl_config).histogram_logger is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"actuator": {"name": "advantage_reweight", "params": {"alpha": 1.5}}},
+        {"actuator": {"name": "no_such_actuator"}},
+        {"scorer": {"name": "token_prob", "params": {"temperature": 2}}},
+        {"warmup_step": -1},
+        {"mechanism": "no_such_mechanism"},
+    ],
+    ids=["alpha-out-of-range", "unknown-actuator", "unknown-param", "negative-warmup", "unknown-mechanism"],
+)
+def test_bad_dataflex_block_fails_at_build_with_the_local_backends_message(verl_config, change):
+    block = {**dataflex_block(), **change}
+    with pytest.raises(ConfigError) as local_error:
+        build_mechanism(block)
+    set_dataflex(verl_config, block)
+    with pytest.raises(ConfigError) as verl_error:
+        DataflexSyncTrainer(config=verl_config)
+    assert str(verl_error.value) == str(local_error.value)
+    assert not hasattr(verl_error.value, "__notes__")
+
+
+def test_missing_dataflex_block_fails_at_build(verl_config):
+    OmegaConf.set_struct(verl_config, False)
+    del verl_config["dataflex"]
+    with pytest.raises(ConfigError, match=r"dataflex: missing.*\+dataflex\.mechanism=reweight"):
+        DataflexSyncTrainer(config=verl_config)
+
+
+def test_staged_mechanism_is_refused_at_build(verl_config):
+    with MECHANISMS.snapshot():
+
+        @MECHANISMS.register("two_stage_test")
+        class TwoStage(ReweightMechanism):
+            name = "two_stage_test"
+
+            def stage_masks(self, fields, token_probs):
+                return [fields["response_mask"].bool(), fields["response_mask"].bool()]
+
+        set_dataflex(verl_config, {**dataflex_block(), "mechanism": "two_stage_test"})
+        with pytest.raises(ConfigError, match=r"dataflex.mechanism = 'two_stage_test' is not allowed with verl"):
+            DataflexSyncTrainer(config=verl_config)
+
+
+# --- _compute_advantage ---------------------------------------------------------------------------------------------
+def test_hand_derived_reweighted_grpo_advantages(verl_config, queues):
+    queue = queues.new()
+    """One prompt, two responses: rewards 1 and 0, token probabilities (0.5, 1.0) and (0.25,), alpha = 0.5."""
+    set_dataflex(verl_config, dataflex_block(alpha=0.5))
+    verl_config.actor_rollout_ref.rollout.n = 2
+    rows = [
+        {"uid": "p0", "mask": [1, 1], "score": 1.0, "old_log_probs": [math.log(0.5), 0.0]},
+        {"uid": "p0", "mask": [1], "score": 0.0, "old_log_probs": [math.log(0.25)]},
+    ]
+    batch = fill_queue(queue, rows, with_rollout_log_probs=False)
+    metrics: dict = {}
+    stub_trainer(verl_config, global_steps=1)._compute_advantage(batch, metrics=metrics)
+
+    # GRPO: (score - mean) / (std + 1e-6) with mean 0.5 and the unbiased std of (1, 0), sqrt(0.5).
+    grpo = 0.5 / (math.sqrt(0.5) + 1e-6)
+    # w = 0.5 * pi + 0.5 -> (0.75, 1.0, 0.625), divided by their mean 2.375 / 3.
+    mean_weight = (0.75 + 1.0 + 0.625) / 3
+    first = queue.row(PARTITION, batch.keys[0])["advantages"]
+    second = queue.row(PARTITION, batch.keys[1])["advantages"]
+    torch.testing.assert_close(first, torch.tensor([grpo * 0.75, grpo * 1.0]) / mean_weight)
+    torch.testing.assert_close(second, torch.tensor([-grpo * 0.625]) / mean_weight)
+    assert metrics[keys.ACTIVE] == 1.0
+    assert metrics[keys.VALID_TOKENS] == 3.0
+    assert metrics[keys.WEIGHT_KEYS[0]] == pytest.approx(1.0)  # dataflex/weight/mean: normalised over the batch
+    assert metrics[keys.TOKEN_PROB_MEAN] == pytest.approx((0.5 + 1.0 + 0.25) / 3)
+
+
+def test_equals_the_mechanism_on_the_whole_batch_and_keeps_rollout_is_weights(verl_config, queues):
+    set_dataflex(verl_config, dataflex_block(alpha=0.7))
+    verl_config.actor_rollout_ref.rollout.n = 4
+    verl_config.algorithm.rollout_correction.rollout_is = "token"  # verl writes rollout_is_weights
+    rows = random_rows(seed=3, prompts=3, group=4)
+    queue, verl_queue, batch, metrics, trainer = run_both(
+        verl_config, rows, global_steps=5, with_rollout_log_probs=True, queues=queues
+    )
+
+    fields = {name: padded(verl_queue, batch, name) for name in ("old_log_probs", "response_mask", "advantages")}
+    assert fields["advantages"].abs().sum() > 0  # some groups have mixed rewards
+    expected, expected_metrics = build_mechanism(dataflex_block(alpha=0.7)).apply(5, fields)
+    assert torch.equal(padded(queue, batch, "advantages"), expected)
+    assert not torch.equal(expected, fields["advantages"])
+    for key, value in expected_metrics.items():
+        assert metrics[key] == pytest.approx(value)
+
+    # verl's importance weights are left exactly as verl wrote them (they multiply in at the loss).
+    is_weights = padded(queue, batch, "rollout_is_weights")
+    assert torch.equal(is_weights, padded(verl_queue, batch, "rollout_is_weights"))
+    valid = fields["response_mask"].bool()
+    assert not torch.allclose(is_weights[valid], torch.ones_like(is_weights[valid]))
+    assert "rollout_is_weights" not in queue.puts[-1] and queue.puts[-1] == ("advantages",)
+    assert MECHANISM_TIMER in trainer.timing_raw
+    assert any(key.startswith("rollout_corr/") for key in metrics)  # verl's own step ran first
+
+
+def test_gradient_statistics_by_probability_bucket(verl_config, queues):
+    set_dataflex(verl_config, dataflex_block(alpha=0.5))
+    verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=7, prompts=2, group=4)
+    queue, _, batch, metrics, _ = run_both(
+        verl_config, rows, global_steps=1, with_rollout_log_probs=False, queues=queues
+    )
+    labels = [keys.bucket_label(low, high) for low, high in ((0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0))]
+    shares = [metrics[keys.grad_by_prob(label, "token_share")] for label in labels]
+    assert sum(shares) == pytest.approx(1.0)
+    # Recompute one bucket by hand: mean over its tokens of |A w| (1 - pi).
+    mask = padded(queue, batch, "response_mask").bool()
+    probs = padded(queue, batch, "old_log_probs").exp()[mask]
+    magnitude = padded(queue, batch, "advantages")[mask].abs()
+    low_bucket = probs < 0.25
+    assert low_bucket.any()
+    expected = float((magnitude[low_bucket] * (1 - probs[low_bucket])).mean())
+    assert metrics[keys.grad_by_prob(labels[0], "logit_grad_bound")] == pytest.approx(expected, rel=1e-5)
+
+
+def test_warmup_counts_verl_global_steps(verl_config, queues):
+    set_dataflex(verl_config, dataflex_block(alpha=1.0, warmup_step=3))
+    verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=11, prompts=2, group=4)
+    queue, verl_queue, batch, metrics, _ = run_both(
+        verl_config, rows, global_steps=2, with_rollout_log_probs=False, queues=queues
+    )
+    assert torch.equal(padded(queue, batch, "advantages"), padded(verl_queue, batch, "advantages"))
+    assert metrics[keys.ACTIVE] == 0.0
+
+    queue, verl_queue, batch, metrics, _ = run_both(
+        verl_config, rows, global_steps=3, with_rollout_log_probs=False, queues=queues
+    )
+    assert not torch.equal(padded(queue, batch, "advantages"), padded(verl_queue, batch, "advantages"))
+    assert metrics[keys.ACTIVE] == 1.0
+
+
+def test_histograms_go_to_the_wandb_run_at_the_global_step(verl_config, queues, monkeypatch):
+    queue = queues.new()
+    import wandb
+
+    logged = []
+    run = SimpleNamespace(id="run-1", tags=("sweep-a",))
+    monkeypatch.setattr(wandb, "run", run)
+    monkeypatch.setattr(wandb, "log", lambda payload, step: logged.append((step, payload)))
+    set_dataflex(verl_config, dataflex_block(alpha=0.5))
+    verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=5, prompts=2, group=4)
+    batch = fill_queue(queue, rows, with_rollout_log_probs=False)
+    trainer = stub_trainer(verl_config, global_steps=9, histogram_logger=WandbHistogramLogger("reweight"))
+    trainer._compute_advantage(batch, metrics={})
+
+    assert len(logged) == 1
+    step, payload = logged[0]
+    assert step == 9
+    assert set(payload) == {keys.HIST_WEIGHT, keys.HIST_TOKEN_PROB}
+    valid_tokens = sum(sum(row["mask"]) for row in rows)
+    for histogram in payload.values():
+        assert isinstance(histogram, wandb.Histogram)
+        assert sum(histogram.histogram) == valid_tokens
+        assert len(histogram.bins) == len(histogram.histogram) + 1
+    assert np.isclose(payload[keys.HIST_TOKEN_PROB].bins[-1], 1.0)
+    assert run.tags == ("sweep-a", "verl", "reweight")

@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from dataflex_rl.config import ConfigError
 
 log = logging.getLogger("dataflex_rl.train")
+# verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.
+warnings.filterwarnings("ignore", message=".*engine is not available", category=UserWarning)
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 

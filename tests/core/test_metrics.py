@@ -1,0 +1,61 @@
+"""Hand-derived values for the statistics helpers (histograms, quantiles, probability buckets)."""
+
+import numpy as np
+import pytest
+import torch
+
+from dataflex_rl import keys
+from dataflex_rl.metrics import bucket_edges, histogram, prob_bucket_stats, sample_quantiles
+
+
+def test_histogram_fixed_edges_with_overflow_into_end_bins():
+    edges = np.array([0.0, 1.0, 2.0, 3.0])
+    result = histogram(torch.tensor([-5.0, 0.5, 1.0, 2.5, 3.0, 99.0]), edges)
+    # [-5 -> first bin], [0.5 -> 0], [1.0 -> 1], [2.5 -> 2], [3.0 -> last], [99 -> last]
+    assert result.counts.tolist() == [2, 1, 3]
+    assert result.edges.tolist() == edges.tolist()
+
+
+def test_sample_quantiles_lower_definition():
+    values = torch.arange(1.0, 11.0).reshape(2, 5)  # 1..10
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    # k = floor(q (n - 1)) + 1 with n = 10: q=.05 -> 1st, q=.5 -> 5th, q=.95 -> 9th smallest
+    assert sample_quantiles(values, mask) == [1.0, 5.0, 9.0]
+    mask[1] = False  # 1..5 only: 1st, 3rd, 4th smallest
+    assert sample_quantiles(values, mask) == [1.0, 3.0, 4.0]
+
+
+def test_bucket_edges_cover_unit_interval_and_refuse_bad_edges():
+    assert [label for _, _, label in bucket_edges((0.5,))] == ["0.00-0.50", "0.50-1.00"]
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        bucket_edges((0.0, 0.5))
+    with pytest.raises(ValueError, match="distinct"):
+        bucket_edges((0.5, 0.5))
+
+
+def test_prob_bucket_stats_hand_derived():
+    # Four valid tokens and one masked: pi = 0.1, 0.3, 0.6, 1.0 (| masked 0.2), |A w| = 2, 1, 1, 4.
+    probs = torch.tensor([[0.1, 0.3, 0.6, 1.0, 0.2]])
+    weighted = torch.tensor([[-2.0, 1.0, 1.0, 4.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    norms = torch.tensor([[3.0, 1.0, 0.0, 0.0, 50.0]])
+    stats = prob_bucket_stats(probs, weighted, mask, edges=(0.5,), per_token_grad_norms={"logit_grad_norm": norms})
+    low, high = "0.00-0.50", "0.50-1.00"
+    assert stats[keys.grad_by_prob(low, "token_share")] == 0.5
+    assert stats[keys.grad_by_prob(high, "token_share")] == 0.5
+    assert stats[keys.grad_by_prob(low, "adv_weight_abs_mean")] == pytest.approx(1.5)  # (2 + 1) / 2
+    assert stats[keys.grad_by_prob(high, "adv_weight_abs_mean")] == pytest.approx(2.5)  # (1 + 4) / 2, pi=1 included
+    # bound |A w| (1 - pi): low (2*0.9 + 1*0.7)/2 = 1.25; high (1*0.4 + 4*0)/2 = 0.2
+    assert stats[keys.grad_by_prob(low, "logit_grad_bound")] == pytest.approx(1.25)
+    assert stats[keys.grad_by_prob(high, "logit_grad_bound")] == pytest.approx(0.2)
+    assert stats[keys.grad_by_prob(low, "logit_grad_norm")] == pytest.approx(4.0)
+    assert stats[keys.grad_by_prob(low, "logit_grad_norm_share")] == pytest.approx(1.0)
+    assert stats[keys.GRAD_LOW_PROB_SHARE] == pytest.approx(1.0)
+    # Without per-token norms the low-probability share comes from the bound: 2.5 / (2.5 + 0.4)
+    stats = prob_bucket_stats(probs, weighted, mask, edges=(0.5,))
+    assert stats[keys.GRAD_LOW_PROB_SHARE] == pytest.approx(2.5 / 2.9)
+
+
+def test_prob_bucket_stats_empty_batch_is_all_zero():
+    stats = prob_bucket_stats(torch.ones(1, 2), torch.ones(1, 2), torch.zeros(1, 2), edges=(0.5,))
+    assert all(value == 0.0 for value in stats.values())

@@ -1,22 +1,46 @@
-"""dataflex-rl: experiment sweeps and ablations for token-level advantage reweighting in RL for LLMs."""
+"""dataflex-rl: experiment sweeps and ablations for token-level advantage reweighting in RL for LLMs.
 
-from dataflex_rl.config import ConfigError, DataflexConfig, parse_dataflex_config
-from dataflex_rl.mechanism import MECHANISMS, Mechanism, MechanismOutput, build_mechanism, register_mechanism
-from dataflex_rl.actuators import ACTUATORS, register_actuator
-from dataflex_rl.scorers import SCORERS, register_scorer
+The public names below are imported lazily (PEP 562), so ``import dataflex_rl.keys`` or ``dataflex_rl.tasks``
+does not load torch.
+"""
 
-__all__ = [
-    "ACTUATORS",
-    "MECHANISMS",
-    "SCORERS",
-    "ConfigError",
-    "DataflexConfig",
-    "Mechanism",
-    "MechanismOutput",
-    "build_mechanism",
-    "parse_dataflex_config",
-    "register_actuator",
-    "register_mechanism",
-    "register_scorer",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ConfigError": "dataflex_rl.config",
+    "DataflexConfig": "dataflex_rl.config",
+    "parse_dataflex_config": "dataflex_rl.config",
+    "MECHANISMS": "dataflex_rl.mechanism",
+    "Mechanism": "dataflex_rl.mechanism",
+    "MechanismOutput": "dataflex_rl.mechanism",
+    "build_mechanism": "dataflex_rl.mechanism",
+    "register_mechanism": "dataflex_rl.mechanism",
+    "ACTUATORS": "dataflex_rl.actuators",
+    "register_actuator": "dataflex_rl.actuators",
+    "SCORERS": "dataflex_rl.scorers",
+    "register_scorer": "dataflex_rl.scorers",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from dataflex_rl.actuators import ACTUATORS, register_actuator
+    from dataflex_rl.config import ConfigError, DataflexConfig, parse_dataflex_config
+    from dataflex_rl.mechanism import MECHANISMS, Mechanism, MechanismOutput, build_mechanism, register_mechanism
+    from dataflex_rl.scorers import SCORERS, register_scorer
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dataflex_rl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,0 +1,840 @@
+"""Run store (or W&B) -> one long metrics table plus a run table.
+
+Long table (:attr:`SweepData.metrics`), one row per logged ``(run, metric, step)`` with a finite value, ordered by run
+(run-table order), then metric (alphabetical), then step:
+
+    sweep, run, backend, mechanism, mechanism_label (category) | alpha (float64) | seed (Int64) |
+    step (int64) | metric (category) | value (float64)
+
+``mechanism_label`` names the mechanism configuration (``baseline``, ``ar``, ``lopti``, ...) when ``meta.json`` carries
+one, else it repeats ``mechanism``; analysis treats it as a factor beside ``alpha``.
+
+Run table (:attr:`SweepData.runs`), one row per run folder (plus one per ``sweep.json`` entry without a folder):
+identity columns as above, then ``state``, ``status_step``, ``error``, ``wall_time_s``, ``git_commit``,
+``config_hash``, ``start_time``, ``end_time``, ``path``, ``metrics_source`` (``parquet``, ``jsonl``, ``wandb`` or
+``none``), ``included`` (bool: its metrics are in the long table), ``exclusion_reason`` and the resolved config
+flattened to ``config.<dotted.key>`` columns (lists and mappings as JSON text).
+
+A run whose ``status.json`` state is not ``completed`` is excluded (its metrics are not loaded) unless
+``include_incomplete=True``; a run whose files cannot be read is always excluded. Nothing raises for one bad run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+logger = logging.getLogger(__name__)
+
+IDENTITY_COLUMNS: tuple[str, ...] = ("sweep", "run", "backend", "mechanism", "mechanism_label", "alpha", "seed")
+CATEGORY_COLUMNS: tuple[str, ...] = ("sweep", "run", "backend", "mechanism", "mechanism_label")
+LONG_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "metric", "value")
+HISTOGRAM_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "name", "edges", "counts")
+RUN_COLUMNS: tuple[str, ...] = (
+    *IDENTITY_COLUMNS, "state", "status_step", "error", "wall_time_s", "git_commit", "config_hash", "start_time",
+    "end_time", "path", "metrics_source", "included", "exclusion_reason",
+)
+COMPLETED = "completed"
+RUN_STATES: tuple[str, ...] = ("pending", "running", "completed", "failed", "interrupted")
+# Folders inside a run or sweep folder that never hold run folders.
+_SKIPPED_FOLDERS = frozenset({"checkpoints", "wandb", "report", "__pycache__", ".git"})
+SWEEP_DIR_ENV = "DATAFLEX_SWEEP_DIR"
+
+try:  # the C loader parses a resolved config ~10x faster; PyYAML ships it in its wheels
+    _YamlLoader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - PyYAML built without libyaml
+    _YamlLoader = yaml.SafeLoader
+
+
+@dataclass(frozen=True)
+class SweepData:
+    """What a loader returns: the run table, the long metrics table and the histogram table (see module doc)."""
+
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+    histograms: pd.DataFrame
+    manifest: dict[str, Any] | None = None
+    source: str = ""
+
+    @property
+    def included_runs(self) -> pd.DataFrame:
+        """Run-table rows whose metrics are in :attr:`metrics`."""
+        return self.runs[self.runs["included"]]
+
+    @property
+    def excluded_runs(self) -> pd.DataFrame:
+        """Run-table rows left out of :attr:`metrics`, with ``state``, ``error`` and ``exclusion_reason``."""
+        return self.runs[~self.runs["included"]]
+
+    @property
+    def metric_names(self) -> list[str]:
+        """Metric keys present in :attr:`metrics` (sorted)."""
+        return sorted(self.metrics["metric"].unique().tolist()) if len(self.metrics) else []
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One run's metrics in wide form: ``steps`` ``(n,)`` int64 sorted unique, ``values`` ``(m, n)`` float64."""
+
+    steps: np.ndarray
+    names: tuple[str, ...]
+    values: np.ndarray
+
+
+# --- small readers -----------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    with open(path) as handle:
+        payload = json.load(handle)
+    if not isinstance(payload, dict):
+        # ValueError, not TypeError: the file's content is wrong, and callers treat it like any unreadable file
+        raise ValueError(f"{path} holds a {type(payload).__name__}, expected a JSON object")  # noqa: TRY004
+    return payload
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "config.") -> dict[str, Any]:
+    """Nested mapping -> ``{prefix + "a.b.c": value}``; lists and empty mappings become JSON text."""
+    flat: dict[str, Any] = {}
+
+    def visit(node: Any, path: str) -> None:
+        if isinstance(node, Mapping) and node:
+            for key, child in node.items():
+                visit(child, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, (list, tuple, Mapping)):
+            flat[prefix + path] = json.dumps(node, default=str)
+        else:
+            flat[prefix + path] = node
+
+    visit(config, "")
+    return flat
+
+
+def _first_line(text: Any) -> str | None:
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return None
+    lines = str(text).strip().splitlines()
+    return lines[-1] if lines else None
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _as_seed(value: Any) -> int | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _select_names(names: Iterable[str], patterns: Sequence[str] | None) -> list[str]:
+    """Names matching any of ``patterns`` (exact keys or ``fnmatch`` globs such as ``grad_norm/by_prob/*``)."""
+    names = list(names)
+    if patterns is None:
+        return names
+    return [name for name in names if any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)]
+
+
+def read_metrics_parquet(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunMetrics:
+    """Read a run's ``metrics.parquet`` (wide: ``step`` then one float column per key); non-numeric columns skipped."""
+    schema = pq.read_schema(path)
+    if "step" not in schema.names:
+        raise ValueError(f"{path} has no 'step' column (columns: {schema.names[:8]}...)")
+    numeric = [
+        name for name in schema.names
+        if name != "step" and (pa.types.is_floating(schema.field(name).type) or pa.types.is_integer(
+            schema.field(name).type) or pa.types.is_boolean(schema.field(name).type))
+    ]
+    names = _select_names(numeric, metrics)
+    table = pq.read_table(path, columns=["step", *names])
+    steps = table.column("step").to_numpy().astype(np.int64, copy=False)
+    values = np.empty((len(names), len(steps)), dtype=np.float64)
+    for row, name in enumerate(names):
+        values[row] = table.column(name).cast(pa.float64()).to_numpy(zero_copy_only=False)
+    return _sorted_unique(steps, tuple(names), values)
+
+
+def read_metrics_jsonl(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunMetrics:
+    """Read a run's ``metrics.jsonl`` (one ``{"step": int, key: float}`` object per line).
+
+    A line that is not valid JSON (a run killed mid-write) is skipped with a warning; a repeated step keeps its last
+    line (what a resumed run would have written); non-numeric values are dropped.
+    """
+    records: list[dict[str, Any]] = []
+    bad_lines: list[int] = []
+    with open(path) as handle:
+        for line_number, line in enumerate(handle, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError:
+                bad_lines.append(line_number)
+                continue
+            if isinstance(record, dict) and "step" in record:
+                records.append(record)
+            else:
+                bad_lines.append(line_number)
+    if bad_lines:
+        logger.warning("%s: skipped %d unreadable line(s): %s", path, len(bad_lines), bad_lines[:5])
+    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame({"step": []})
+    frame["step"] = pd.to_numeric(frame["step"], errors="coerce")
+    frame = frame[frame["step"].notna()].drop_duplicates("step", keep="last").sort_values("step")
+    names = _select_names([c for c in frame.columns if c != "step"], metrics)
+    values = np.empty((len(names), len(frame)), dtype=np.float64)
+    for row, name in enumerate(names):
+        values[row] = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    return RunMetrics(frame["step"].to_numpy(dtype=np.int64), tuple(names), values)
+
+
+def _sorted_unique(steps: np.ndarray, names: tuple[str, ...], values: np.ndarray) -> RunMetrics:
+    """Sort by step and keep the last row of a repeated step (the file format promises both; be safe)."""
+    if len(steps) > 1 and not np.all(np.diff(steps) > 0):
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[:, order]
+        keep = np.append(steps[1:] != steps[:-1], True)
+        steps, values = steps[keep], values[:, keep]
+    return RunMetrics(steps, names, values)
+
+
+# --- finding and describing runs ---------------------------------------------------------------------------------
+
+
+def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
+    """Run folders (folders holding ``meta.json``) under ``root``, sorted by path; ``root`` itself if it is one.
+
+    The search does not descend into a run folder, nor into ``checkpoints``, ``wandb`` or ``report`` folders.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"sweep folder {str(root)!r} does not exist")
+    if (root / "meta.json").is_file():
+        return [root]
+    found: list[Path] = []
+    for current, folders, files in os.walk(root):
+        if "meta.json" in files and Path(current) != root:
+            found.append(Path(current))
+            folders.clear()
+            continue
+        folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+    return sorted(found)
+
+
+def read_manifest(sweep_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``sweep.json`` of a sweep folder, or None when absent or unreadable (it is optional extra information)."""
+    path = Path(sweep_dir) / "sweep.json"
+    if not path.is_file():
+        return None
+    try:
+        return _read_json(path)
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring unreadable %s: %s", path, exc)
+        return None
+
+
+def _manifest_entries(manifest: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    if not manifest or not isinstance(manifest.get("runs"), list):
+        return {}
+    return {str(e["run"]): dict(e) for e in manifest["runs"] if isinstance(e, Mapping) and "run" in e}
+
+
+def describe_run(
+    run_dir: str | os.PathLike[str], manifest_entries: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One run-table row (see module doc) from a run folder's ``meta.json``, ``status.json`` and ``config.yaml``.
+
+    ``included`` is True when the run completed and has a metrics file; the loaders may still flip it. ``loadable``
+    (dropped by the loaders) says whether the files can be read whatever the state. ``manifest_entries``:
+    ``sweep.json`` entries by run name, filling identity fields ``meta.json`` lacks. Never raises for a damaged folder: the problem goes into ``exclusion_reason``.
+    """
+    run_dir = Path(run_dir)
+    entries = manifest_entries or {}
+    problems: list[str] = []
+    meta: dict[str, Any] = {}
+    try:
+        meta = _read_json(run_dir / "meta.json")
+    except (OSError, ValueError) as exc:
+        problems.append(f"unreadable meta.json ({exc})")
+    meta_readable = not problems
+    # sweep.json names runs by run name; the folder is normally named the same
+    entry = dict(entries.get(str(meta.get("run")), entries.get(run_dir.name, {})))
+    status: dict[str, Any] = {}
+    try:
+        status = _read_json(run_dir / "status.json")
+    except FileNotFoundError:
+        problems.append("no status.json")
+    except (OSError, ValueError) as exc:
+        problems.append(f"unreadable status.json ({exc})")
+    config: dict[str, Any] = {}
+    config_path = run_dir / "config.yaml"
+    if config_path.is_file():
+        try:
+            with open(config_path) as handle:
+                loaded = yaml.load(handle, Loader=_YamlLoader)
+            config = loaded if isinstance(loaded, dict) else {}
+        except (OSError, yaml.YAMLError) as exc:
+            logger.warning("ignoring unreadable %s: %s", config_path, exc)
+
+    def identity(key: str, *fallbacks: Any) -> Any:
+        """First non-null of meta.json, the sweep.json entry, then ``fallbacks``."""
+        return next((value for value in (meta.get(key), entry.get(key), *fallbacks) if value is not None), None)
+
+    mechanism = identity("mechanism")
+    state = status.get("state") or entry.get("state") or "unknown"
+    if (run_dir / "metrics.parquet").is_file():
+        source = "parquet"
+    elif (run_dir / "metrics.jsonl").is_file():
+        source = "jsonl"
+    else:
+        source = "none"
+    # A run is loadable when its files can be read; only its state may still keep it out of the aggregates.
+    loadable = meta_readable and source != "none"
+    if state != COMPLETED:
+        error = _first_line(status.get("error"))
+        problems.insert(0, f"state {state}" + (f": {error}" if error else ""))
+    if source == "none":
+        problems.append("no metrics file")
+    row: dict[str, Any] = {
+        "sweep": identity("sweep", run_dir.parent.name),
+        "run": identity("run", run_dir.name),
+        "backend": identity("backend"),
+        "mechanism": mechanism,
+        # the sweep driver passes the label as the top-level override ``mechanism_label=<preset>``
+        "mechanism_label": identity("mechanism_label", config.get("mechanism_label"), mechanism),
+        "alpha": _as_float(identity("alpha")),
+        "seed": _as_seed(identity("seed")),
+        "state": state,
+        "status_step": _as_seed(status.get("step")),
+        "error": status.get("error"),
+        "wall_time_s": _as_float(meta.get("wall_time_s")),
+        "git_commit": meta.get("git_commit"),
+        "config_hash": meta.get("config_hash"),
+        "start_time": meta.get("start_time"),
+        "end_time": meta.get("end_time"),
+        "path": str(run_dir),
+        "metrics_source": source,
+        "included": not problems,
+        "exclusion_reason": "; ".join(problems) if problems else None,
+        "loadable": loadable,
+    }
+    row.update(flatten_config(config))
+    return row
+
+
+def add_run_columns(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``frame`` (any table with ``sweep`` and ``run`` columns: long, summaries, histograms) with run-table
+    ``columns`` (e.g. ``config.dataflex.actuator.params.eta``) joined on (sweep, run), so they can be group keys."""
+    missing = [c for c in columns if c not in runs.columns]
+    if missing:
+        raise KeyError(f"columns {missing} are not in the run table; available: {list(runs.columns)}")
+    wanted = [c for c in columns if c not in frame.columns]
+    if not wanted:
+        return frame
+    lookup = runs[["sweep", "run", *wanted]].astype({"sweep": str, "run": str}).drop_duplicates(["sweep", "run"])
+    keys_frame = pd.DataFrame({"sweep": frame["sweep"].astype(str).to_numpy(), "run": frame["run"].astype(str).to_numpy()})
+    joined = keys_frame.merge(lookup, on=["sweep", "run"], how="left")
+    result = frame.copy()
+    for column in wanted:
+        result[column] = joined[column].to_numpy()
+    return result
+
+
+def _missing_run_row(sweep: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    state = entry.get("state") or "unknown"
+    return {
+        "sweep": sweep, "run": str(entry["run"]), "backend": entry.get("backend"),
+        "mechanism": entry.get("mechanism"), "mechanism_label": entry.get("mechanism_label", entry.get("mechanism")),
+        "alpha": _as_float(entry.get("alpha")), "seed": _as_seed(entry.get("seed")), "state": state,
+        "status_step": None, "error": entry.get("error"), "wall_time_s": math.nan, "git_commit": None,
+        "config_hash": None, "start_time": None, "end_time": None, "path": None, "metrics_source": "none",
+        "included": False, "exclusion_reason": f"no run folder (sweep.json state {state})", "loadable": False,
+    }
+
+
+def make_run_table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Run-table rows (dicts with the :data:`RUN_COLUMNS` keys, any missing one left empty, plus ``config.*`` keys)
+    -> the run table with fixed column order and dtypes (config columns last, sorted)."""
+    frame = pd.DataFrame.from_records(list(rows)) if rows else pd.DataFrame(columns=list(RUN_COLUMNS))
+    for column in RUN_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = None
+    config_columns = sorted(c for c in frame.columns if c not in RUN_COLUMNS)
+    frame = frame[[*RUN_COLUMNS, *config_columns]].reset_index(drop=True)
+    for column in CATEGORY_COLUMNS:
+        frame[column] = frame[column].astype("string").fillna("unknown" if column != "run" else "")
+    frame["alpha"] = pd.to_numeric(frame["alpha"], errors="coerce").astype(np.float64)
+    frame["seed"] = pd.array([_as_seed(v) for v in frame["seed"]], dtype="Int64")
+    frame["status_step"] = pd.array([_as_seed(v) for v in frame["status_step"]], dtype="Int64")
+    frame["wall_time_s"] = pd.to_numeric(frame["wall_time_s"], errors="coerce").astype(np.float64)
+    frame["included"] = frame["included"].fillna(False).astype(bool)
+    return frame
+
+
+# --- building the long table -------------------------------------------------------------------------------------
+
+
+def build_long_table(runs: pd.DataFrame, run_metrics: Mapping[int, RunMetrics]) -> pd.DataFrame:
+    """Long table (module doc) from the run table and ``{run-table row position: RunMetrics}``.
+
+    Every array is built once: per run, the ``(m, n)`` value block is flattened metric-major (so rows come out ordered
+    by run, metric, step), non-finite values are dropped, and the blocks are concatenated in one call per column.
+    """
+    vocabulary = sorted({name for metrics in run_metrics.values() for name in metrics.names})
+    code_of = {name: code for code, name in enumerate(vocabulary)}
+    run_blocks, metric_blocks, step_blocks, value_blocks = [], [], [], []
+    for position in sorted(run_metrics):
+        metrics = run_metrics[position]
+        if not metrics.names or len(metrics.steps) == 0:
+            continue
+        codes = np.fromiter((code_of[name] for name in metrics.names), dtype=np.int32, count=len(metrics.names))
+        order = np.argsort(codes, kind="stable")
+        values = metrics.values[order]
+        n_steps = len(metrics.steps)
+        flat_values = values.ravel()
+        flat_steps = np.tile(metrics.steps, len(codes))
+        flat_metrics = np.repeat(codes[order], n_steps)
+        finite = np.isfinite(flat_values)
+        if not finite.all():  # steps a metric was not logged at (NaN in the wide table) are dropped
+            flat_values, flat_steps, flat_metrics = flat_values[finite], flat_steps[finite], flat_metrics[finite]
+        value_blocks.append(flat_values)
+        step_blocks.append(flat_steps)
+        metric_blocks.append(flat_metrics)
+        run_blocks.append(np.full(flat_values.size, position, dtype=np.int32))
+    if value_blocks:
+        run_positions = np.concatenate(run_blocks)
+        metric_codes = np.concatenate(metric_blocks)
+        steps = np.concatenate(step_blocks)
+        values = np.concatenate(value_blocks)
+    else:
+        run_positions = np.empty(0, np.int32)
+        metric_codes = np.empty(0, np.int32)
+        steps = np.empty(0, np.int64)
+        values = np.empty(0, np.float64)
+
+    columns: dict[str, Any] = {}
+    for column in CATEGORY_COLUMNS:
+        per_run = pd.Categorical(runs[column].astype(str))
+        columns[column] = pd.Categorical.from_codes(per_run.codes[run_positions], dtype=per_run.dtype)
+    columns["alpha"] = runs["alpha"].to_numpy(dtype=np.float64)[run_positions]
+    columns["seed"] = runs["seed"].array.take(run_positions)
+    columns["step"] = steps
+    columns["metric"] = pd.Categorical.from_codes(metric_codes, categories=pd.Index(vocabulary, dtype=str))
+    columns["value"] = values
+    return pd.DataFrame(columns, copy=False)
+
+
+def _load_run_metrics(
+    runs: pd.DataFrame, loadable: Sequence[bool], metrics: Sequence[str] | None, include_incomplete: bool
+) -> dict[int, RunMetrics]:
+    """Read the metrics of every run to be included; an unreadable run is flagged in ``runs`` (in place)."""
+    loaded: dict[int, RunMetrics] = {}
+    for position in range(len(runs)):
+        row = runs.iloc[position]
+        source, path = row["metrics_source"], row["path"]
+        if not loadable[position] or not (row["included"] or include_incomplete):
+            continue
+        run_dir = Path(path)
+        attempts = [run_dir / "metrics.parquet", run_dir / "metrics.jsonl"] if source == "parquet" else [
+            run_dir / "metrics.jsonl"]
+        errors: list[str] = []
+        for file in attempts:
+            if not file.is_file():
+                continue
+            try:
+                reader = read_metrics_parquet if file.suffix == ".parquet" else read_metrics_jsonl
+                loaded[position] = reader(file, metrics)
+                runs.iat[position, runs.columns.get_loc("metrics_source")] = file.suffix.lstrip(".")
+                break
+            except Exception as exc:  # noqa: BLE001 - one damaged file must never stop a whole sweep
+                errors.append(f"unreadable {file.name} ({type(exc).__name__}: {exc})")
+        if position in loaded:
+            runs.iat[position, runs.columns.get_loc("included")] = True
+            runs.iat[position, runs.columns.get_loc("exclusion_reason")] = None
+        else:
+            runs.iat[position, runs.columns.get_loc("included")] = False
+            reason = row["exclusion_reason"]
+            runs.iat[position, runs.columns.get_loc("exclusion_reason")] = "; ".join(
+                [*([reason] if isinstance(reason, str) and reason else []), *errors])
+    return loaded
+
+
+def load_runs(
+    run_dirs: Sequence[str | os.PathLike[str]],
+    *,
+    metrics: Sequence[str] | None = None,
+    include_incomplete: bool = False,
+    histograms: bool = True,
+    manifest: Mapping[str, Any] | None = None,
+) -> SweepData:
+    """Load run folders into :class:`SweepData`.
+
+    ``metrics``: keys or ``fnmatch`` globs to load (default all). ``include_incomplete``: also load runs whose state is
+    not ``completed`` (failed, running, interrupted: their ``metrics.jsonl`` when there is no parquet yet); they stay
+    flagged by ``state``. ``histograms``: also read ``histograms.parquet`` (or ``.jsonl``) of the included runs.
+    ``manifest``: a ``sweep.json`` payload that fills identity fields a ``meta.json`` lacks and adds its runs that
+    have no folder (as excluded rows).
+    """
+    entries = _manifest_entries(manifest)
+    rows = [describe_run(run_dir, entries) for run_dir in run_dirs]
+    seen = {(row["sweep"], row["run"]) for row in rows}
+    if len(seen) != len(rows):
+        duplicates = sorted({f"{r['sweep']}/{r['run']}" for r in rows if sum(
+            (r["sweep"], r["run"]) == (o["sweep"], o["run"]) for o in rows) > 1})
+        raise ValueError(f"run folders with the same (sweep, run) identity: {duplicates}; load them separately")
+    sweep_name = str((manifest or {}).get("sweep") or (rows[0]["sweep"] if rows else ""))
+    listed = {row["run"] for row in rows}
+    rows += [_missing_run_row(sweep_name, entry) for name, entry in entries.items() if name not in listed]
+    loadable = [bool(row.pop("loadable")) for row in rows]
+    runs = make_run_table(rows)
+    run_metrics = _load_run_metrics(runs, loadable, metrics, include_incomplete)
+    long = build_long_table(runs, run_metrics)
+    histogram_table = load_histograms(runs) if histograms else empty_histogram_table()
+    return SweepData(runs=runs, metrics=long, histograms=histogram_table,
+                     manifest=dict(manifest) if manifest else None,
+                     source=", ".join(str(p) for p in run_dirs[:3]) + (" ..." if len(run_dirs) > 3 else ""))
+
+
+def load_sweep(
+    sweep_dir: str | os.PathLike[str],
+    *,
+    metrics: Sequence[str] | None = None,
+    include_incomplete: bool = False,
+    histograms: bool = True,
+) -> SweepData:
+    """Load a sweep folder ``runs/<sweep>/``: every run folder under it plus the optional ``sweep.json``."""
+    sweep_dir = Path(sweep_dir)
+    manifest = read_manifest(sweep_dir)
+    data = load_runs(find_run_dirs(sweep_dir), metrics=metrics, include_incomplete=include_incomplete,
+                     histograms=histograms, manifest=manifest)
+    return SweepData(runs=data.runs, metrics=data.metrics, histograms=data.histograms, manifest=data.manifest,
+                     source=str(sweep_dir))
+
+
+def resolve_sweep_dir(path: str | os.PathLike[str] | None = None, *, start: str | os.PathLike[str] | None = None) -> Path:
+    """The sweep folder to analyse: ``path`` if given, else ``$DATAFLEX_SWEEP_DIR``, else the newest sweep under the
+    first ``runs/`` folder found walking up from ``start`` (default the working directory).
+
+    "Newest" is the sub-folder of ``runs/`` holding run folders whose ``sweep.json`` or newest ``meta.json`` was
+    modified last (``runs/latest`` when it exists, e.g. as a link the sweep driver keeps).
+    """
+    chosen = path if path is not None else os.environ.get(SWEEP_DIR_ENV)
+    if chosen:
+        sweep_dir = Path(chosen).expanduser()
+        if not sweep_dir.is_dir():
+            raise FileNotFoundError(f"sweep folder {str(sweep_dir)!r} does not exist (from {SWEEP_DIR_ENV} or path)")
+        return sweep_dir
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        runs_root = folder / "runs"
+        if runs_root.is_dir():
+            if (runs_root / "latest").is_dir():
+                return runs_root / "latest"
+            candidates = [child for child in runs_root.iterdir() if child.is_dir() and any(child.glob("*/meta.json"))]
+            if candidates:
+                def modified(sweep: Path) -> float:
+                    stamps = [p.stat().st_mtime for p in (sweep / "sweep.json", *sweep.glob("*/meta.json"))
+                              if p.exists()]
+                    return max(stamps)
+
+                return max(candidates, key=modified)
+    raise FileNotFoundError(f"no sweep found: set {SWEEP_DIR_ENV}=runs/<sweep> or run from a folder under which "
+                            f"runs/<sweep>/<run>/meta.json exists (searched up from {here})")
+
+
+# --- histograms --------------------------------------------------------------------------------------------------
+
+
+def empty_histogram_table() -> pd.DataFrame:
+    """A histogram table with no rows and the columns of :data:`HISTOGRAM_COLUMNS`."""
+    frame = pd.DataFrame({column: pd.Series(dtype=object) for column in HISTOGRAM_COLUMNS})
+    frame["alpha"] = frame["alpha"].astype(np.float64)
+    frame["seed"] = frame["seed"].astype("Int64")
+    frame["step"] = frame["step"].astype(np.int64)
+    return frame
+
+
+def read_histograms_file(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """``histograms.parquet`` or ``histograms.jsonl`` -> ``step`` (int64), ``name`` (str), ``edges`` ``(k+1,)`` and
+    ``counts`` ``(k,)`` numpy arrays; rows whose edges and counts disagree in length are dropped with a warning."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        frame = pq.read_table(path, columns=["step", "name", "edges", "counts"]).to_pandas()
+    else:
+        records = []
+        with open(path) as handle:
+            for line in handle:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        frame = pd.DataFrame.from_records(records, columns=["step", "name", "edges", "counts"])
+    frame["edges"] = [np.asarray(e, dtype=np.float64) for e in frame["edges"]]
+    frame["counts"] = [np.asarray(c, dtype=np.float64) for c in frame["counts"]]
+    consistent = np.array([len(e) == len(c) + 1 for e, c in zip(frame["edges"], frame["counts"], strict=True)],
+                          dtype=bool)
+    if not consistent.all():
+        logger.warning("%s: dropped %d histogram row(s) whose edges are not one longer than counts", path,
+                       int((~consistent).sum()))
+    frame = frame[consistent]
+    frame["step"] = frame["step"].astype(np.int64)
+    frame["name"] = frame["name"].astype(str)
+    return frame.drop_duplicates(["step", "name"], keep="last").sort_values(["name", "step"])
+
+
+def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
+    """Histogram table (identity columns then ``step, name, edges, counts``) of the included runs of a run table."""
+    frames = []
+    for _, row in runs[runs["included"] & runs["path"].notna()].iterrows():
+        run_dir = Path(row["path"])
+        for file in (run_dir / "histograms.parquet", run_dir / "histograms.jsonl"):
+            if not file.is_file():
+                continue
+            try:
+                frame = read_histograms_file(file)
+            except Exception as exc:  # noqa: BLE001 - histograms are optional; never fail a sweep over them
+                logger.warning("ignoring unreadable %s: %s", file, exc)
+                continue
+            for column in IDENTITY_COLUMNS:
+                frame.insert(len(frame.columns) - 4, column, row[column])
+            frames.append(frame)
+            break
+    if not frames:
+        return empty_histogram_table()
+    table = pd.concat(frames, ignore_index=True)[list(HISTOGRAM_COLUMNS)]
+    table["seed"] = table["seed"].astype("Int64")
+    table["alpha"] = table["alpha"].astype(np.float64)
+    return table
+
+
+# --- W&B ---------------------------------------------------------------------------------------------------------
+
+# Where each identity field may sit in a W&B run's flattened config, first match wins: the W&B logger adds
+# ``run_identity`` (the meta.json identity) to the resolved config. The run name ``<sweep>-a<alpha>-s<seed>``, the
+# group and the tags (mechanism, backend) are the fallbacks.
+WANDB_IDENTITY_KEYS: dict[str, tuple[str, ...]] = {
+    "sweep": ("run_identity.sweep", "sweep"),
+    "run": ("run_identity.run",),
+    "backend": ("run_identity.backend", "backend"),
+    "mechanism": ("run_identity.mechanism", "dataflex.mechanism", "mechanism"),
+    "mechanism_label": ("run_identity.mechanism_label", "mechanism_label", "dataflex.mechanism_label"),
+    "alpha": ("run_identity.alpha", "alpha", "dataflex.actuator.params.alpha"),
+    "seed": ("run_identity.seed", "seed"),
+    "git_commit": ("run_identity.git_commit", "git_commit"),
+    "config_hash": ("run_identity.config_hash", "config_hash"),
+}
+WANDB_STATES: dict[str, str] = {
+    "finished": "completed", "running": "running", "pending": "pending", "crashed": "failed", "failed": "failed",
+    "killed": "interrupted", "preempted": "interrupted", "preempting": "running",
+}
+_RUN_NAME_PATTERN = re.compile(r"-a(?P<alpha>-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)-s(?P<seed>-?\d+)$")
+DEFAULT_CACHE_DIR = Path(os.environ.get("DATAFLEX_CACHE_DIR", "~/.cache/dataflex-rl")).expanduser() / "wandb"
+_CACHE_FILES = ("runs.parquet", "metrics.parquet", "histograms.parquet")
+
+
+def _wandb_identity(run: Any, flat_config: Mapping[str, Any], known_backends: Sequence[str]) -> dict[str, Any]:
+    def lookup(field_name: str) -> Any:
+        for key in WANDB_IDENTITY_KEYS[field_name]:
+            value = flat_config.get("config." + key)
+            if value is not None:
+                return value
+        return None
+
+    name = str(getattr(run, "name", None) or getattr(run, "id", ""))
+    tags = [str(tag) for tag in (getattr(run, "tags", None) or [])]
+    identity = {field_name: lookup(field_name) for field_name in WANDB_IDENTITY_KEYS}
+    match = _RUN_NAME_PATTERN.search(name)
+    if identity["alpha"] is None and match:
+        identity["alpha"] = float(match["alpha"])
+    if identity["seed"] is None and match:
+        identity["seed"] = int(match["seed"])
+    if identity["sweep"] is None:
+        identity["sweep"] = getattr(run, "group", None) or (name[: match.start()] if match else None)
+    if identity["backend"] is None:
+        identity["backend"] = next((tag for tag in tags if tag in known_backends), None)
+    if identity["mechanism"] is None:
+        identity["mechanism"] = next((tag for tag in tags if tag not in known_backends), None)
+    if identity["mechanism_label"] is None:
+        identity["mechanism_label"] = identity["mechanism"]
+    if identity["run"] is None:
+        identity["run"] = name
+    return identity
+
+
+def _wandb_rows(
+    run: Any, step_key: str, metrics: Sequence[str] | None, page_size: int
+) -> tuple[RunMetrics, list[dict[str, Any]]]:
+    """All history rows of one W&B run -> (scalar metrics, histogram records).
+
+    ``scan_history`` is called without ``keys``: with keys it returns only rows holding every key, which loses metrics
+    logged at different steps. Keys starting with ``_`` (W&B's own) are dropped; a value ``{"_type": "histogram",
+    "bins": edges, "values": counts}`` becomes a histogram record.
+    """
+    by_step: dict[int, dict[str, float]] = {}
+    histograms: list[dict[str, Any]] = []
+    for record in run.scan_history(page_size=page_size):
+        step_value = record.get(step_key)
+        if step_value is None:
+            continue
+        step = int(step_value)
+        row = by_step.setdefault(step, {})
+        for key, value in record.items():
+            if key.startswith("_") or key == step_key:
+                continue
+            if isinstance(value, Mapping):
+                if value.get("_type") == "histogram" and "bins" in value and "values" in value:
+                    histograms.append({"step": step, "name": key, "edges": np.asarray(value["bins"], np.float64),
+                                       "counts": np.asarray(value["values"], np.float64)})
+                continue
+            if isinstance(value, (bool, int, float)):
+                row[key] = float(value)
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    names = tuple(_select_names(sorted({k for row in by_step.values() for k in row}), metrics))
+    values = np.full((len(names), len(steps)), np.nan)
+    index = {name: i for i, name in enumerate(names)}
+    for column, step in enumerate(steps):
+        for key, value in by_step[int(step)].items():
+            if key in index:
+                values[index[key], column] = value
+    return RunMetrics(steps, names, values), histograms
+
+
+def _cache_folder(cache_dir: Path, entity: str, project: str, group: str | None, query: Mapping[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(query, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{entity}__{project}__{group or 'all'}")
+    return cache_dir / f"{safe}__{digest}"
+
+
+def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """Object columns holding mixed types (a config key that is an int in one run and text in another) -> text."""
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object:
+            kinds = {type(v) for v in frame[column] if v is not None and not (isinstance(v, float) and math.isnan(v))}
+            if len(kinds) > 1 or (kinds and not kinds <= {str}):
+                frame[column] = [None if v is None else str(v) for v in frame[column]]
+    return frame
+
+
+def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    frame.to_parquet(temporary, index=False)
+    os.replace(temporary, path)
+
+
+def load_wandb(
+    entity: str,
+    project: str,
+    *,
+    group: str | None = None,
+    filters: Mapping[str, Any] | None = None,
+    metrics: Sequence[str] | None = None,
+    include_incomplete: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    refresh: bool = False,
+    step_key: str = "_step",
+    known_backends: Sequence[str] = ("local", "verl"),
+    page_size: int = 1000,
+    api: Any = None,
+) -> SweepData:
+    """Load runs logged online to W&B (``entity/project``, optionally one ``group`` = one sweep) into
+    :class:`SweepData`, through ``wandb.Api()``; the result is cached as parquet so a second call needs no network.
+
+    Identity comes from the run config (:data:`WANDB_IDENTITY_KEYS`: the ``run_identity`` the W&B logger stores), then
+    the run name ``<sweep>-a<alpha>-s<seed>``, the group and the tags. W&B states map to run-store states by :data:`WANDB_STATES` (``finished`` -> ``completed``, ``crashed``
+    -> ``failed``, ``killed`` -> ``interrupted``). ``step_key``: the history key holding the training step.
+
+    Cache: ``<cache_dir>/<entity>__<project>__<group>__<hash of the query>/`` holding ``runs.parquet``,
+    ``metrics.parquet`` and ``histograms.parquet``, written once the whole download succeeded. The cache is never
+    refreshed on its own (a sweep still running needs ``refresh=True``). ``cache_dir`` default:
+    ``$DATAFLEX_CACHE_DIR/wandb`` (``~/.cache/dataflex-rl/wandb``).
+    """
+    query = {"filters": dict(filters or {}), "metrics": list(metrics) if metrics is not None else None,
+             "step_key": step_key, "include_incomplete": include_incomplete}
+    folder = _cache_folder(Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR, entity, project, group,
+                           query)
+    source = f"wandb:{entity}/{project}" + (f"?group={group}" if group else "")
+    if not refresh and all((folder / name).is_file() for name in _CACHE_FILES):
+        runs = pd.read_parquet(folder / "runs.parquet")
+        histograms = pd.read_parquet(folder / "histograms.parquet")
+        for column in ("edges", "counts"):
+            histograms[column] = [np.asarray(v, dtype=np.float64) for v in histograms[column]]
+        return SweepData(runs=runs, metrics=pd.read_parquet(folder / "metrics.parquet"), histograms=histograms,
+                         source=source + f" (cache {folder})")
+
+    if api is None:
+        import wandb  # imported here: slow to import and only needed for online runs
+
+        api = wandb.Api()
+    run_filters = dict(filters or {})
+    if group is not None:
+        run_filters["group"] = group
+    rows: list[dict[str, Any]] = []
+    run_metrics: dict[int, RunMetrics] = {}
+    histogram_records: list[dict[str, Any]] = []
+    for wandb_run in api.runs(f"{entity}/{project}", filters=run_filters or None):
+        config = dict(getattr(wandb_run, "config", None) or {})
+        flat = flatten_config({k: v for k, v in config.items() if not str(k).startswith("_")})
+        identity = _wandb_identity(wandb_run, flat, known_backends)
+        raw_state = str(getattr(wandb_run, "state", "unknown")).lower()
+        state = WANDB_STATES.get(raw_state, raw_state)
+        summary = getattr(wandb_run, "summary", None) or {}
+        row: dict[str, Any] = {
+            **{k: identity[k] for k in ("sweep", "run", "backend", "mechanism", "mechanism_label")},
+            "alpha": _as_float(identity["alpha"]), "seed": _as_seed(identity["seed"]), "state": state,
+            "status_step": None,
+            "error": None, "wall_time_s": _as_float(summary.get("_runtime") if hasattr(summary, "get") else None),
+            "git_commit": identity["git_commit"], "config_hash": identity["config_hash"],
+            "start_time": getattr(wandb_run, "created_at", None), "end_time": None,
+            "path": f"wandb:{entity}/{project}/{getattr(wandb_run, 'id', identity['run'])}", "metrics_source": "wandb",
+            "included": state == COMPLETED,
+            "exclusion_reason": None if state == COMPLETED else f"state {state} (W&B state {raw_state})",
+            **flat,
+        }
+        position = len(rows)
+        rows.append(row)
+        if state != COMPLETED and not include_incomplete:
+            continue
+        try:
+            run_metrics[position], records = _wandb_rows(wandb_run, step_key, metrics, page_size)
+        except Exception as exc:  # noqa: BLE001 - one run whose history fails must not lose the others
+            row["included"] = False
+            row["exclusion_reason"] = "; ".join(filter(None, [row["exclusion_reason"],
+                                                              f"history download failed ({exc})"]))
+            continue
+        row["included"] = True
+        if len(run_metrics[position].steps):
+            row["status_step"] = int(run_metrics[position].steps[-1])
+        histogram_records += [{**{c: row[c] for c in IDENTITY_COLUMNS}, **r} for r in records]
+    runs = make_run_table(rows)
+    long = build_long_table(runs, run_metrics)
+    histograms = (pd.DataFrame.from_records(histogram_records, columns=list(HISTOGRAM_COLUMNS))
+                  if histogram_records else empty_histogram_table())
+    histograms["seed"] = histograms["seed"].astype("Int64")
+
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_parquet_atomic(_parquet_safe(runs), folder / "runs.parquet")
+    _write_parquet_atomic(long, folder / "metrics.parquet")
+    _write_parquet_atomic(histograms, folder / "histograms.parquet")
+    return SweepData(runs=runs, metrics=long, histograms=histograms, source=source)

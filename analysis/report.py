@@ -1,0 +1,358 @@
+"""Sweep report: ``python -m analysis.report runs/<sweep> [--out DIR] [--metric KEY ...]``.
+
+Writes into ``runs/<sweep>/report/`` (or ``--out``):
+
+- ``report.md``: runs per group, excluded runs with their state and error, the comparison tables (final-window mean
+  and time-averaged AUC, with paired deltas against the baseline) and the figures as relative PNG links;
+- ``table_final_window.{md,csv,tex,html}``, ``table_auc.{md,csv,tex,html}`` (CSV = the numbers behind the table);
+- ``fig_*.png``; ``runs.csv`` (the run table, config columns included).
+
+Sections whose data the sweep lacks (no histograms, no gradient statistics, ...) are skipped with a line saying so;
+a figure that cannot be drawn leaves its error in the report instead of stopping it; failed or unfinished runs are
+excluded by the loader and listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis import plots
+from analysis.aggregate import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_CONFIDENCE,
+    DEFAULT_FINAL_WINDOW,
+    aggregate_runs,
+    default_baseline,
+    default_group_keys,
+    paired_differences,
+    run_summaries,
+)
+from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
+from analysis.tables import TABLE_STYLES, comparison_table, to_markdown, write_table
+from dataflex_rl import keys
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_METRICS: tuple[str, ...] = (keys.VAL_ACCURACY, keys.SCORE_MEAN, keys.TRAIN_ACCURACY, keys.RESPONSE_LENGTH_MEAN)
+CURVE_METRICS: tuple[tuple[str, str], ...] = ((keys.VAL_ACCURACY, "Validation accuracy"), (keys.SCORE_MEAN, "Reward"))
+TABLE_VALUES: tuple[tuple[str, str], ...] = (
+    ("final_window", "Final-window mean"), ("auc", "Area under the curve (time-averaged value)"))
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """Everything that shapes a report; the defaults are the CLI's defaults."""
+
+    metrics: tuple[str, ...] | None = None  # None: those of DEFAULT_METRICS present in the sweep
+    group_keys: tuple[str, ...] | None = None  # None: default_group_keys(runs)
+    final_window: int = DEFAULT_FINAL_WINDOW
+    confidence: float = DEFAULT_CONFIDENCE
+    n_bootstrap: int = DEFAULT_BOOTSTRAP
+    random_state: int = 0
+    style: str = "pm"
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    include_incomplete: bool = False
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()
+
+
+def _save(figure: Figure, out_dir: Path, name: str) -> str:
+    path = out_dir / f"fig_{name}.png"
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    return path.name
+
+
+class _Document:
+    """Markdown lines plus a helper that draws one figure section without letting a failure stop the report."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.lines: list[str] = []
+        self.figures: list[str] = []
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def figure(self, title: str, name: str, draw: Callable[[Figure], None], size: tuple[float, float] = (6.4, 4.2)) -> None:
+        self.add(f"### {title}", "")
+        figure = Figure(figsize=size, layout="constrained")
+        try:
+            draw(figure)
+            file_name = _save(figure, self.out_dir, name)
+        except Exception as exc:
+            logger.warning("figure %r failed: %s", name, exc, exc_info=True)
+            self.add(f"_Could not draw this figure: {type(exc).__name__}: {exc}_", "")
+            return
+        self.figures.append(file_name)
+        self.add(f"![{title}]({file_name})", "")
+
+
+def _runs_overview(data: SweepData, group_keys: Sequence[str]) -> pd.DataFrame:
+    runs = data.runs
+    included = runs[runs["included"]]
+    if included.empty:
+        return pd.DataFrame()
+    overview = included.groupby(list(group_keys), dropna=False, sort=True, observed=True).agg(
+        runs=("run", "count"), seeds=("seed", lambda s: ", ".join(str(v) for v in sorted(s.dropna()))))
+    return overview.reset_index()
+
+
+def _excluded_table(data: SweepData) -> pd.DataFrame:
+    excluded = data.excluded_runs
+    return excluded[["run", "alpha", "seed", "state", "exclusion_reason"]].rename(
+        columns={"exclusion_reason": "reason"}).reset_index(drop=True)
+
+
+def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: ReportOptions = ReportOptions()) -> Path:
+    """Write the report of already loaded sweep data into ``out_dir``; return the path of ``report.md``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = _Document(out_dir)
+    sweep_names = sorted(data.runs["sweep"].astype(str).unique()) if len(data.runs) else ["(empty)"]
+    group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
+    unknown = [k for k in group_keys if k not in data.runs.columns]
+    if unknown:
+        raise KeyError(f"group keys {unknown} are not run-table columns; use identity columns such as alpha, "
+                       f"mechanism_label, backend, or config.<key> columns")
+    extra_keys = [k for k in group_keys if k not in IDENTITY_COLUMNS]
+    if extra_keys:  # config columns as factors: copy them onto every table the report groups
+        data = SweepData(runs=data.runs, metrics=add_run_columns(data.metrics, data.runs, extra_keys),
+                         histograms=add_run_columns(data.histograms, data.runs, extra_keys) if len(data.histograms)
+                         else data.histograms, manifest=data.manifest, source=data.source)
+    generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    n_included = int(data.runs["included"].sum())
+    document.add(
+        f"# Sweep report: {', '.join(sweep_names)}", "",
+        f"Source: `{data.source}`. Generated {generated}.", "",
+        f"Runs: {n_included} included, {len(data.runs) - n_included} excluded. Groups: {', '.join(group_keys)}.", "",
+        f"Per-run values: final window = mean of the last {options.final_window} logged values of a metric; AUC = "
+        "trapezoid area over steps divided by the run's step span. Cells: mean ± half-width of the "
+        f"{options.confidence:.0%} percentile bootstrap CI over seeds ({options.n_bootstrap} resamples, "
+        f"random_state {options.random_state}), (n runs); the best group is in bold. Δ: mean paired difference "
+        "against the baseline on the same seed [CI], P = probability of improvement P(X > Y), ties counting half.", "",
+    )
+    data.runs.to_csv(out_dir / "runs.csv", index=False)
+
+    document.add("## Runs", "")
+    overview = _runs_overview(data, group_keys)
+    document.add(to_markdown_frame(overview) if not overview.empty else "No completed runs.", "")
+    document.add("## Excluded runs", "")
+    excluded = _excluded_table(data)
+    if excluded.empty:
+        document.add("None: every run completed.", "")
+    else:
+        document.add(f"{len(excluded)} run(s) left out of every aggregate:", "", to_markdown_frame(excluded), "")
+
+    available = set(data.metric_names)
+    requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
+    missing = [m for m in requested if m not in available]
+    table_metrics = [m for m in requested if m in available]
+    if missing:
+        document.add(f"Metrics not logged by any included run (left out): {', '.join(missing)}.", "")
+
+    summaries = None
+    if table_metrics:
+        summaries = run_summaries(data.metrics, metrics=table_metrics, final_window=options.final_window,
+                                  thresholds=dict(options.thresholds))
+        _table_sections(document, summaries, table_metrics, group_keys, options)
+    else:
+        document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
+
+    document.add("## Figures", "")
+    _figure_sections(document, data, summaries, table_metrics, group_keys, options)
+
+    report_path = out_dir / "report.md"
+    report_path.write_text("\n".join(document.lines).rstrip() + "\n")
+    return report_path
+
+
+def to_markdown_frame(frame: pd.DataFrame) -> str:
+    """A plain DataFrame as a Markdown table (floats in ``%g``)."""
+    shown = frame.copy()
+    for column in shown.columns:
+        if pd.api.types.is_float_dtype(shown[column].dtype):
+            shown[column] = [f"{v:g}" for v in shown[column]]
+    return shown.to_markdown(index=False)
+
+
+def _table_sections(
+    document: _Document, summaries: pd.DataFrame, metrics: Sequence[str], group_keys: Sequence[str],
+    options: ReportOptions,
+) -> None:
+    baseline = default_baseline(summaries, group_keys)
+    for value, title in TABLE_VALUES:
+        document.add(f"## {title}", "")
+        aggregates = aggregate_runs(summaries, value=value, group_keys=group_keys, confidence=options.confidence,
+                                    n_bootstrap=options.n_bootstrap, random_state=options.random_state)
+        deltas = None
+        if baseline is None:
+            document.add("No deltas: no single baseline group (alpha = 0 or mechanism label `baseline`).", "")
+        else:
+            deltas = paired_differences(summaries, value=value, group_keys=group_keys, baseline=baseline,
+                                        confidence=options.confidence, n_bootstrap=options.n_bootstrap,
+                                        random_state=options.random_state)
+            shown = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in baseline.items())
+            document.add(f"Baseline: {shown}.", "")
+        table = comparison_table(aggregates, deltas=deltas, metrics=metrics, group_keys=group_keys,
+                                 style=options.style, caption=f"{title} per group")
+        files = write_table(table, document.out_dir, f"table_{value}")
+        document.add(to_markdown(table), "",
+                     "Files: " + ", ".join(f"[{fmt}]({path.name})" for fmt, path in files.items()), "")
+    if options.thresholds:
+        document.add("## Steps to threshold", "")
+        reached = aggregate_runs(summaries[summaries["metric"].isin(list(options.thresholds))],
+                                 value="steps_to_threshold", group_keys=group_keys, confidence=options.confidence,
+                                 n_bootstrap=options.n_bootstrap, random_state=options.random_state)
+        document.add("First step at which a run reached the threshold; n counts the runs that reached it.", "",
+                     to_markdown(comparison_table(reached, group_keys=group_keys, style=options.style, digits=1,
+                                                  minimize=set(options.thresholds))), "")
+
+
+def _figure_sections(
+    document: _Document, data: SweepData, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
+    group_keys: Sequence[str], options: ReportOptions,
+) -> None:
+    available = set(data.metric_names)
+    random_state = options.random_state
+    curve_metrics = list(dict.fromkeys([*(m for m, _ in CURVE_METRICS), *table_metrics]))
+    titles = dict(CURVE_METRICS)
+    for metric in curve_metrics:
+        title = titles.get(metric, metric)
+        if metric not in available:
+            document.add(f"### {title}", "", f"Skipped: `{metric}` is not logged.", "")
+            continue
+        document.figure(title, f"curve_{_slug(metric)}", lambda figure, m=metric: plots.plot_curves(
+            data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
+            random_state=random_state))
+
+    final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
+    if summaries is not None and final_metric is not None and "alpha" in group_keys:
+        series_key = next((k for k in group_keys if k != "alpha"), None)
+        aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys,
+                                    confidence=options.confidence, n_bootstrap=options.n_bootstrap,
+                                    random_state=random_state)
+        document.figure(f"Final {final_metric} against alpha", f"final_vs_alpha_{_slug(final_metric)}",
+                        lambda figure: plots.plot_metric_vs_alpha(aggregates, final_metric, series_key=series_key,
+                                                                  ax=figure.add_subplot()))
+    else:
+        document.add("### Final metric against alpha", "", "Skipped: no table metric, or alpha is not a group key.", "")
+
+    histogram_names = set(data.histograms["name"].astype(str).unique()) if len(data.histograms) else set()
+    if keys.HIST_WEIGHT in histogram_names:
+        n_groups = len(data.histograms[list(group_keys)].drop_duplicates())
+        document.figure("Advantage-weight histograms over training", "hist_weight_heatmap",
+                        lambda figure: plots.plot_histogram_heatmaps(
+                            data.histograms, keys.HIST_WEIGHT, group_keys=group_keys,
+                            axes=figure.subplots(1, n_groups, squeeze=False, sharey=True)[0]),
+                        size=(3.6 * n_groups + 1.0, 3.5))
+    else:
+        document.add("### Advantage-weight histograms over training", "",
+                     f"Skipped: no `{keys.HIST_WEIGHT}` histograms in the run store.", "")
+    if keys.HIST_TOKEN_PROB in histogram_names:
+        document.figure("Token-probability histogram (last step)", "hist_token_prob",
+                        lambda figure: plots.plot_histogram(data.histograms, keys.HIST_TOKEN_PROB,
+                                                            group_keys=group_keys, ax=figure.add_subplot()))
+    else:
+        document.add("### Token-probability histogram", "",
+                     f"Skipped: no `{keys.HIST_TOKEN_PROB}` histograms in the run store.", "")
+
+    grad_stats = plots.available_grad_stats(available)
+    if grad_stats:
+        for stat in grad_stats:
+            document.figure(f"Gradient norm by token probability ({stat})", f"grad_by_prob_{stat}",
+                            lambda figure, s=stat: plots.plot_grad_by_bucket(
+                                data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
+                                confidence=options.confidence, n_bootstrap=options.n_bootstrap,
+                                random_state=random_state, ax=figure.add_subplot()))
+    else:
+        document.add("### Gradient norm by token probability", "",
+                     f"Skipped: no `{keys.GRAD_BY_PROB_PREFIX}/<bucket>/<stat>` metrics for the stats "
+                     f"{', '.join(plots.GRAD_BUCKET_STATS)}.", "")
+
+    if keys.TOKEN_PROB_LOW_FRAC in available:
+        document.figure("Low-probability token share over training", "low_prob_share",
+                        lambda figure: plots.plot_low_prob_share(
+                            data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
+                            confidence=options.confidence, random_state=random_state))
+    else:
+        document.add("### Low-probability token share over training", "",
+                     f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")
+
+
+def build_report(
+    sweep_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
+    options: ReportOptions = ReportOptions(),
+) -> Path:
+    """Load ``sweep_dir`` and write its report into ``out_dir`` (default ``<sweep_dir>/report``); return
+    ``report.md``."""
+    data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete)
+    return write_report(data, Path(out_dir) if out_dir is not None else Path(sweep_dir) / "report", options)
+
+
+def _threshold(text: str) -> tuple[str, float]:
+    metric, separator, value = text.rpartition("=")
+    try:
+        if not separator or not metric:
+            raise ValueError
+        return metric, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--threshold {text!r}: expected METRIC=VALUE, e.g. val/accuracy=0.5") from None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line of ``python -m analysis.report``."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", help="sweep folder runs/<sweep> (holding run folders and optionally sweep.json)")
+    parser.add_argument("--out", help="output folder (default: <sweep_dir>/report)")
+    parser.add_argument("--metric", action="append", dest="metrics", metavar="KEY",
+                        help=f"a table metric (repeatable; default: those of {', '.join(DEFAULT_METRICS)} present)")
+    parser.add_argument("--group-key", action="append", dest="group_keys", metavar="COLUMN",
+                        help="grouping column (repeatable; default alpha, plus mechanism_label when it varies)")
+    parser.add_argument("--final-window", type=int, default=DEFAULT_FINAL_WINDOW,
+                        help="logged values averaged at the end of each run (default %(default)s)")
+    parser.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE)
+    parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, help="bootstrap resamples")
+    parser.add_argument("--random-state", type=int, default=0)
+    parser.add_argument("--style", choices=TABLE_STYLES, default="pm", help="pm: mean ± half-width; interval: [lo, hi]")
+    parser.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="METRIC=VALUE",
+                        help="also report steps to reach VALUE for METRIC (repeatable)")
+    parser.add_argument("--include-incomplete", action="store_true",
+                        help="aggregate failed / unfinished runs too (they stay listed by state)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0, or 2 when the sweep folder or a group key does not exist)."""
+    arguments = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    options = ReportOptions(
+        metrics=tuple(arguments.metrics) if arguments.metrics else None,
+        group_keys=tuple(arguments.group_keys) if arguments.group_keys else None,
+        final_window=arguments.final_window, confidence=arguments.confidence, n_bootstrap=arguments.bootstrap,
+        random_state=arguments.random_state, style=arguments.style, thresholds=dict(arguments.threshold),
+        include_incomplete=arguments.include_incomplete,
+    )
+    try:
+        report_path = build_report(arguments.sweep_dir, arguments.out, options)
+    except (FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report written to {report_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

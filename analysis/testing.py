@@ -1,0 +1,283 @@
+"""Hand-made run stores for tests, the notebook test and benchmarks.
+
+:func:`write_fake_run` writes one run folder in the run-store format of ``docs/run_store.md`` from explicit arrays, so a
+test can hand-compute every aggregate. :func:`write_fake_sweep` writes a whole sweep folder (``sweep.json`` plus one
+run per ``alpha x seed``) with plausible curves, failed and still-running runs, histograms and gradient statistics.
+Nothing here imports torch or the training backends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from dataflex_rl import keys
+
+MetricsFormat = Literal["parquet", "jsonl", "both"]
+METRICS_FORMATS: tuple[str, ...] = ("parquet", "jsonl", "both")
+FAKE_GIT_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+# Probability buckets of the gradient statistics, as the training side labels them (``keys.bucket_label``).
+FAKE_BUCKETS: tuple[tuple[float, float], ...] = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0))
+
+
+def run_name(sweep: str, alpha: float, seed: int) -> str:
+    """The run name the project uses: ``<sweep>-a<alpha>-s<seed>`` (alpha in ``%g`` form)."""
+    return f"{sweep}-a{alpha:g}-s{seed}"
+
+
+def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=2, default=str))
+    os.replace(temporary, path)
+
+
+def write_fake_run(
+    run_dir: str | os.PathLike[str],
+    *,
+    metrics: Mapping[str, Sequence[float] | np.ndarray],
+    steps: Sequence[int] | np.ndarray | None = None,
+    sweep: str = "fake-sweep",
+    run: str | None = None,
+    backend: str = "local",
+    mechanism: str = "reweight",
+    mechanism_label: str | None = None,
+    alpha: float | None = 0.0,
+    seed: int | None = 0,
+    state: str = "completed",
+    error: str | None = None,
+    metrics_format: MetricsFormat = "parquet",
+    histograms: Sequence[Mapping[str, Any]] | None = None,
+    config: Mapping[str, Any] | None = None,
+    wall_time_s: float = 60.0,
+    git_commit: str = FAKE_GIT_COMMIT,
+) -> Path:
+    """Write one run folder and return its path.
+
+    ``metrics`` maps a metric key to an array of shape ``(n_steps,)`` aligned with ``steps`` (default
+    ``0 .. n_steps-1``); NaN means "not logged at that step" (e.g. ``val/accuracy`` between evaluations).
+    ``metrics_format``: ``parquet`` writes ``metrics.parquet`` only (a compacted run), ``jsonl`` writes
+    ``metrics.jsonl`` only (a run still going, or one that crashed before compaction), ``both`` writes both.
+    ``histograms``: dicts ``{"step", "name", "edges" (k+1,), "counts" (k,)}``, written to ``histograms.parquet``
+    (or ``histograms.jsonl`` when ``metrics_format == "jsonl"``).
+    """
+    if metrics_format not in METRICS_FORMATS:
+        raise ValueError(f"metrics_format={metrics_format!r} is not one of {METRICS_FORMATS}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    columns = {key: np.asarray(values, dtype=np.float64) for key, values in metrics.items()}
+    lengths = {key: column.shape for key, column in columns.items()}
+    n_steps = next(iter(lengths.values()))[0] if columns else (0 if steps is None else len(steps))
+    step_array = np.arange(n_steps, dtype=np.int64) if steps is None else np.asarray(steps, dtype=np.int64)
+    for key, shape in lengths.items():
+        if shape != step_array.shape:
+            raise ValueError(f"metric {key!r} has shape {shape}, expected {step_array.shape} (one value per step)")
+    run = run or (run_name(sweep, alpha, seed) if alpha is not None and seed is not None else run_dir.name)
+
+    resolved_config = dict(config) if config is not None else {
+        "seed": seed,
+        "backend": backend,
+        "dataflex": {
+            "mechanism": mechanism,
+            "scorer": {"name": "token_prob", "params": {}},
+            "actuator": {"name": "advantage_reweight", "params": {"alpha": alpha}},
+            "warmup_step": 0,
+        },
+        "trainer": {"total_steps": int(step_array[-1]) + 1 if n_steps else 0, "lr": 1.0e-5},
+    }
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved_config, sort_keys=False))
+    meta: dict[str, Any] = {
+        "sweep": sweep,
+        "run": run,
+        "backend": backend,
+        "mechanism": mechanism,
+        "alpha": alpha,
+        "seed": seed,
+        "config_hash": hashlib.sha256(json.dumps(resolved_config, sort_keys=True, default=str).encode()).hexdigest()[:12],
+        "git_commit": git_commit,
+        "versions": {"python": "3.11"},
+        "host": "fake-host",
+        "start_time": "2025-01-01T00:00:00Z",
+        "end_time": "2025-01-01T00:01:00Z" if state == "completed" else None,
+        "wall_time_s": wall_time_s if state == "completed" else None,
+    }
+    if mechanism_label is not None:
+        meta["mechanism_label"] = mechanism_label
+    _write_json(run_dir / "meta.json", meta)
+    last_step = int(step_array[-1]) if n_steps else 0
+    _write_json(
+        run_dir / "status.json",
+        {
+            "state": state,
+            "step": last_step,
+            "updated": "2025-01-01T00:01:00Z",
+            "error": error,
+            "traceback": f"Traceback (most recent call last):\n{error}" if error else None,
+        },
+    )
+
+    if metrics_format in ("jsonl", "both"):
+        with open(run_dir / "metrics.jsonl", "w") as handle:
+            for row_index, step in enumerate(step_array):
+                row: dict[str, Any] = {"step": int(step)}
+                row.update({k: float(v[row_index]) for k, v in columns.items() if np.isfinite(v[row_index])})
+                handle.write(json.dumps(row) + "\n")
+    if metrics_format in ("parquet", "both"):
+        table = pa.table({"step": pa.array(step_array, pa.int64()), **{k: pa.array(v) for k, v in columns.items()}})
+        pq.write_table(table, run_dir / "metrics.parquet")
+
+    if histograms:
+        if metrics_format == "jsonl":
+            with open(run_dir / "histograms.jsonl", "w") as handle:
+                handle.writelines(
+                    json.dumps({
+                        "step": int(record["step"]),
+                        "name": str(record["name"]),
+                        "edges": [float(x) for x in record["edges"]],
+                        "counts": [int(x) for x in record["counts"]],
+                    }) + "\n"
+                    for record in histograms
+                )
+        else:
+            table = pa.table({
+                "step": pa.array([int(r["step"]) for r in histograms], pa.int64()),
+                "name": pa.array([str(r["name"]) for r in histograms], pa.string()),
+                "edges": pa.array([np.asarray(r["edges"], np.float64) for r in histograms], pa.list_(pa.float64())),
+                "counts": pa.array([np.asarray(r["counts"], np.int64) for r in histograms], pa.list_(pa.int64())),
+            })
+            pq.write_table(table, run_dir / "histograms.parquet")
+    return run_dir
+
+
+def fake_metrics(
+    alpha: float,
+    seed: int,
+    n_steps: int,
+    *,
+    eval_every: int = 5,
+    grad_stats: bool = True,
+    random_state: int | np.random.Generator | None = 0,
+) -> dict[str, np.ndarray]:
+    """Plausible training curves of shape ``(n_steps,)`` per key; accuracy rises faster with larger ``alpha``.
+
+    ``val/accuracy`` is logged every ``eval_every`` steps and at the last step (NaN elsewhere).
+    """
+    rng = np.random.default_rng(random_state)
+    progress = np.arange(n_steps, dtype=np.float64) / max(n_steps - 1, 1)
+    ceiling = 0.55 + 0.2 * alpha + 0.02 * (seed % 3)
+    learning = ceiling * (1.0 - np.exp(-4.0 * progress))
+    val_accuracy = np.clip(learning + rng.normal(0.0, 0.02, n_steps), 0.0, 1.0)
+    logged = np.zeros(n_steps, dtype=bool)
+    logged[::eval_every] = True
+    logged[-1] = True
+    val_accuracy[~logged] = np.nan
+    low_fraction = np.clip(0.3 * np.exp(-2.0 * progress) + 0.05 * alpha + rng.normal(0, 0.01, n_steps), 0, 1)
+    result: dict[str, np.ndarray] = {
+        keys.VAL_ACCURACY: val_accuracy,
+        keys.SCORE_MEAN: np.clip(learning + rng.normal(0.0, 0.05, n_steps), 0.0, 1.0),
+        keys.TRAIN_ACCURACY: np.clip(learning + rng.normal(0.0, 0.04, n_steps), 0.0, 1.0),
+        keys.RESPONSE_LENGTH_MEAN: 100.0 + 20.0 * progress + rng.normal(0.0, 2.0, n_steps),
+        keys.TOKEN_PROB_LOW_FRAC: low_fraction,
+        keys.TOKEN_PROB_MEAN: 1.0 - low_fraction,
+        keys.GRAD_NORM: 1.0 + 0.2 * rng.standard_normal(n_steps) ** 2,
+        f"{keys.WEIGHT_PREFIX}/mean": np.ones(n_steps),
+        f"{keys.WEIGHT_PREFIX}/std": alpha * (0.3 + 0.05 * rng.standard_normal(n_steps) ** 2),
+    }
+    if grad_stats:
+        raw = np.array([0.4 - 0.25 * alpha, 0.25, 0.2, 0.15 + 0.1 * alpha])
+        for stat in ("logit_grad_norm_share", "param_grad_share", "token_share", "logit_grad_bound"):
+            share = raw[None, :] * np.exp(rng.normal(0.0, 0.05, (n_steps, len(raw))))
+            share /= share.sum(axis=1, keepdims=True)
+            for bucket_index, (low, high) in enumerate(FAKE_BUCKETS):
+                label = keys.bucket_label(low, high)
+                result[keys.grad_by_prob(label, stat)] = share[:, bucket_index]
+        result[keys.GRAD_LOW_PROB_SHARE] = (
+            result[keys.grad_by_prob(keys.bucket_label(*FAKE_BUCKETS[0]), "logit_grad_norm_share")]
+            + result[keys.grad_by_prob(keys.bucket_label(*FAKE_BUCKETS[1]), "logit_grad_norm_share")]
+        )
+    return result
+
+
+def fake_histograms(
+    alpha: float, steps: Sequence[int], *, bins: int = 20, random_state: int | np.random.Generator | None = 0
+) -> list[dict[str, Any]]:
+    """Weight and token-probability histograms at each of ``steps`` (edges ``(bins+1,)``, counts ``(bins,)``)."""
+    rng = np.random.default_rng(random_state)
+    records: list[dict[str, Any]] = []
+    for step in steps:
+        probabilities = rng.beta(2.0 + step * 0.05, 1.0, size=500)
+        weights = alpha * probabilities + (1.0 - alpha)
+        weights = weights / weights.mean()
+        for name, sample in ((keys.HIST_TOKEN_PROB, probabilities), (keys.HIST_WEIGHT, weights)):
+            # alpha = 0 gives weights all equal to 1: widen the range so the single value lands inside it.
+            low, high = (0.0, 1.0) if name == keys.HIST_TOKEN_PROB else (float(sample.min()) - 1e-3,
+                                                                        float(sample.max()) + 1e-3)
+            counts, edges = np.histogram(sample, bins=bins, range=(low, high))
+            records.append({"step": int(step), "name": name, "edges": edges, "counts": counts})
+    return records
+
+
+def write_fake_sweep(
+    sweep_dir: str | os.PathLike[str],
+    *,
+    alphas: Sequence[float] = (0.0, 0.5, 1.0),
+    seeds: Sequence[int] = (1, 2, 3),
+    n_steps: int = 40,
+    eval_every: int = 5,
+    failed: Sequence[tuple[float, int]] = (),
+    running: Sequence[tuple[float, int]] = (),
+    pending: Sequence[tuple[float, int]] = (),
+    histograms: bool = True,
+    grad_stats: bool = True,
+    histogram_every: int = 10,
+    mechanism_label: str | None = None,
+    write_manifest: bool = True,
+    random_state: int = 0,
+) -> Path:
+    """Write a sweep folder: one run per ``alpha x seed`` plus ``sweep.json``; return the folder.
+
+    ``failed`` runs stop half way with state ``failed``, an error message and only ``metrics.jsonl`` (crashed before
+    compaction); ``running`` runs stop half way with state ``running`` and only ``metrics.jsonl``; ``pending`` runs get
+    no folder at all, only a ``sweep.json`` entry.
+    """
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    sweep = sweep_dir.name
+    manifest_runs: list[dict[str, Any]] = []
+    for alpha in alphas:
+        for seed in seeds:
+            name = run_name(sweep, alpha, seed)
+            if (alpha, seed) in pending:
+                manifest_runs.append({"run": name, "state": "pending", "alpha": alpha, "seed": seed})
+                continue
+            generator_seed = [random_state, round(alpha * 1000), seed]
+            metrics = fake_metrics(alpha, seed, n_steps, eval_every=eval_every, grad_stats=grad_stats,
+                                   random_state=np.random.default_rng(generator_seed))
+            state, error, metrics_format, length = "completed", None, "parquet", n_steps
+            if (alpha, seed) in failed:
+                state, error, metrics_format = "failed", "RuntimeError: loss became NaN at step 20", "jsonl"
+                length = n_steps // 2
+            elif (alpha, seed) in running:
+                state, metrics_format, length = "running", "jsonl", n_steps // 2
+            metrics = {key: values[:length] for key, values in metrics.items()}
+            records = None
+            if histograms:
+                records = fake_histograms(alpha, range(0, length, histogram_every),
+                                          random_state=np.random.default_rng(generator_seed))
+            write_fake_run(
+                sweep_dir / name, metrics=metrics, sweep=sweep, run=name, alpha=alpha, seed=seed, state=state,
+                error=error, metrics_format=metrics_format, histograms=records, mechanism_label=mechanism_label,
+            )
+            manifest_runs.append({"run": name, "state": state, "alpha": alpha, "seed": seed})
+    if write_manifest:
+        _write_json(sweep_dir / "sweep.json", {"sweep": sweep, "grid": {"alpha": list(alphas), "seed": list(seeds)},
+                                               "runs": manifest_runs})
+    return sweep_dir

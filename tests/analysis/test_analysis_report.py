@@ -1,0 +1,109 @@
+"""``python -m analysis.report`` in-process: files, one table row per alpha, excluded runs, missing sections."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import report
+from analysis.testing import fake_metrics, write_fake_run, write_fake_sweep
+
+FAST = ["--bootstrap", "200"]
+
+
+def _table_rows(markdown: str, heading: str) -> list[str]:
+    """Data rows of the first Markdown table after ``heading``."""
+    section = markdown.split(heading, 1)[1]
+    table: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            break
+    return table[2:]
+
+
+def test_report_files_rows_and_excluded_runs(fake_sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(fake_sweep), *FAST, "--threshold", "val/accuracy=0.4"]) == 0
+    out_dir = fake_sweep / "report"
+    assert f"report written to {out_dir / 'report.md'}" in capsys.readouterr().out
+    text = (out_dir / "report.md").read_text()
+    for stem in ("table_final_window", "table_auc"):
+        for suffix in ("md", "csv", "tex", "html"):
+            assert (out_dir / f"{stem}.{suffix}").is_file()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(images) == 11 and all((out_dir / image).is_file() for image in images)
+    rows = _table_rows(text, "## Final-window mean")
+    assert [row.split("|")[1].strip() for row in rows] == ["0", "0.5", "1"]  # one row per alpha
+    csv = pd.read_csv(out_dir / "table_final_window.csv")
+    assert sorted(csv[csv["metric"] == "val/accuracy"]["alpha"]) == [0.0, 0.5, 1.0]
+    excluded = _table_rows(text, "## Excluded runs")
+    assert len(excluded) == 3 and "loss became NaN" in text and "state running" in text
+    assert "## Steps to threshold" in text
+    assert (out_dir / "runs.csv").is_file()
+
+
+def test_report_without_histograms_grad_stats_or_validation(tmp_path: Path) -> None:
+    sweep = write_fake_sweep(tmp_path / "bare", alphas=(0.0, 1.0), seeds=(1, 2), n_steps=12, histograms=False,
+                             grad_stats=False, write_manifest=False)
+    out_dir = tmp_path / "out"
+    assert report.main([str(sweep), "--out", str(out_dir), *FAST, "--metric", "critic/score/mean",
+                        "--metric", "not/logged"]) == 0
+    text = (out_dir / "report.md").read_text()
+    assert "Skipped: no `dataflex/hist/weight` histograms" in text
+    assert "Skipped: no `grad_norm/by_prob/<bucket>/<stat>` metrics" in text
+    assert "left out): not/logged" in text
+    assert len(_table_rows(text, "## Final-window mean")) == 2
+    assert not (sweep / "report").exists()
+
+
+def test_report_with_only_failed_runs_and_a_damaged_run(tmp_path: Path) -> None:
+    sweep = tmp_path / "broken"
+    write_fake_run(sweep / "crashed", sweep="broken", run="crashed", state="failed", error="OOM", alpha=0.0, seed=1,
+                   metrics={"val/accuracy": [0.1, 0.2]}, metrics_format="jsonl")
+    damaged = write_fake_run(sweep / "damaged", sweep="broken", run="damaged", alpha=0.5, seed=1,
+                             metrics={"val/accuracy": [0.1, 0.2]})
+    (damaged / "metrics.parquet").write_bytes(b"garbage")
+    assert report.main([str(sweep), *FAST]) == 0
+    text = (sweep / "report" / "report.md").read_text()
+    assert "No completed runs." in text and "state failed: OOM" in text and "unreadable metrics.parquet" in text
+
+
+def test_report_missing_folder_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "--threshold", "no-equals-sign"])
+
+
+def test_report_groups_by_mechanism_label_with_baseline(tmp_path: Path) -> None:
+    sweep = tmp_path / "labels"
+    grid = [("baseline", 0.0), ("ar", 0.5), ("ar", 1.0), ("lopti", 0.5)]
+    for label, alpha in grid:
+        for seed in (1, 2):
+            name = f"{label}-a{alpha:g}-s{seed}"
+            write_fake_run(sweep / name, sweep="labels", run=name, alpha=alpha, seed=seed, mechanism_label=label,
+                           metrics=fake_metrics(alpha, seed, 12, grad_stats=False, random_state=seed))
+    assert report.main([str(sweep), *FAST]) == 0
+    text = (sweep / "report" / "report.md").read_text()
+    assert "Groups: mechanism_label, alpha." in text and "Baseline: mechanism_label=baseline, alpha=0." in text
+    rows = _table_rows(text, "## Final-window mean")
+    assert [tuple(cell.strip() for cell in row.split("|")[1:3]) for row in rows] == [
+        ("ar", "0.5"), ("ar", "1"), ("baseline", "0"), ("lopti", "0.5")]
+    # the label cell plus "baseline" in the delta column of each of the 4 default metrics
+    assert rows[2].count("baseline") == 1 + 4
+    assert report.main([str(sweep), "--group-key", "temperature"]) == 2
+
+
+def test_report_groups_by_a_config_column(complete_sweep: Path) -> None:
+    out_dir = complete_sweep / "by-config"
+    assert report.main([str(complete_sweep), "--out", str(out_dir), *FAST,
+                        "--group-key", "config.dataflex.actuator.params.alpha"]) == 0
+    text = (out_dir / "report.md").read_text()
+    rows = _table_rows(text, "## Final-window mean")
+    assert [row.split("|")[1].strip() for row in rows] == ["0", "0.5", "1"]
+    assert "No deltas" in text  # the baseline is looked up by alpha, not by a config column
+    assert "Could not draw" not in text

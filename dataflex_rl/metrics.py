@@ -58,7 +58,9 @@ def token_stats(masked_log_probs: torch.Tensor, token_probs: torch.Tensor, respo
             masked_log_probs.sum(),
             masked_log_probs.max(),
             count,
-            token_probs.sum() - (response_mask.numel() - count),
+            # pi - 1 is exactly 0 at masked positions, so this sums valid tokens only, without the cancellation
+            # of "sum of everything minus the masked ones".
+            (token_probs - 1.0).sum() + count,
             (token_probs < LOW_PROB_THRESHOLD).sum(),
         ]
     ).double()

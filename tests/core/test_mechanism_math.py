@@ -230,6 +230,7 @@ def test_compiled_mechanism_matches_eager():
     torch.testing.assert_close(out, eager_out)
     assert compiled_metrics.keys() == eager_metrics.keys()
     for key, value in eager_metrics.items():
-        assert compiled_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6)
+        # float32 reductions in another order: the std from E[w^2] - E[w]^2 keeps about 5 significant digits.
+        assert compiled_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6)
     identity, _ = build_mechanism(make_config(alpha=0.0), compile=True).apply(1, fields)
     assert torch.equal(identity, fields["advantages"])

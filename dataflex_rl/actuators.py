@@ -2,10 +2,16 @@
 
 ``advantage_reweight`` implements Advantage Reweighting (arXiv:2505.12929)::
 
-    w_t = alpha * pi_t + (1 - alpha)                      (raw, normalize: none)
+    w_t = alpha * pi_t + tau                              (raw, normalize: none; tau defaults to 1 - alpha)
     w_t = w_t / mean_{valid tokens of the batch}(w)       (normalize: mean, the default)
+    w_t = w_t * neg_adv_weight   where A_t < 0            (neg_adv_weight defaults to 1: no change)
 
-Weights are 0 at masked positions. ``alpha = 0`` gives exactly 1.0 on valid tokens.
+Weights are 0 at masked positions. ``alpha = 0`` (with the defaults) gives exactly 1.0 on valid tokens. With
+``normalize: none``, ``tau: 1 - alpha`` and ``neg_adv_weight: 1`` this is the paper code's ``both_linear_normal``
+(``docs/mechanisms.md``).
+
+``lopti`` is the same reweighting plus ``eta``, the probability threshold of Low-Probability Token Isolation; the
+``isolate`` mechanism (:mod:`dataflex_rl.mechanism`) reads it to split the policy update in two stages.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from dataflex_rl.config import check_choice, check_unit_interval
+from dataflex_rl.config import ConfigError, check_choice, check_number, check_unit_interval
 from dataflex_rl.registry import Registry
 
 ACTUATORS: Registry[type[Actuator]] = Registry("actuator")
@@ -25,11 +31,18 @@ NORMALIZE_CHOICES = ("mean", "none")
 
 
 class Actuator:
-    """Base class. Subclasses set the class attributes and implement :meth:`weights`."""
+    """Base class. Subclasses set the class attributes and implement :meth:`weights`.
+
+    ``needs_advantages``: the mechanism passes the advantages ``(bs, L)`` to :meth:`weights` (for weights that depend
+    on the advantage's sign); otherwise it calls ``weights(signal, response_mask)``.
+    ``needs_stages``: only a mechanism that splits the update in stages can drive this actuator.
+    """
 
     name: ClassVar[str]
     granularities: ClassVar[frozenset[str]] = frozenset({"token"})
     signals: ClassVar[frozenset[str]] = frozenset()
+    needs_advantages: ClassVar[bool] = False
+    needs_stages: ClassVar[bool] = False
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -38,33 +51,83 @@ class Actuator:
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
 
-    def weights(self, signal: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-        """Weights ``(bs, L)`` float32 from ``signal`` ``(bs, L)`` and boolean ``response_mask`` ``(bs, L)``."""
+    def weights(self, signal: torch.Tensor, response_mask: torch.Tensor,
+                advantages: torch.Tensor | None = None) -> torch.Tensor:
+        """Weights ``(bs, L)`` float32 from ``signal`` ``(bs, L)``, boolean ``response_mask`` ``(bs, L)`` and, for an
+        actuator with ``needs_advantages``, the advantages ``(bs, L)``."""
         raise NotImplementedError
 
 
 @register_actuator("advantage_reweight")
 class AdvantageReweight(Actuator):
-    """``w = alpha * pi + (1 - alpha)``, optionally divided by its mean over the batch's valid tokens."""
+    """``w = alpha * pi + tau`` (``tau`` defaults to ``1 - alpha``), optionally divided by its mean over the batch's
+    valid tokens, then multiplied by ``neg_adv_weight`` where the advantage is negative."""
 
     name = "advantage_reweight"
     signals = frozenset({"token_prob"})
+    needs_advantages = True
 
     @dataclasses.dataclass(frozen=True)
     class Params:
         alpha: float = 0.5
         normalize: str = "mean"
+        tau: float | None = None  # None: 1 - alpha
+        neg_adv_weight: float = 1.0
 
         def __post_init__(self) -> None:
             object.__setattr__(self, "alpha", check_unit_interval("alpha", self.alpha))
             check_choice("normalize", self.normalize, NORMALIZE_CHOICES)
+            if self.tau is not None:
+                object.__setattr__(self, "tau", check_number("tau", self.tau, minimum=0.0))
+                if self.tau == 0.0 and self.alpha == 0.0:
+                    raise ConfigError(
+                        "tau = 0.0 is not allowed with alpha = 0.0: every weight would be 0; give tau > 0 or alpha > 0"
+                    )
+            object.__setattr__(self, "neg_adv_weight", check_number("neg_adv_weight", self.neg_adv_weight, minimum=0.0))
 
-    def weights(self, signal: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-        alpha = self.params.alpha
-        raw = torch.where(response_mask, signal.float() * alpha + (1.0 - alpha), 0.0)
-        if self.params.normalize == "none":
-            return raw
-        return masked_mean_normalize(raw, response_mask)
+        @property
+        def effective_tau(self) -> float:
+            """``tau``, or ``1 - alpha`` when it is not given."""
+            return 1.0 - self.alpha if self.tau is None else self.tau
+
+    def weights(self, signal: torch.Tensor, response_mask: torch.Tensor,
+                advantages: torch.Tensor | None = None) -> torch.Tensor:
+        params = self.params
+        raw = torch.where(response_mask, signal.float() * params.alpha + params.effective_tau, 0.0)
+        weights = raw if params.normalize == "none" else masked_mean_normalize(raw, response_mask)
+        if params.neg_adv_weight == 1.0:  # the default: nothing to do, so alpha = 0 stays exactly 1.0
+            return weights
+        if advantages is None:
+            raise ValueError(f"{self.name}: neg_adv_weight = {params.neg_adv_weight} needs the advantages")
+        return torch.where(advantages < 0, weights * params.neg_adv_weight, weights)
+
+
+@register_actuator("lopti")
+class LoptiReweight(AdvantageReweight):
+    """Advantage Reweighting (off by default: ``alpha = 0``) plus Lopti's threshold ``eta``.
+
+    The ``isolate`` mechanism splits valid tokens by ``pi < |eta|`` and updates the policy in two stages: the
+    low-probability tokens first for ``eta > 0``, the others first for ``eta < 0`` (the paper code's
+    ``seperate_prob``). The weights are :class:`AdvantageReweight`'s, applied inside each stage.
+    """
+
+    name = "lopti"
+    needs_stages = True
+
+    @dataclasses.dataclass(frozen=True)
+    class Params(AdvantageReweight.Params):
+        alpha: float = 0.0
+        eta: float = 0.5
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            eta = check_number("eta", self.eta)
+            if not -1.0 <= eta <= 1.0 or eta == 0.0:
+                raise ConfigError(
+                    f"eta = {self.eta!r} is not allowed: it must be in [-1, 0) or (0, 1] (eta > 0: tokens with "
+                    f"pi < eta update first; eta < 0: tokens with pi >= |eta| update first)"
+                )
+            object.__setattr__(self, "eta", eta)
 
 
 def masked_mean_normalize(weights: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

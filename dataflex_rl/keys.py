@@ -15,6 +15,8 @@ WEIGHT_KEYS = tuple(f"{WEIGHT_PREFIX}/{stat}" for stat in WEIGHT_STATS)
 TOKEN_PROB_MEAN = "dataflex/token_prob/mean"
 TOKEN_PROB_LOW_FRAC = "dataflex/token_prob/low_frac"
 VALID_TOKENS = "dataflex/valid_tokens"
+# Lopti (mechanism ``isolate``): share of valid tokens with pi < |eta| (the low-probability group), while active.
+LOPTI_LOW_TOKEN_FRAC = "dataflex/lopti/low_token_frac"
 
 # Histogram names (run store ``histograms.parquet`` column ``name``; W&B key is the same string).
 HIST_WEIGHT = "dataflex/hist/weight"
@@ -40,6 +42,7 @@ PPO_KL = "actor/ppo_kl"
 ENTROPY = "actor/entropy"
 KL_LOSS = "actor/kl_loss"
 LR = "actor/lr"
+UPDATE_STAGES = "actor/update_stages"  # policy updates per step: 1, or the number of a staged mechanism's stages
 
 # --- timing (verl names) -----------------------------------------------------------------------------------
 TIMING_GEN = "timing_s/gen"

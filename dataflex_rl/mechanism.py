@@ -18,7 +18,7 @@ import torch
 
 from dataflex_rl import keys, metrics
 from dataflex_rl.actuators import ACTUATORS, Actuator
-from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+from dataflex_rl.config import ConfigError, DataflexConfig, parse_dataflex_config
 from dataflex_rl.registry import Registry
 from dataflex_rl.scorers import SCORERS, Scorer, check_log_probs, masked_log_probs
 
@@ -59,6 +59,12 @@ class Mechanism:
         self.config = config
         scorer_cls = SCORERS.get(config.scorer.name)
         actuator_cls = ACTUATORS.get(config.actuator.name)
+        if getattr(actuator_cls, "needs_stages", False) and type(self).stage_masks is Mechanism.stage_masks:
+            raise ConfigError(
+                f"dataflex.actuator.name = {config.actuator.name!r} cannot drive dataflex.mechanism = "
+                f"{config.mechanism!r}: it splits the policy update in stages, which this mechanism does not; "
+                f"use a staged mechanism ({', '.join(staged_mechanism_names()) or 'none registered'})"
+            )
         self.scorer: Scorer = scorer_cls(scorer_cls.Params(**config.scorer.params))
         self.actuator: Actuator = actuator_cls(actuator_cls.Params(**config.actuator.params))
         self.warmup_step = config.warmup_step
@@ -95,7 +101,8 @@ class Mechanism:
             step_metrics.update(metrics.weight_metrics(weight_vector.tolist(), token_values[2], quantiles))
         step_metrics[keys.ACTIVE] = float(active)
         hists = metrics.mechanism_histograms(weights, token_probs, response_mask) if histograms else {}
-        return MechanismOutput(advantages, weights, step_metrics, hists, self.stage_masks(fields, token_probs))
+        stage_masks = self.stage_masks(fields, token_probs) if active else None  # before warmup: one update
+        return MechanismOutput(advantages, weights, step_metrics, hists, stage_masks)
 
     def _token_probs(self, fields: Fields, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(pi, token statistics)``: ``pi = exp(old_log_probs)`` on valid tokens, 1.0 elsewhere."""
@@ -107,8 +114,11 @@ class Mechanism:
         """The hot path, pure tensor code (fusable): ``(advantages, weights, pi, token stats, weight stats)``."""
         token_probs, token_vector = self._token_probs(fields, response_mask)
         signal = token_probs if self.scorer.signal == "token_prob" else self.scorer.score(fields)
-        weights = self.actuator.weights(signal, response_mask)
         advantages = fields["advantages"]
+        if getattr(self.actuator, "needs_advantages", False):
+            weights = self.actuator.weights(signal, response_mask, advantages)
+        else:
+            weights = self.actuator.weights(signal, response_mask)
         # Masked positions pass through untouched: with weights exactly 1.0 on valid tokens (alpha = 0) the
         # output is the input bit for bit.
         reweighted = torch.where(response_mask, advantages.float() * weights, advantages.float()).to(advantages.dtype)
@@ -156,6 +166,47 @@ class ReweightMechanism(Mechanism):
     """Token-level reweighting of advantages: ``A_t <- A_t * w_t`` on valid tokens."""
 
     name = "reweight"
+
+
+@register_mechanism("isolate")
+class IsolateMechanism(Mechanism):
+    """Low-Probability Token Isolation (Lopti, arXiv:2505.12929), with the ``lopti`` actuator's reweighting inside.
+
+    Valid tokens are split by ``pi < |eta|`` (``pi = exp(old_log_probs)``): the low group and the rest. The policy
+    is updated twice per step, the low group first for ``eta > 0`` and the rest first for ``eta < 0``; each stage
+    sees the (reweighted) advantages of its own group only, 0 elsewhere. The trainer keeps ``old_log_probs`` fixed
+    across the stages and normalises each stage's loss over all response tokens, as the paper's code does.
+    Both stages always run, even when one group is empty (as in the paper's code).
+    """
+
+    name = "isolate"
+    default_actuator = "lopti"
+    actuators_allowed = ("lopti",)
+
+    def stage_masks(self, fields: Fields, token_probs: torch.Tensor | None) -> list[torch.Tensor]:
+        """``[first, second]`` boolean ``(bs, L)`` masks; together they cover the valid tokens exactly once."""
+        response_mask = fields["response_mask"].bool()
+        if token_probs is None:
+            token_probs = masked_log_probs(fields["old_log_probs"], response_mask).exp()
+        eta = self.actuator.params.eta
+        low = response_mask & (token_probs < abs(eta))
+        high = response_mask & ~low
+        return [low, high] if eta > 0 else [high, low]
+
+    def process(self, step: int, fields: Fields, *, histograms: bool = False) -> MechanismOutput:
+        """:meth:`Mechanism.process` plus ``dataflex/lopti/low_token_frac`` (share of valid tokens with
+        ``pi < |eta|``) while staging is active."""
+        output = super().process(step, fields, histograms=histograms)
+        if output.stage_masks is not None:
+            low = output.stage_masks[0 if self.actuator.params.eta > 0 else 1]
+            count = output.metrics.get(keys.VALID_TOKENS, 0.0)
+            output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] = float(low.sum()) / count if count else 0.0
+        return output
+
+
+def staged_mechanism_names() -> list[str]:
+    """Registered mechanisms that override :meth:`Mechanism.stage_masks`."""
+    return [name for name in MECHANISMS.names() if MECHANISMS.get(name).stage_masks is not Mechanism.stage_masks]
 
 
 def build_mechanism(cfg: Any, *, compile: bool = False) -> Mechanism:

@@ -234,6 +234,8 @@ class GRPOTrainer:
                     loss = pg_loss
                     if reference_log_probs is not None:
                         kl = core_algos.kl_penalty(outputs.log_probs, reference_log_probs[rows], trainer.kl_type)
+                        if stage_mask is not None:  # each token's KL counts once per step, in its own stage
+                            kl = kl * stage_mask[rows]
                         kl_loss = core_algos.agg_loss(kl, mask, trainer.loss_agg_mode)
                         loss = loss + trainer.kl_coef * kl_loss
                         sums[keys.KL_LOSS].append(kl_loss.item())
@@ -257,6 +259,7 @@ class GRPOTrainer:
         result = {key: float(np.mean(values)) for key, values in sums.items()}
         result[keys.ENTROPY] = entropy_sum / max(entropy_count, 1)
         result[keys.LR] = self.optimizer.param_groups[0]["lr"]
+        result[keys.UPDATE_STAGES] = float(len(stages))
         return result, grad_factor
 
     def gradient_statistics(self, batch: SequenceBatch, old_log_probs: torch.Tensor, output: MechanismOutput,

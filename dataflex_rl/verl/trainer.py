@@ -7,15 +7,24 @@ usual, then :meth:`DataflexSyncTrainer._apply_mechanism` reads ``old_log_probs``
 mean-normalised over the batch, not per micro-batch) and writes only ``advantages`` back. ``rollout_is_weights``
 is never read or written: verl's policy loss multiplies it in, so the two compose.
 
+A staged mechanism (Lopti, ``dataflex.mechanism=isolate``) hands over its stage masks; ``_update_actor`` then runs
+verl's actor update once per stage, each time with ``advantages`` = the reweighted advantages on the stage's tokens
+and 0 elsewhere, and ``old_log_probs`` untouched between the stages; verl's token-mean loss normalises each stage
+over all response tokens, as the paper's code does. Afterwards the full reweighted advantages are written back, so
+verl's step metrics see them. The actor metrics are the mean over the stages (as in the paper's code), plus
+``actor/update_stages``.
+
 Shapes: TransferQueue holds each response field as a jagged nested tensor ``(bs, j)``; the mechanism sees the
 padded ``(bs, L)`` tensors (``L`` = longest response in the batch, padding 0, ``response_mask`` 0 there).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import transfer_queue as tq
 from omegaconf import DictConfig
@@ -47,7 +56,7 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
     """Validate the ``dataflex`` block of a verl config and build its mechanism (no worker is started).
 
     Raises :class:`ConfigError` with the same message as the local backend for a bad value, and also when the
-    block is missing or the mechanism needs staged policy updates (verl runs one update per batch).
+    block is missing.
     """
     block = config.get("dataflex") if isinstance(config, (DictConfig, Mapping)) else None
     if block is None:
@@ -55,13 +64,27 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
             f"dataflex: missing; trainer.v1.trainer_mode={TRAINER_NAME} needs a dataflex block on the verl "
             f"command line, e.g. {EXAMPLE_OVERRIDES}"
         )
-    mechanism = build_mechanism(to_plain(block))
-    if type(mechanism).stage_masks is not Mechanism.stage_masks:
-        raise ConfigError(
-            f"dataflex.mechanism = {mechanism.config.mechanism!r} is not allowed with verl: it updates the policy "
-            f"in stages, and verl's actor runs one update per batch; use the local backend for it"
-        )
-    return mechanism
+    return build_mechanism(to_plain(block))
+
+
+@dataclasses.dataclass
+class PendingStages:
+    """A batch's staged update, from the advantage step to the actor update.
+
+    ``advantages``: the reweighted advantages ``(bs, L)`` (padded); ``stage_masks``: boolean ``(bs, L)`` masks, in
+    order; ``nested_response_mask``: TransferQueue's jagged ``(bs, j)`` mask, to write advantages back.
+    """
+
+    keys: tuple[str, ...]
+    advantages: torch.Tensor
+    stage_masks: list[torch.Tensor]
+    nested_response_mask: torch.Tensor
+
+
+def merge_stage_metrics(per_stage: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean over the stages of each actor metric (a metric missing from a stage is averaged over the others)."""
+    names = dict.fromkeys(name for stage in per_stage for name in stage)
+    return {name: float(np.mean([stage[name] for stage in per_stage if name in stage])) for name in names}
 
 
 def wandb_enabled(config: DictConfig | Mapping[str, Any]) -> bool:
@@ -91,6 +114,9 @@ class DataflexSyncTrainer(PPOTrainerSync):
     def trainer_mode(self, registered_name: str) -> None:
         self.registered_name = registered_name
 
+    # Set by the advantage step when the mechanism asks for staged updates; taken by the next actor update.
+    pending_stages: PendingStages | None = None
+
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_advantage(batch, metrics=metrics)
         with marked_timer(MECHANISM_TIMER, self.timing_raw, color="purple"):
@@ -114,9 +140,45 @@ class DataflexSyncTrainer(PPOTrainerSync):
         if self.histogram_logger is not None:
             self.histogram_logger.log(self.global_steps, output.histograms)
 
-        advantages = response_to_nested(output.advantages, nested_response_mask)
-        return tq.kv_batch_put(
-            keys=batch.keys,
-            partition_id=batch.partition_id,
-            fields=TensorDict({"advantages": advantages}, batch_size=len(batch)),
-        )
+        self.pending_stages = None
+        if output.stage_masks is not None:
+            self.pending_stages = PendingStages(
+                tuple(batch.keys), output.advantages, list(output.stage_masks), nested_response_mask
+            )
+        return put_advantages(batch, output.advantages, nested_response_mask)
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's actor update, once per stage of a staged mechanism (see the module docstring)."""
+        stages, self.pending_stages = self.pending_stages, None
+        if stages is None:
+            batch = super()._update_actor(batch, metrics=metrics)
+            metrics[keys.UPDATE_STAGES] = 1.0
+            return batch
+        if stages.keys != tuple(batch.keys):
+            raise RuntimeError(
+                "the actor update got a different batch (or order) than the advantage step that computed its "
+                f"stages: {len(batch.keys)} keys vs {len(stages.keys)}"
+            )
+        # The workers read the advantages from TransferQueue by key, so each stage overwrites them there and passes
+        # the same batch handle on, as verl's own _update_actor does.
+        per_stage = []
+        for stage_mask in stages.stage_masks:
+            stage_advantages = torch.where(stage_mask, stages.advantages, 0.0).to(stages.advantages.dtype)
+            put_advantages(batch, stage_advantages, stages.nested_response_mask)
+            stage_metrics: dict = {}
+            super()._update_actor(batch, metrics=stage_metrics)
+            per_stage.append(stage_metrics)
+        put_advantages(batch, stages.advantages, stages.nested_response_mask)
+        metrics.update(merge_stage_metrics(per_stage))
+        metrics[keys.UPDATE_STAGES] = float(len(stages.stage_masks))
+        return batch
+
+
+def put_advantages(batch: KVBatchMeta, advantages: torch.Tensor, nested_response_mask: torch.Tensor) -> KVBatchMeta:
+    """Write padded ``(bs, L)`` advantages to TransferQueue as the jagged ``(bs, j)`` field ``advantages``."""
+    nested = response_to_nested(advantages, nested_response_mask)
+    return tq.kv_batch_put(
+        keys=batch.keys,
+        partition_id=batch.partition_id,
+        fields=TensorDict({"advantages": nested}, batch_size=len(batch)),
+    )

@@ -26,7 +26,8 @@ def block(**overrides):
 def test_parses_dict_and_dictconfig_into_frozen_dataclasses():
     parsed = parse_dataflex_config(OmegaConf.create(block()))
     assert isinstance(parsed, DataflexConfig)
-    assert parsed.actuator.params == {"alpha": 0.5, "normalize": "mean"}  # defaults filled in
+    # defaults filled in
+    assert parsed.actuator.params == {"alpha": 0.5, "normalize": "mean", "tau": None, "neg_adv_weight": 1.0}
     with pytest.raises(dataclasses.FrozenInstanceError):
         parsed.warmup_step = 3
     with pytest.raises(TypeError):
@@ -44,7 +45,7 @@ def test_defaults_fill_missing_components():
 @pytest.mark.parametrize(
     ("cfg", "pattern"),
     [
-        (block(mechanism="resample"), r"dataflex\.mechanism = 'resample'.*registered mechanisms: reweight"),
+        (block(mechanism="resample"), r"dataflex\.mechanism = 'resample'.*registered mechanisms: isolate, reweight"),
         (block(scorer={"name": "entropy"}), r"dataflex\.scorer\.name = 'entropy'.*registered scorers: token_prob"),
         (block(actuator={"name": "clip"}), r"dataflex\.actuator\.name = 'clip'.*advantage_reweight"),
         (block(actuator={"name": "advantage_reweight", "params": {"beta": 1}}),

@@ -81,7 +81,7 @@ def test_command_composes_with_verls_config_and_passes_its_validation(compose_ve
     assert config.trainer.logger == ["console", "wandb"]
     assert need_reference_policy(config)  # the KL loss needs the reference policy
     mechanism = build_mechanism(config.dataflex)
-    assert mechanism.config.actuator.params == {"alpha": 0.5, "normalize": "mean"}
+    assert mechanism.config.actuator.params == {"alpha": 0.5, "normalize": "mean", "tau": None, "neg_adv_weight": 1.0}
 
 
 def test_seed_command_of_the_brief_composes(compose_verl, kk_overrides):

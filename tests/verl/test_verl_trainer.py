@@ -20,7 +20,6 @@ from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from dataflex_rl import ConfigError, build_mechanism, keys
-from dataflex_rl.mechanism import MECHANISMS, ReweightMechanism
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.trainer import (
     MECHANISM_TIMER,
@@ -185,21 +184,6 @@ def test_missing_dataflex_block_fails_at_build(verl_config):
         DataflexSyncTrainer(config=verl_config)
 
 
-def test_staged_mechanism_is_refused_at_build(verl_config):
-    with MECHANISMS.snapshot():
-
-        @MECHANISMS.register("two_stage_test")
-        class TwoStage(ReweightMechanism):
-            name = "two_stage_test"
-
-            def stage_masks(self, fields, token_probs):
-                return [fields["response_mask"].bool(), fields["response_mask"].bool()]
-
-        set_dataflex(verl_config, {**dataflex_block(), "mechanism": "two_stage_test"})
-        with pytest.raises(ConfigError, match=r"dataflex.mechanism = 'two_stage_test' is not allowed with verl"):
-            DataflexSyncTrainer(config=verl_config)
-
-
 # --- _compute_advantage ---------------------------------------------------------------------------------------------
 def test_hand_derived_reweighted_grpo_advantages(verl_config, queues):
     queue = queues.new()
@@ -318,3 +302,115 @@ def test_histograms_go_to_the_wandb_run_at_the_global_step(verl_config, queues, 
         assert len(histogram.bins) == len(histogram.histogram) + 1
     assert np.isclose(payload[keys.HIST_TOKEN_PROB].bins[-1], 1.0)
     assert run.tags == ("sweep-a", "verl", "reweight")
+
+
+# --- staged updates (Lopti) -----------------------------------------------------------------------------------------
+def lopti_block(eta: float = 0.5, alpha: float = 0.0, warmup_step: int = 0) -> dict:
+    return {
+        "mechanism": "isolate",
+        "scorer": {"name": "token_prob", "params": {}},
+        "actuator": {"name": "lopti", "params": {"eta": eta, "alpha": alpha, "normalize": "mean"}},
+        "warmup_step": warmup_step,
+    }
+
+
+class RecordingActorGroup:
+    """Stands in for verl's actor worker group: records the advantages in the queue at each ``update_actor`` call
+    and answers with actor metrics that differ per call (``pg_loss`` = the call's index)."""
+
+    def __init__(self, queues) -> None:
+        self.queues = queues
+        self.seen_advantages: list[torch.Tensor] = []
+
+    def update_actor(self, batch: KVBatchMeta) -> dict:
+        self.seen_advantages.append(padded(self.queues.current, batch, "advantages"))
+        call = float(len(self.seen_advantages) - 1)
+        return {"metrics": {"pg_loss": [call, call], "grad_norm": [2.0 + call], "mfu": 0.5}}
+
+
+def run_step(verl_config, rows, *, global_steps, queues):
+    """The advantage step, then the actor update, of one batch; returns (queue, batch, metrics, actor group)."""
+    queue = queues.new()
+    batch = fill_queue(queue, rows, with_rollout_log_probs=False)
+    trainer = stub_trainer(verl_config, global_steps)
+    trainer.actor_rollout_wg = RecordingActorGroup(queues)
+    metrics: dict = {}
+    batch = trainer._compute_advantage(batch, metrics=metrics)
+    batch = trainer._update_actor(batch, metrics=metrics)
+    assert trainer.pending_stages is None  # taken by the update
+    return queue, batch, metrics, trainer.actor_rollout_wg
+
+
+def test_staged_mechanism_builds_from_the_experiment_command(compose_verl, kk_overrides):
+    overrides = kk_overrides(["dataflex.mechanism=isolate", "dataflex.actuator.name=lopti",
+                              "dataflex.actuator.params.eta=-0.4"])
+    config = compose_verl(overrides)
+    OmegaConf.resolve(config)
+    trainer = DataflexSyncTrainer(config=config)
+    assert trainer.mechanism.config.mechanism == "isolate"
+    # The experiment's AR settings (alpha = 0.2) stay, so this is AR + Lopti, high-probability tokens first.
+    assert dict(trainer.mechanism.config.actuator.params) == {
+        "alpha": 0.2, "normalize": "mean", "tau": None, "neg_adv_weight": 1.0, "eta": -0.4
+    }
+
+
+@pytest.mark.parametrize("eta", [0.5, -0.5])
+def test_lopti_runs_one_actor_update_per_stage_on_the_stage_tokens(verl_config, queues, eta):
+    set_dataflex(verl_config, lopti_block(eta=eta, alpha=0.5))
+    verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=13, prompts=3, group=4)
+    queue, batch, metrics, actor = run_step(verl_config, rows, global_steps=1, queues=queues)
+
+    # The reweighted advantages the mechanism computes on verl's GRPO advantages, split at pi < 0.5.
+    verl_queue = queues.new()
+    fill_queue(verl_queue, rows, with_rollout_log_probs=False)
+    stub_verl_trainer(verl_config)._compute_advantage(batch, metrics={})
+    fields = {name: padded(verl_queue, batch, name) for name in ("old_log_probs", "response_mask", "advantages")}
+    expected, _ = build_mechanism(lopti_block(eta=eta, alpha=0.5)).apply(1, fields)
+    valid = fields["response_mask"].bool()
+    low = valid & (fields["old_log_probs"].exp() < 0.5)
+    high = valid & ~low
+    assert low.any() and high.any() and expected[valid].abs().sum() > 0
+    first, second = (low, high) if eta > 0 else (high, low)
+
+    assert len(actor.seen_advantages) == 2
+    torch.testing.assert_close(actor.seen_advantages[0], torch.where(first, expected, 0.0), rtol=0, atol=0)
+    torch.testing.assert_close(actor.seen_advantages[1], torch.where(second, expected, 0.0), rtol=0, atol=0)
+    # Afterwards the queue holds the full reweighted advantages again (verl's step metrics read them).
+    assert torch.equal(padded(queue, batch, "advantages"), expected)
+    # Actor metrics: the mean over the two stages; pg_loss was 0 in the first call and 1 in the second.
+    assert metrics["actor/pg_loss"] == pytest.approx(0.5)
+    assert metrics["actor/grad_norm"] == pytest.approx(2.5)
+    assert metrics[keys.UPDATE_STAGES] == 2.0
+    assert metrics[keys.LOPTI_LOW_TOKEN_FRAC] == pytest.approx(float(low.sum()) / float(valid.sum()))
+
+
+def test_lopti_before_warmup_and_reweight_run_one_plain_update(verl_config, queues):
+    verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=17, prompts=2, group=4)
+    set_dataflex(verl_config, lopti_block(warmup_step=3))
+    queue, batch, metrics, actor = run_step(verl_config, rows, global_steps=2, queues=queues)
+    assert len(actor.seen_advantages) == 1
+    assert torch.equal(actor.seen_advantages[0], padded(queue, batch, "advantages"))
+    assert metrics[keys.UPDATE_STAGES] == 1.0 and metrics[keys.ACTIVE] == 0.0
+    assert keys.LOPTI_LOW_TOKEN_FRAC not in metrics
+
+    set_dataflex(verl_config, dataflex_block(alpha=0.5))
+    queue, batch, metrics, actor = run_step(verl_config, rows, global_steps=2, queues=queues)
+    assert len(actor.seen_advantages) == 1
+    assert torch.equal(actor.seen_advantages[0], padded(queue, batch, "advantages"))
+    assert metrics["actor/pg_loss"] == 0.0 and metrics[keys.UPDATE_STAGES] == 1.0
+
+
+def test_stages_of_another_batch_are_refused(verl_config, queues):
+    set_dataflex(verl_config, lopti_block())
+    verl_config.actor_rollout_ref.rollout.n = 4
+    queue = queues.new()
+    batch = fill_queue(queue, random_rows(seed=19, prompts=2, group=4), with_rollout_log_probs=False)
+    trainer = stub_trainer(verl_config, global_steps=1)
+    trainer.actor_rollout_wg = RecordingActorGroup(queues)
+    batch = trainer._compute_advantage(batch, metrics={})
+    reordered = KVBatchMeta(keys=list(reversed(batch.keys)), tags=batch.tags, partition_id=batch.partition_id)
+    with pytest.raises(RuntimeError, match="different batch"):
+        trainer._update_actor(reordered, metrics={})
+    assert trainer.actor_rollout_wg.seen_advantages == []

@@ -1,0 +1,64 @@
+"""Two-step local runs of each mechanism preset (baseline, ar, lopti, ar_lopti) through the real entry point.
+
+A staged mechanism makes the trainer run one full PPO update per stage: the optimiser's step count in the last
+checkpoint says how many updates ran (steps x stages x ppo_epochs x ppo_mini_batches; the tiny runs have one epoch
+and one mini-batch).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dataflex_rl import keys
+from dataflex_rl.tracking import load_metrics
+from dataflex_rl.train import run
+
+from .conftest import compose_train, tiny_overrides
+
+STEPS = 2
+
+
+def optimizer_steps(run_dir) -> int:
+    """AdamW's step count (the same for every parameter) from ``checkpoints/last.pt``."""
+    state = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    counts = {int(param_state["step"]) for param_state in state["optimizer"]["state"].values()}
+    assert len(counts) == 1, counts
+    return counts.pop()
+
+
+def run_preset(tmp_path, sft_cache, preset: str, extra: list[str] = ()):
+    run_dir = tmp_path / preset
+    overrides = tiny_overrides(run_dir, sft_cache, steps=STEPS) + [f"dataflex={preset}", *extra]
+    assert run(compose_train(overrides)) == 0
+    return run_dir, load_metrics(run_dir).set_index("step")
+
+
+@pytest.mark.parametrize(
+    ("preset", "stages", "alpha"),
+    [("baseline", 1, 0.0), ("ar", 1, 0.5), ("lopti", 2, 0.0), ("ar_lopti", 2, 0.5)],
+)
+def test_two_step_run_per_mechanism(tmp_path, sft_cache, preset, stages, alpha):
+    run_dir, frame = run_preset(tmp_path, sft_cache, preset)
+    assert optimizer_steps(run_dir) == STEPS * stages
+    train = frame.loc[1:STEPS]
+    assert (train[keys.ACTIVE] == 1.0).all()
+    assert train[keys.PG_LOSS].map(math.isfinite).all()
+    if stages == 2:
+        # eta = 0.5 is also the threshold of dataflex/token_prob/low_frac, so the two shares agree.
+        shares = train[keys.LOPTI_LOW_TOKEN_FRAC]
+        assert shares.between(0.0, 1.0).all()
+        assert shares.tolist() == pytest.approx(train[keys.TOKEN_PROB_LOW_FRAC].tolist())
+    else:
+        assert keys.LOPTI_LOW_TOKEN_FRAC not in frame.columns
+    # alpha = 0: the weights are exactly 1 on every valid token.
+    assert ((train[keys.WEIGHT_KEYS[0]] == 1.0) & (train[f"{keys.WEIGHT_PREFIX}/std"] == 0.0)).all() == (alpha == 0.0)
+
+
+def test_lopti_stages_only_from_warmup_step(tmp_path, sft_cache):
+    run_dir, frame = run_preset(tmp_path, sft_cache, "lopti", ["dataflex.warmup_step=2"])
+    assert optimizer_steps(run_dir) == 1 + 2  # step 1: one update; step 2: two
+    assert frame.loc[1, keys.ACTIVE] == 0.0 and frame.loc[2, keys.ACTIVE] == 1.0
+    assert math.isnan(frame.loc[1, keys.LOPTI_LOW_TOKEN_FRAC]) and frame.loc[2, keys.LOPTI_LOW_TOKEN_FRAC] >= 0.0

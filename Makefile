@@ -50,8 +50,9 @@ sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEED
 		$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) \
 		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]')
 
-tune: $(STAMP) ## Optuna search over alpha (and what conf/sweep/optuna.yaml lists)
-	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP))
+tune: $(STAMP) ## Optuna search over alpha (and what conf/sweeps/optuna.yaml lists)
+	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \
+		$(if $(EXTRA),'extra=[$(EXTRA)]')
 
 report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep
 	$(PY) -m analysis.report runs/$(SWEEP)

@@ -1,0 +1,253 @@
+"""Command lines of a sweep's runs, and their validation before anything starts.
+
+Backend ``local``: ``python -m dataflex_rl.train <overrides>`` with, in order, ``trainer.total_steps=<steps>``, the
+common ``extra`` overrides, the cell's overrides (``dataflex=<preset> mechanism_label=<preset>``,
+``++dataflex.actuator.params.alpha=<a>``, ``++dataflex.actuator.params.eta=<e>``, extra axes, ``seed=<s>``), then
+``run_dir=<sweep folder>/<run> sweep=<sweep> run_name=<run> threads=<n>``. Every run's override list is composed
+with ``conf/train.yaml`` and validated by ``parse_train_config``; the first bad one refuses the whole sweep.
+
+Backend ``verl``: ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync <experiment overrides>
++dataflex.* ...`` from :func:`dataflex_rl.verl.command.build_verl_command`, with ``seed=<s>``,
+``trainer.total_training_steps=<steps>``, ``trainer.experiment_name=<sweep>-<run>`` and
+``trainer.default_local_dir=<sweep folder>/<run>/checkpoints``; W&B's group comes from ``WANDB_RUN_GROUP``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shlex
+import sys
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from dataflex_rl.config import ConfigError
+from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig
+from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
+
+_PLAIN = re.compile(r"[\w\-./]+")
+SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
+LOG_FOLDER = "logs"
+# The SFT warm start is cached by model + task + sft config: only axes over these need a warm start of their own.
+SFT_CACHE_GROUPS = ("model", "task", "sft")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """A run ready to launch: its cell, argv, the environment variables it adds, its run store and its log."""
+
+    spec: RunSpec
+    command: tuple[str, ...]
+    env: dict[str, str]
+    run_dir: Path
+    log_path: Path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def shell_line(self) -> str:
+        """The command as one shell line, its environment variables first."""
+        assignments = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+        return " ".join([*assignments, shlex.join(self.command)])
+
+
+def hydra_path(path: Path) -> str:
+    """A path as a Hydra override value (quoted when it holds characters Hydra's grammar would read)."""
+    text = str(path)
+    if _PLAIN.fullmatch(text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def thread_environment(threads: int | None) -> dict[str, str]:
+    """OpenMP/MKL thread caps, so the BLAS pools of parallel runs never oversubscribe the cores."""
+    if threads is None:
+        return {}
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def _check_steps_once(config: SweepConfig, common: Sequence[str], key: str) -> None:
+    if config.steps is not None and any(item.lstrip("+").split("=", 1)[0] == key for item in common):
+        raise ConfigError(f"steps = {config.steps} is not allowed together with extra {key}=...: give one of them")
+
+
+# --- local backend -----------------------------------------------------------------------------------------------
+def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path, threads: int | None) -> list[str]:
+    common, _ = parse_extra(config.extra)
+    _check_steps_once(config, common, "trainer.total_steps")
+    overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
+    overrides += [*common, *spec.overrides, f"run_dir={hydra_path(sweep_dir / spec.name)}", f"sweep={sweep}",
+                  f"run_name={spec.name}"]
+    if threads is not None:
+        overrides.append(f"threads={threads}")
+    return overrides
+
+
+def sft_overrides(config: SweepConfig, axis_overrides: Sequence[str], sweep_dir: Path,
+                  threads: int | None) -> list[str]:
+    """``mode=sft`` with the common overrides and one set of extra-axis values (the SFT cache key's inputs)."""
+    common, _ = parse_extra(config.extra)
+    overrides = [*common, *axis_overrides, "mode=sft", f"run_dir={hydra_path(sweep_dir / SFT_FOLDER)}"]
+    if threads is not None:
+        overrides.append(f"threads={threads}")
+    return overrides
+
+
+def train_command(config: SweepConfig, overrides: Sequence[str]) -> tuple[str, ...]:
+    return (sys.executable, "-m", config.train_module, *overrides)
+
+
+@contextlib.contextmanager
+def _quiet_verl_import() -> Iterator[None]:
+    """Validation imports verl's algorithm registries; keep its start-up notices (no accelerator, optional engines
+    missing) off the driver's console. Only this process's import is affected: runs keep their environment."""
+    previous = os.environ.get("VERL_LOGGING_LEVEL")
+    os.environ["VERL_LOGGING_LEVEL"] = previous or "ERROR"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("VERL_LOGGING_LEVEL", None)
+
+
+def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[Any]:
+    """Compose ``conf/train.yaml`` with each (run name, overrides) and validate it; raise at the first bad one.
+
+    Returns the validated ``TrainConfig`` of each, in order."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from dataflex_rl.local.config import parse_train_config
+
+    parsed = []
+    with _quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for name, overrides in override_lists:
+            try:
+                parsed.append(parse_train_config(compose(config_name="train", overrides=list(overrides))))
+            except ConfigError as error:
+                raise ConfigError(f"run {name}: {error}") from None
+            except (HydraException, OmegaConfBaseException) as error:
+                raise ConfigError(f"run {name}: bad override in {' '.join(overrides)}: {error}") from None
+    return parsed
+
+
+def warm_start_cached(train_config: Any) -> bool:
+    """Whether the SFT checkpoint this config needs is already in the cache (or it needs none: ``sft.steps=0``).
+
+    The cache key is the trainer's own (:func:`dataflex_rl.local.sft.sft_cache_key`); ``sft.cache_dir`` is relative
+    to the working directory, which the runs share with the driver.
+    """
+    sft = train_config.sft
+    if sft.steps == 0:
+        return True
+    from dataflex_rl.local.sft import sft_cache_key
+
+    return (Path(sft.cache_dir) / sft_cache_key(train_config.model, train_config.task, sft) / "done.json").exists()
+
+
+# --- verl backend ------------------------------------------------------------------------------------------------
+def preset_overrides(name: str) -> list[str]:
+    """``dataflex.<key>=<value>`` for every leaf of ``conf/dataflex/<name>.yaml`` (verl has no preset groups)."""
+    from dataflex_rl.verl.command import hydra_value
+
+    def leaves(node: object, prefix: str) -> Iterable[str]:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                yield from leaves(value, f"{prefix}.{key}")
+        else:
+            yield f"{prefix}={hydra_value(node)}"
+
+    return list(leaves(OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"), resolve=True), "dataflex"))
+
+
+def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
+    """The verl argv of one run (validated by the command builder: bad dataflex values raise ConfigError)."""
+    from dataflex_rl.verl.command import build_verl_command
+
+    common, _ = parse_extra(config.extra)
+    _check_steps_once(config, common, "trainer.total_training_steps")
+    dataflex = preset_overrides(spec.mechanism) if spec.mechanism else []
+    if spec.alpha is not None:
+        dataflex.append(f"{ALPHA_KEY}={format_number(spec.alpha)}")
+    if spec.eta is not None:
+        dataflex.append(f"{ETA_KEY}={format_number(spec.eta)}")
+    extra = [f"seed={spec.seed}"]
+    if config.steps is not None:
+        extra.append(f"trainer.total_training_steps={config.steps}")
+    extra += [*common, *spec.axis_overrides, f"trainer.experiment_name={sweep}-{spec.name}",
+              f"trainer.default_local_dir={hydra_path(sweep_dir / spec.name / 'checkpoints')}"]
+    try:
+        return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
+    except ConfigError as error:
+        raise ConfigError(f"run {spec.name}: {error}") from None
+
+
+def verl_environment(sweep: str, spec: RunSpec) -> dict[str, str]:
+    from dataflex_rl.verl.command import wandb_environment
+
+    return wandb_environment(sweep, [spec.mechanism] if spec.mechanism else [])
+
+
+def check_gpu_available() -> None:
+    """Refuse the verl backend on a machine without a CUDA GPU (verl's rollout needs one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("backend = 'verl' is not allowed with launcher=local on this machine: it has no CUDA GPU "
+                          "(torch.cuda.is_available() is False). Use launcher=slurm or launcher=ray to send the runs "
+                          "to a GPU cluster, dry_run=true to print the command lines, or backend=local")
+
+
+# --- both --------------------------------------------------------------------------------------------------------
+def plan_runs(config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
+              threads: int | None) -> list[PlannedRun]:
+    """The command line of every run, validated (local: composed and parsed; verl: built by the verl builder)."""
+    sweep_dir = sweep_dir.resolve()
+    planned = []
+    for spec in specs:
+        if config.backend == "local":
+            command = train_command(config, local_overrides(config, spec, sweep, sweep_dir, threads))
+            env = thread_environment(threads)
+        else:
+            command = verl_command(config, spec, sweep, sweep_dir)
+            env = verl_environment(sweep, spec)
+        planned.append(PlannedRun(spec=spec, command=command, env=env, run_dir=sweep_dir / spec.name,
+                                  log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log"))
+    if config.backend == "local" and config.validate:
+        validate_local((run.name, run.command[3:]) for run in planned)
+    return planned
+
+
+def plan_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                     threads: int | None) -> list[PlannedRun]:
+    """One ``mode=sft`` command per distinct set of SFT-relevant axis values (usually one); none for verl, when
+    off, or when the cache already holds the checkpoint."""
+    if config.backend != "local" or not config.sft_warm_start:
+        return []
+    sweep_dir = sweep_dir.resolve()
+    variants = list(dict.fromkeys(tuple(item for item in spec.axis_overrides
+                                        if item.lstrip("+").split(".")[0].split("=")[0] in SFT_CACHE_GROUPS)
+                                   for spec in specs))
+    planned = []
+    for index, axis_overrides in enumerate(variants):
+        name = "sft" if len(variants) == 1 else f"sft-{index}"
+        overrides = sft_overrides(config, axis_overrides, sweep_dir, threads)
+        planned.append(PlannedRun(spec=RunSpec(name=name, seed=0), command=train_command(config, overrides),
+                                  env=thread_environment(threads), run_dir=sweep_dir / SFT_FOLDER,
+                                  log_path=sweep_dir / LOG_FOLDER / f"{name}.log"))
+    if config.validate:
+        parsed = validate_local((run.name, run.command[3:]) for run in planned)
+        planned = [run for run, train_config in zip(planned, parsed, strict=True)
+                   if not warm_start_cached(train_config)]
+    return planned

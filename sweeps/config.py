@@ -1,0 +1,340 @@
+"""The sweep driver's configuration (``conf/sweeps/default.yaml``), typed once at the entry point.
+
+``python -m sweeps key=value ...`` composes ``conf/sweeps/default.yaml`` with Hydra's compose API (no Hydra run
+folder, no log files) and turns it into a frozen :class:`SweepConfig`. Every value is checked here or by the run
+configs' own validation (:mod:`sweeps.commands`) before anything starts; a bad one raises
+:class:`~dataflex_rl.config.ConfigError` naming the key, the value and what is allowed.
+
+Command-line conveniences (so that ``make sweep ALPHA=0.0,0.25,0.5`` works): ``alpha=0.0,0.25,0.5`` is read as
+the list ``alpha=[0.0,0.25,0.5]`` (the same for ``seeds``, ``mechanisms`` and ``eta``), and ``extra=[a=1 b=2]``
+(space-separated overrides, as ``make sweep EXTRA="a=1 b=2"`` writes it) is read as the list ``['a=1', 'b=2']``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dataflex_rl.config import (
+    ConfigError,
+    check_choice,
+    check_int_at_least,
+    check_number,
+    to_plain,
+)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+SWEEP_CONF_DIR = CONF_DIR / "sweeps"
+PRESET_DIR = CONF_DIR / "dataflex"
+BACKENDS = ("local", "verl")
+LAUNCHERS = ("local", "slurm", "ray")
+SLURM_CLUSTERS = ("slurm", "local", "debug")
+LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0", "")
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (its affinity mask, which containers and ``taskset`` shrink)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def available_presets() -> list[str]:
+    """Names of the dataflex presets, ``conf/dataflex/<name>.yaml``."""
+    return sorted(path.stem for path in PRESET_DIR.glob("*.yaml"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmSettings:
+    """Resources of each SLURM job (``slurm.*``); one job per run, submitted as one job array through submitit."""
+
+    cluster: str = "slurm"  # slurm | local (submitit's local executor, for testing) | debug (in-process)
+    partition: str | None = None
+    timeout_min: int = 1440
+    cpus_per_task: int = 8
+    gpus_per_node: int = 0
+    mem_gb: float | None = None
+    additional_parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    setup: tuple[str, ...] = ()  # shell lines run before each job (module load ..., source venv)
+
+    def __post_init__(self) -> None:
+        check_choice("slurm.cluster", self.cluster, SLURM_CLUSTERS)
+        check_int_at_least("slurm.timeout_min", self.timeout_min, 1)
+        check_int_at_least("slurm.cpus_per_task", self.cpus_per_task, 1)
+        check_int_at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
+        if self.mem_gb is not None:
+            check_number("slurm.mem_gb", self.mem_gb, minimum=0.0, exclusive=True)
+        if not isinstance(self.additional_parameters, Mapping):
+            raise ConfigError(f"slurm.additional_parameters = {self.additional_parameters!r} is not allowed: it must "
+                              f"be a mapping of sbatch options, e.g. {{constraint: a100}}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySettings:
+    """Ray Jobs (``ray.*``): one job per run, submitted with ``JobSubmissionClient`` to ``address``."""
+
+    address: str | None = None  # None: $RAY_ADDRESS (the dashboard address, http://HOST:8265)
+    entrypoint_num_cpus: float | None = None
+    entrypoint_num_gpus: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("entrypoint_num_cpus", "entrypoint_num_gpus"):
+            value = getattr(self, name)
+            if value is not None:
+                check_number(f"ray.{name}", value, minimum=0.0)
+
+    def resolved_address(self) -> str:
+        address = self.address or os.environ.get("RAY_ADDRESS")
+        if not address:
+            raise ConfigError("ray.address = None is not allowed with launcher=ray when RAY_ADDRESS is unset: give "
+                              "ray.address=http://HOST:8265 (the Ray dashboard) or export RAY_ADDRESS")
+        return address
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """One sweep: the grid (``alpha`` x ``seeds`` x ``mechanisms`` x ``eta`` x extra axes) and how to run it."""
+
+    name: str | None = None
+    root: str = "runs"
+    alpha: tuple[float, ...] = (0.0, 0.25, 0.5)
+    seeds: tuple[int, ...] = (1, 2)
+    add_baseline: bool = True
+    mechanisms: tuple[str, ...] = ()
+    eta: tuple[float, ...] = ()
+    extra: tuple[str, ...] = ()
+    steps: int | None = None
+    backend: str = "local"
+    launcher: str = "local"
+    jobs: int | None = None
+    threads: int | None = None
+    dry_run: bool = False
+    report: bool = True
+    sft_warm_start: bool = True
+    validate: bool = True
+    train_module: str = "dataflex_rl.train"
+    verl_experiment: str = "verl_kk_3b"
+    grace_s: float = 30.0
+    poll_s: float = 0.25
+    slurm: SlurmSettings = dataclasses.field(default_factory=SlurmSettings)
+    ray: RaySettings = dataclasses.field(default_factory=RaySettings)
+
+    def __post_init__(self) -> None:
+        if self.name is not None and not _NAME.fullmatch(self.name):
+            raise ConfigError(f"name = {self.name!r} is not allowed: a sweep name is a folder name of letters, "
+                              f"digits, '.', '_' and '-', starting with a letter or digit")
+        check_choice("backend", self.backend, BACKENDS)
+        check_choice("launcher", self.launcher, LAUNCHERS)
+        if not self.seeds:
+            raise ConfigError("seeds = [] is not allowed: give at least one seed, e.g. seeds=1,2")
+        if self.steps is not None:
+            check_int_at_least("steps", self.steps, 1)
+        if self.jobs is not None:
+            check_int_at_least("jobs", self.jobs, 1)
+        if self.threads is not None:
+            check_int_at_least("threads", self.threads, 1)
+        check_number("grace_s", self.grace_s, minimum=0.0)
+        check_number("poll_s", self.poll_s, minimum=0.0, exclusive=True)
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", self.train_module):
+            raise ConfigError(f"train_module = {self.train_module!r} is not allowed: it must be a dotted module "
+                              f"name run as `python -m <train_module>`")
+        unknown = [name for name in self.mechanisms if name not in available_presets()]
+        if unknown:
+            raise ConfigError(f"mechanisms = {unknown[0]!r} is not allowed: no conf/dataflex/{unknown[0]}.yaml; "
+                              f"presets: {', '.join(available_presets())}")
+
+    @property
+    def alphas(self) -> tuple[float, ...]:
+        """The alpha axis with the alpha = 0 baseline first when ``add_baseline`` and it is missing."""
+        if self.alpha and self.add_baseline and 0.0 not in self.alpha:
+            return (0.0, *self.alpha)
+        return self.alpha
+
+
+# --- parsing -----------------------------------------------------------------------------------------------------
+def _as_list(key: str, value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, Mapping):
+        raise ConfigError(f"{key} = {value!r} is not allowed: give a value or a list, e.g. {key}=1,2")
+    return [value]
+
+
+def _parse_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if value is not None else ""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{key} = {value!r} is not allowed: it must be true or false")
+
+
+def _parse_number(key: str, value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number")
+    return float(value)
+
+
+def _unique(values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(values))
+
+
+def _parse_alpha(value: Any) -> tuple[float, ...]:
+    return _unique([_parse_number("alpha", item) for item in _as_list("alpha", value)])
+
+
+def _parse_seeds(value: Any) -> tuple[int, ...]:
+    seeds = []
+    for item in _as_list("seeds", value):
+        if isinstance(item, str) and item.strip().isdigit():
+            item = int(item)
+        if isinstance(item, bool) or not isinstance(item, numbers.Integral) or item < 0:
+            raise ConfigError(f"seeds = {item!r} is not allowed: a seed is an integer >= 0")
+        seeds.append(int(item))
+    return _unique(seeds)
+
+
+def _optional_int(key: str, value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return check_int_at_least(key, value, 1)
+
+
+def _section(where: str, cls: type, given: Any) -> Any:
+    given = {} if given is None else given
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{where} = {given!r} is not allowed: it must be a mapping")
+    allowed = [field.name for field in dataclasses.fields(cls)]
+    unknown = [key for key in given if key not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]} is not allowed: unknown key; allowed keys: {', '.join(allowed)}")
+    values = dict(given)
+    if "setup" in values:
+        values["setup"] = tuple(str(line) for line in _as_list(f"{where}.setup", values["setup"]))
+    return cls(**values)
+
+
+SWEEP_KEYS = tuple(field.name for field in dataclasses.fields(SweepConfig))
+
+
+def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> SweepConfig:
+    """Validate a composed sweep config (``DictConfig`` or dict) into a :class:`SweepConfig`.
+
+    ``allowed_extra_keys``: top-level keys that a caller (the Optuna driver) reads itself and that are ignored here.
+    """
+    raw = to_plain(cfg)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"sweep config = {raw!r} is not allowed: it must be a mapping")
+    raw = {key: value for key, value in raw.items() if key not in allowed_extra_keys}
+    unknown = [key for key in raw if key not in SWEEP_KEYS]
+    if unknown:
+        raise ConfigError(f"{unknown[0]} is not allowed: unknown sweep key; allowed keys: {', '.join(SWEEP_KEYS)}")
+    values: dict[str, Any] = dict(raw)
+    values["alpha"] = _parse_alpha(raw.get("alpha"))
+    values["seeds"] = _parse_seeds(raw.get("seeds"))
+    values["mechanisms"] = _unique([str(item) for item in _as_list("mechanisms", raw.get("mechanisms"))])
+    values["eta"] = _unique([_parse_number("eta", item) for item in _as_list("eta", raw.get("eta"))])
+    values["extra"] = tuple(str(item) for item in _as_list("extra", raw.get("extra")))
+    for key in ("steps", "jobs", "threads"):
+        values[key] = _optional_int(key, raw.get(key))
+    for key in ("add_baseline", "dry_run", "report", "sft_warm_start", "validate"):
+        if key in raw:
+            values[key] = _parse_bool(key, raw[key])
+    if raw.get("name") is not None:
+        values["name"] = str(raw["name"])
+    values["slurm"] = _section("slurm", SlurmSettings, raw.get("slurm"))
+    values["ray"] = _section("ray", RaySettings, raw.get("ray"))
+    return SweepConfig(**values)
+
+
+# --- command line ------------------------------------------------------------------------------------------------
+def _split_top_level(text: str, separator: str = ",") -> list[str]:
+    """Split at ``separator`` outside brackets, braces, parentheses and quotes."""
+    pieces, depth, quote, current = [], 0, "", []
+    for character in text:
+        if quote:
+            quote = "" if character == quote else quote
+        elif character in "'\"":
+            quote = character
+        elif character in "[{(":
+            depth += 1
+        elif character in "]})":
+            depth -= 1
+        elif character == separator and depth == 0:
+            pieces.append("".join(current))
+            current = []
+            continue
+        current.append(character)
+    pieces.append("".join(current))
+    return pieces
+
+
+def _quote(text: str) -> str:
+    """``text`` as a single-quoted Hydra string (backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def split_extra(text: str) -> list[str]:
+    """Overrides from ``make sweep EXTRA=...``: separated by spaces; ``a=1,b=2`` (every piece a ``key=value``) is
+    two overrides, while ``a=1,2`` stays one (a Hydra sweep over ``a``: a grid axis)."""
+    overrides: list[str] = []
+    for token in shlex.split(text):
+        pieces = _split_top_level(token)
+        if len(pieces) > 1 and all("=" in piece for piece in pieces):
+            overrides.extend(pieces)
+        else:
+            overrides.append(token)
+    return overrides
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Rewrite the command-line conveniences (module doc) into Hydra's override grammar."""
+    normalized = []
+    for argument in argv:
+        key, equals, value = argument.partition("=")
+        if equals and key in LIST_KEYS and "," in value and not value.lstrip().startswith("["):
+            argument = f"{key}=[{value}]"
+        elif equals and key == "extra":
+            stripped = value.strip()
+            inner = stripped[1:-1] if stripped.startswith("[") and stripped.endswith("]") else stripped
+            if not inner.lstrip().startswith(("'", '"')):  # already Hydra's quoted list: leave it
+                argument = "extra=[" + ",".join(_quote(item) for item in split_extra(inner)) + "]"
+        normalized.append(argument)
+    return normalized
+
+
+def compose_config(config_name: str, argv: Sequence[str]) -> Any:
+    """Compose ``conf/sweeps/<config_name>.yaml`` with the (normalized) overrides; Hydra's errors become
+    :class:`ConfigError`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = normalize_argv(argv)
+    try:
+        with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ConfigError(f"bad sweep override in {' '.join(overrides)}: {error}") from None

@@ -1,0 +1,179 @@
+"""The sweep grid: mechanism x alpha x eta x extra axes x seed, one :class:`RunSpec` per cell.
+
+Extra axes come from the ``extra`` overrides: an override in Hydra's sweep syntax (``trainer.lr=1e-4,1e-3``,
+``task=choice(arithmetic,knights_knaves)``, ``trainer.kl_coef=range(0,3)``) is an axis, any other override is
+common to every run. Parsing is Hydra's own (``OverridesParser``).
+
+Run names: ``a<alpha>-s<seed>`` (``a0.25-s1``), then one tag per other axis: the preset name (``ar``),
+``eta<value>``, and ``<last key part><value>`` for an extra axis (``lr0.001``; ``task-knights_knaves`` for a
+non-numeric value; the full key when two axes share a last part).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+
+from dataflex_rl.config import ConfigError
+from sweeps.config import PRESET_DIR, SweepConfig
+
+ALPHA_KEY = "dataflex.actuator.params.alpha"
+ETA_KEY = "dataflex.actuator.params.eta"
+# Keys the driver sets for every run; giving them in ``extra`` would fight the grid or the run store layout.
+MANAGED_KEYS = {
+    "run_dir": "the driver puts each run in runs/<sweep>/<run>",
+    "sweep": "use name=<sweep name>",
+    "run_name": "the driver names runs after their grid cell",
+    "seed": "use seeds=1,2",
+    "mode": "the driver runs mode=sft itself (sft_warm_start=false turns it off)",
+    "threads": "use threads=N (or jobs=N: threads = cores // jobs)",
+    "mechanism_label": "use mechanisms=<preset>,... (the label follows the preset)",
+    ALPHA_KEY: "use alpha=0.0,0.5",
+}
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_NUMERIC = re.compile(r"[-+]?(\d|\.\d)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """An extra grid axis: a config ``key`` (as written, ``+`` prefix kept) and its values as override strings."""
+
+    key: str
+    values: tuple[str, ...]
+
+    @property
+    def bare_key(self) -> str:
+        return self.key.lstrip("+~")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One cell of the grid. ``overrides`` are the cell's own train overrides (preset, alpha, eta, axes, seed)."""
+
+    name: str
+    seed: int
+    alpha: float | None = None
+    mechanism: str | None = None
+    eta: float | None = None
+    axes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def axis_overrides(self) -> list[str]:
+        """The extra-axis overrides alone (what decides the SFT warm start besides the common overrides)."""
+        return [f"{key}={value}" for key, value in self.axes.items()]
+
+    def describe(self) -> dict[str, object]:
+        """The cell as sweep.json stores it."""
+        return {"alpha": self.alpha, "seed": self.seed, "mechanism_label": self.mechanism, "eta": self.eta,
+                "axes": dict(self.axes)}
+
+
+def format_number(value: float) -> str:
+    """Shortest round-tripping text of a number (``0.25``, ``0.0``, ``1e-05``)."""
+    return repr(float(value))
+
+
+def preset_has_param(preset: str, name: str) -> bool:
+    """Whether ``conf/dataflex/<preset>.yaml`` sets ``actuator.params.<name>``."""
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.load(PRESET_DIR / f"{preset}.yaml")
+    return OmegaConf.select(block, f"actuator.params.{name}", default=None) is not None
+
+
+def parse_extra(extra: Sequence[str]) -> tuple[list[str], list[Axis]]:
+    """Split ``extra`` into (common overrides, axes), refusing overrides of the keys the driver manages."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    common: list[str] = []
+    axes: list[Axis] = []
+    for item in extra:
+        try:
+            override = parser.parse_override(item)
+        except HydraException as error:
+            raise ConfigError(f"extra = {item!r} is not allowed: {error}") from None
+        key = override.key_or_group
+        if key in MANAGED_KEYS:
+            raise ConfigError(f"extra = {item!r} is not allowed: {key} is set by the sweep driver; "
+                              f"{MANAGED_KEYS[key]}")
+        if override.is_sweep_override():
+            values = tuple(dict.fromkeys(override.sweep_string_iterator()))
+            if any(axis.bare_key == key for axis in axes):
+                raise ConfigError(f"extra = {item!r} is not allowed: {key} is already an axis")
+            axes.append(Axis(override.get_key_element(), values))
+        else:
+            common.append(item)
+    return common, axes
+
+
+def _safe(text: str) -> str:
+    return _UNSAFE.sub("_", text).strip("_") or "_"
+
+
+def _axis_labels(axes: Sequence[Axis]) -> dict[str, str]:
+    """Tag prefix of each axis: the last key part, or the whole key where two axes share a last part."""
+    last_parts = [axis.bare_key.split(".")[-1] for axis in axes]
+    return {axis.key: (last if last_parts.count(last) == 1 else axis.bare_key)
+            for axis, last in zip(axes, last_parts, strict=True)}
+
+
+def axis_tag(label: str, value: str) -> str:
+    joined = f"{label}{value}" if _NUMERIC.match(value) else f"{label}-{value}"
+    return _safe(joined)
+
+
+def expand_grid(config: SweepConfig) -> list[RunSpec]:
+    """Every run of the sweep, in launch order (seeds innermost), names checked for uniqueness."""
+    _, axes = parse_extra(config.extra)
+    labels = _axis_labels(axes)
+    mechanisms: Sequence[str | None] = config.mechanisms or (None,)
+    alphas: Sequence[float | None] = config.alphas or (None,)
+    etas: Sequence[float | None] = config.eta or (None,)
+    axis_values = [[(axis.key, value) for value in axis.values] for axis in axes]
+    specs: list[RunSpec] = []
+    cells = []
+    for mechanism, alpha in itertools.product(mechanisms, alphas):
+        # eta is an axis only for presets whose actuator has an eta (Lopti); others run once, without it.
+        mechanism_etas = etas if mechanism is None or preset_has_param(mechanism, "eta") else (None,)
+        cells += [(mechanism, alpha, eta, cell)
+                  for eta, cell in itertools.product(mechanism_etas, itertools.product(*axis_values))]
+    for mechanism, alpha, eta, cell in cells:
+        for seed in config.seeds:
+            name_parts, overrides = [], []
+            if alpha is not None:
+                name_parts.append(f"a{format_number(alpha)}")
+            name_parts.append(f"s{seed}")
+            if mechanism is not None:
+                name_parts.append(_safe(mechanism))
+                overrides += [f"dataflex={mechanism}", f"mechanism_label={mechanism}"]
+            if alpha is not None:
+                # ``++`` sets the key whether or not the preset has it, so the actuator's own check judges it.
+                overrides.append(f"++{ALPHA_KEY}={format_number(alpha)}")
+            if eta is not None:
+                name_parts.append(f"eta{format_number(eta)}")
+                overrides.append(f"++{ETA_KEY}={format_number(eta)}")
+            for key, value in cell:
+                name_parts.append(axis_tag(labels[key], value))
+                overrides.append(f"{key}={value}")
+            overrides.append(f"seed={seed}")
+            specs.append(RunSpec(name="-".join(name_parts), seed=seed, alpha=alpha, mechanism=mechanism, eta=eta,
+                                 axes=dict(cell), overrides=tuple(overrides)))
+    names = [spec.name for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigError(f"extra = {list(config.extra)!r} is not allowed: two grid cells get the run name "
+                          f"{duplicates[0]!r}; make the axis values distinct after turning unsafe characters into _")
+    return specs
+
+
+def grid_description(config: SweepConfig) -> dict[str, object]:
+    """The grid as sweep.json stores it."""
+    common, axes = parse_extra(config.extra)
+    return {"alpha": list(config.alphas), "seed": list(config.seeds), "mechanism": list(config.mechanisms),
+            "eta": list(config.eta), "axes": {axis.key: list(axis.values) for axis in axes},
+            "common_overrides": common}

@@ -1,0 +1,406 @@
+"""``python -m sweeps.tune [key=value ...]`` (``make tune``): Optuna search over alpha and what
+``conf/sweeps/optuna.yaml`` lists, maximising the final validation accuracy averaged over seeds.
+
+- One OS process per run: each trial runs its seeds as child processes through the sweep's own launcher and
+  scheduling loop (:class:`sweeps.driver.SweepRunner`), ``jobs`` at once.
+- Storage: ``<root>/<name>/optuna.db`` (sqlite), so the same command resumes the study: it runs only the trials
+  still missing to reach ``n_trials`` finished (completed or pruned) ones. A trial left running by a killed driver
+  is marked failed and, like any failed trial, tried again (up to ``retries`` times) with the same parameters and
+  the same run folders, so its runs resume from their checkpoints.
+- Pruning: while a trial's runs train, the driver reads ``val/accuracy`` from their ``metrics.jsonl``; at each step
+  every seed has reached, ``trial.report(mean over seeds, step)``; when the pruner (median by default) says so, the
+  runs are stopped (SIGTERM, marked interrupted) and the trial is pruned.
+- Runs live in the study folder as ``t<trial>-s<seed>`` run stores listed in its ``sweep.json``.
+
+Look at the study with ``optuna-dashboard sqlite:///runs/<name>/optuna.db``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dataflex_rl import keys
+from dataflex_rl.config import ConfigError, check_choice, check_int_at_least, to_plain
+from sweeps.commands import PlannedRun, plan_runs, plan_warm_starts
+from sweeps.config import SweepConfig, available_cores
+from sweeps.driver import (
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    SweepPlan,
+    SweepRunner,
+    SweepStopped,
+    concurrency,
+    default_name,
+    final_metric,
+)
+from sweeps.grid import ALPHA_KEY, RunSpec, format_number, parse_extra
+from sweeps.launchers import Job, build_launcher
+from sweeps.manifest import Manifest, utc_now
+
+TUNE_KEYS = ("n_trials", "metric", "direction", "search", "enqueue", "sampler", "pruner", "retries")
+PARAM_TYPES = ("float", "int", "categorical")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("median", "none")
+STUDY_FILE = "optuna.db"
+
+
+class TrialFailed(Exception):
+    """A run of the trial failed; the trial is marked failed and the study goes on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchParam:
+    """One searched value: ``name`` is ``alpha`` (the actuator's alpha) or a train override key (``trainer.lr``)."""
+
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"search.{self.name}"
+        check_choice(f"{where}.type", self.type, PARAM_TYPES)
+        if self.type == "categorical":
+            if not self.choices:
+                raise ConfigError(f"{where}.choices = [] is not allowed: a categorical parameter needs choices")
+            return
+        for bound in ("low", "high"):
+            value = getattr(self, bound)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{where}.{bound} = {value!r} is not allowed: it must be a finite number")
+        if not self.low < self.high:  # type: ignore[operator]
+            raise ConfigError(f"{where}.low = {self.low!r} is not allowed: it must be < high = {self.high!r}")
+        if self.log and self.low <= 0:  # type: ignore[operator]
+            raise ConfigError(f"{where}.low = {self.low!r} is not allowed with log: true: it must be > 0")
+
+    def suggest(self, trial: Any) -> Any:
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.type == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log,
+                                     step=int(self.step or 1))
+        return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log, step=self.step)
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneConfig:
+    sweep: SweepConfig
+    n_trials: int
+    metric: str
+    direction: str
+    search: tuple[SearchParam, ...]
+    enqueue: tuple[Mapping[str, Any], ...]
+    sampler: Mapping[str, Any]
+    pruner: Mapping[str, Any]
+    retries: int
+
+
+def parse_tune_config(cfg: Any) -> TuneConfig:
+    from sweeps.config import parse_sweep_config
+
+    raw = to_plain(cfg)
+    sweep = parse_sweep_config(raw, allowed_extra_keys=TUNE_KEYS)
+    if sweep.alpha or sweep.mechanisms or sweep.eta:
+        raise ConfigError("alpha/mechanisms/eta grids are not allowed in a study: list alpha under search: (set "
+                          "alpha=[]) and pick a preset with extra=[dataflex=<preset>]")
+    if parse_extra(sweep.extra)[1]:
+        raise ConfigError(f"extra = {list(sweep.extra)!r} is not allowed: a study has no grid axes; list the "
+                          f"parameter under search: instead")
+    search = []
+    for index, item in enumerate(raw.get("search") or []):
+        if not isinstance(item, Mapping) or "name" not in item:
+            raise ConfigError(f"search[{index}] = {item!r} is not allowed: write {{name: alpha, type: float, "
+                              f"low: 0.0, high: 1.0}}")
+        allowed = [field.name for field in dataclasses.fields(SearchParam)]
+        unknown = [key for key in item if key not in allowed]
+        if unknown:
+            raise ConfigError(f"search[{index}].{unknown[0]} is not allowed; allowed keys: {', '.join(allowed)}")
+        values = dict(item)
+        values["choices"] = tuple(values.get("choices") or ())
+        search.append(SearchParam(**values))
+    if not search:
+        raise ConfigError("search = [] is not allowed: list at least one parameter, e.g. {name: alpha, type: float, "
+                          "low: 0.0, high: 1.0}")
+    names = [param.name for param in search]
+    enqueue = tuple(dict(item) for item in raw.get("enqueue") or [])
+    for item in enqueue:
+        unknown = [key for key in item if key not in names]
+        if unknown:
+            raise ConfigError(f"enqueue = {item!r} is not allowed: {unknown[0]!r} is not searched; "
+                              f"searched: {', '.join(names)}")
+    sampler = dict(raw.get("sampler") or {"name": "tpe"})
+    pruner = dict(raw.get("pruner") or {"name": "median"})
+    check_choice("sampler.name", sampler.get("name"), SAMPLERS)
+    check_choice("pruner.name", pruner.get("name"), PRUNERS)
+    return TuneConfig(
+        sweep=sweep, n_trials=check_int_at_least("n_trials", raw.get("n_trials"), 1),
+        metric=str(raw.get("metric") or keys.VAL_ACCURACY),
+        direction=check_choice("direction", raw.get("direction", "maximize"), ("maximize", "minimize")),
+        search=tuple(search), enqueue=enqueue, sampler=sampler, pruner=pruner,
+        retries=check_int_at_least("retries", raw.get("retries", 1), 0),
+    )
+
+
+def build_sampler(settings: Mapping[str, Any]) -> Any:
+    import optuna
+
+    options = {key: value for key, value in settings.items() if key != "name"}
+    if settings["name"] == "random":
+        return optuna.samplers.RandomSampler(**options)
+    return optuna.samplers.TPESampler(**options)
+
+
+def build_pruner(settings: Mapping[str, Any]) -> Any:
+    import optuna
+
+    options = {key: value for key, value in settings.items() if key != "name"}
+    if settings["name"] == "none":
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.MedianPruner(**options)
+
+
+def trial_specs(tune: TuneConfig, params: Mapping[str, Any], label: str) -> list[RunSpec]:
+    """One run per seed: ``<label>-s<seed>`` with the trial's parameters as overrides."""
+    specs = []
+    for seed in tune.sweep.seeds:
+        alpha = params.get("alpha")
+        overrides = [] if alpha is None else [f"++{ALPHA_KEY}={format_number(alpha)}"]
+        axes = {name: str(value) for name, value in params.items() if name != "alpha"}
+        overrides += [f"{name}={value}" for name, value in axes.items()]
+        overrides.append(f"seed={seed}")
+        specs.append(RunSpec(name=f"{label}-s{seed}", seed=seed, alpha=None if alpha is None else float(alpha),
+                             axes=axes, overrides=tuple(overrides)))
+    return specs
+
+
+def read_curve(run_dir: Path, metric: str) -> dict[int, float]:
+    """step -> value of ``metric`` from a run's metrics.jsonl (written line by line while it trains)."""
+    from dataflex_rl.tracking.run_store import read_jsonl
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    curve = {}
+    for record in read_jsonl(path):
+        value = record.get(metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            curve[int(record["step"])] = float(value)
+    return curve
+
+
+class TrialReporter:
+    """Reports the seed-mean of ``metric`` at every step all of a trial's runs have reached; says when to prune."""
+
+    def __init__(self, trial: Any, runs: Sequence[PlannedRun], metric: str) -> None:
+        self.trial = trial
+        self.runs = runs
+        self.metric = metric
+        self.reported: set[int] = set()
+        self.pruned = False
+
+    def report_new_steps(self) -> None:
+        curves = [read_curve(run.run_dir, self.metric) for run in self.runs]
+        common = set.intersection(*(set(curve) for curve in curves)) if curves else set()
+        for step in sorted(common - self.reported):
+            self.trial.report(sum(curve[step] for curve in curves) / len(curves), step)
+            self.reported.add(step)
+
+    def __call__(self, active: Sequence[Job]) -> bool:
+        """SweepRunner's ``on_poll``: True stops the trial's runs."""
+        before = len(self.reported)
+        self.report_new_steps()
+        self.pruned = len(self.reported) > before and self.trial.should_prune()
+        return self.pruned
+
+
+def recover_trials(study: Any, retries: int) -> list[int]:
+    """Mark trials left RUNNING by a dead driver as failed, then queue failed trials again (same parameters, same
+    run folders) up to ``retries`` times. Returns the trial numbers queued again."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL)
+    groups: dict[int, list[Any]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        groups.setdefault(int(trial.user_attrs.get("retry_of", trial.number)), []).append(trial)
+    queued = []
+    for root, trials in sorted(groups.items()):
+        if all(trial.state == TrialState.FAIL for trial in trials) and len(trials) <= retries:
+            study.enqueue_trial(dict(trials[-1].params), user_attrs={"retry_of": root})
+            queued.append(root)
+    return queued
+
+
+def print_trials(study: Any, tune: TuneConfig) -> None:
+    from optuna.trial import TrialState
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"study {study.study_name}", title_justify="left")
+    for title in ("trial", "state", f"{tune.metric} (seed mean)", *(param.name for param in tune.search),
+                  "last step", "duration"):
+        table.add_column(title)
+    for trial in study.get_trials(deepcopy=False):
+        duration = trial.duration.total_seconds() if trial.duration else None
+        last_step = trial.last_step
+        table.add_row(str(trial.number) + (f" (retry of {trial.user_attrs['retry_of']})"
+                                           if "retry_of" in trial.user_attrs else ""),
+                      trial.state.name.lower(), "-" if trial.value is None else f"{trial.value:.4f}",
+                      *[_format_param(trial.params.get(param.name)) for param in tune.search],
+                      "-" if last_step is None else str(last_step), "-" if duration is None else f"{duration:.1f} s")
+    console.print(table)
+    complete = [trial for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if complete:
+        best = study.best_trial
+        console.print(f"best trial {best.number}: {tune.metric} = {best.value:.4f} with "
+                      + ", ".join(f"{name} = {_format_param(value)}" for name, value in best.params.items()))
+    else:
+        console.print("no completed trial yet")
+
+
+def _format_param(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
+    import optuna
+    from filelock import FileLock, Timeout
+    from optuna.trial import TrialState
+
+    config = tune.sweep
+    name = config.name or default_name(config, prefix="tune")
+    sweep_dir = Path(config.root) / name
+    jobs, threads = concurrency(config, len(config.seeds))
+    plan = SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads, warm_starts=[],
+                     runs=[])
+    try:
+        # Validate the runs of a first trial (parameters at their lower bounds) before anything starts.
+        probe = {param.name: (param.choices[0] if param.type == "categorical" else
+                              (int(param.low) if param.type == "int" else float(param.low))) for param in tune.search}
+        plan_runs(config, trial_specs(tune, probe, "t000"), name, sweep_dir, threads)
+        # The warm start runs alone, before the trials: on the local launcher it may use every core.
+        warm_threads = config.threads or (available_cores() if config.launcher == "local" else threads)
+        plan.warm_starts = plan_warm_starts(config, trial_specs(tune, {}, "t000"), sweep_dir, warm_threads)
+    except ConfigError as error:
+        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    if config.dry_run:
+        for run in plan_runs(config, trial_specs(tune, probe, "t000"), name, sweep_dir, threads):
+            print(f"# {run.name} (trial 0 with the lower bounds)\n{run.shell_line()}")
+        return 0
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(sweep_dir / ".sweep.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"error: study {name} is being run by another driver (lock {lock.lock_file})", file=sys.stderr)
+        return EXIT_REFUSED
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{(sweep_dir / STUDY_FILE).resolve()}"
+    study = optuna.create_study(study_name=name, storage=storage, direction=tune.direction,
+                                sampler=build_sampler(tune.sampler), pruner=build_pruner(tune.pruner),
+                                load_if_exists=True)
+    if not study.get_trials(deepcopy=False):
+        for params in tune.enqueue:
+            study.enqueue_trial(dict(params))
+    queued = recover_trials(study, tune.retries)
+    finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    remaining = max(0, tune.n_trials - finished)
+    print(f"study {name}: {finished} trial(s) finished, {remaining} to run"
+          + (f" ({len(queued)} failed trial(s) queued again)" if queued else "")
+          + f"; {len(config.seeds)} seed(s) per trial, {jobs} run(s) at once; folder {sweep_dir}", flush=True)
+    manifest = Manifest(sweep_dir, {"sweep": name, "backend": config.backend, "launcher": config.launcher,
+                                    "study": {"storage": storage, "n_trials": tune.n_trials, "metric": tune.metric,
+                                              "direction": tune.direction,
+                                              "search": [dataclasses.asdict(p) for p in tune.search]},
+                                    "jobs": jobs, "threads": threads, "train_module": config.train_module})
+    invocation = {"argv": list(argv), "start": utc_now(), "end": None, "exit_code": None}
+    manifest.data["invocations"].append(invocation)
+    exit_code = 0
+    try:
+        launcher = build_launcher(config, sweep_dir, name, jobs)
+    except ConfigError as error:
+        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
+        lock.release()
+        return EXIT_REFUSED
+
+    failed_trials: list[int] = []
+
+    def objective(trial: Any) -> float:
+        params = {param.name: param.suggest(trial) for param in tune.search}
+        root = int(trial.user_attrs.get("retry_of", trial.number))
+        runs = plan_runs(config, trial_specs(tune, params, f"t{root:03d}"), name, sweep_dir, threads)
+        trial.set_user_attr("runs", [run.name for run in runs])
+        reporter = TrialReporter(trial, runs, tune.metric)
+        states = runner.run_all(runner.pending_runs(runs), on_poll=reporter)
+        if reporter.pruned:
+            runner.say(f"trial {trial.number} pruned at step {max(reporter.reported, default=0)}")
+            raise optuna.TrialPruned()
+        failed = [run for run, state in states.items() if state != "completed"]
+        if failed:
+            failed_trials.append(trial.number)
+            raise TrialFailed(f"run(s) {', '.join(failed)} failed; see {sweep_dir / 'logs'}")
+        reporter.report_new_steps()
+        values = [final_metric(run.run_dir, tune.metric) for run in runs]
+        missing = [run.name for run, value in zip(runs, values, strict=True) if value is None]
+        if missing:
+            failed_trials.append(trial.number)
+            raise TrialFailed(f"no {tune.metric} in the run store of {', '.join(missing)}")
+        trial.set_user_attr("per_seed", dict(zip([run.name for run in runs], values, strict=True)))
+        return sum(values) / len(values)  # type: ignore[arg-type]
+
+    try:
+        with SweepRunner(plan, launcher, manifest) as runner:
+            try:
+                if remaining and plan.warm_starts:
+                    states = runner.run_all(plan.warm_starts, warm_start=True)
+                    if any(state != "completed" for state in states.values()):
+                        print("error: the SFT warm start failed; see the log in "
+                              f"{sweep_dir / 'logs'}", file=sys.stderr)
+                        remaining, exit_code = 0, EXIT_FAILED
+                if remaining:
+                    study.optimize(objective, n_trials=remaining, catch=(TrialFailed,))
+            except SweepStopped as stopped:
+                exit_code = 128 + stopped.signum
+    finally:
+        lock.release()
+    if not exit_code and failed_trials:
+        exit_code = EXIT_FAILED
+    manifest.data["state"] = "interrupted" if exit_code > 128 else "failed" if exit_code else "completed"
+    invocation.update(end=utc_now(), exit_code=exit_code)
+    manifest.save()
+    print_trials(study, tune)
+    print(f"study folder: {sweep_dir}; dashboard: optuna-dashboard {storage}", flush=True)
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0, 1 when a trial failed, 2 refused, 128+n stopped)."""
+    from sweeps.cli import load_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    try:
+        cfg, _ = load_config(argv, config_name="optuna", allowed_extra_keys=TUNE_KEYS)
+        tune = parse_tune_config(cfg)
+    except ConfigError as error:
+        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    return run_study(tune, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

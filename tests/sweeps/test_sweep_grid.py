@@ -1,0 +1,212 @@
+"""Grid expansion, run names, command-line conveniences, validation messages, concurrency: no processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dataflex_rl.config import ConfigError
+from sweeps import driver
+from sweeps.cli import load_config
+from sweeps.commands import plan_runs, plan_warm_starts
+from sweeps.config import normalize_argv, split_extra
+from sweeps.driver import concurrency, default_name, final_metric, mark_run_store
+from sweeps.grid import expand_grid, parse_extra
+from sweeps.manifest import Manifest
+
+
+def config_of(*argv: str):
+    return load_config(list(argv))[1]
+
+
+def test_make_style_lists_become_hydra_lists():
+    assert normalize_argv(["alpha=0.0,0.25,0.5", "seeds=1,2", "mechanisms=baseline,ar", "eta=0.1"]) == [
+        "alpha=[0.0,0.25,0.5]", "seeds=[1,2]", "mechanisms=[baseline,ar]", "eta=0.1"]
+    assert normalize_argv(["alpha=[0.5]", "name=a,b"]) == ["alpha=[0.5]", "name=a,b"]
+
+
+def test_extra_from_make_is_split_at_spaces_and_sweeps_stay_whole():
+    assert split_extra("trainer.lr=1e-3 sft.steps=2") == ["trainer.lr=1e-3", "sft.steps=2"]
+    assert split_extra("trainer.lr=1e-3,sft.steps=2") == ["trainer.lr=1e-3", "sft.steps=2"]
+    assert split_extra("trainer.lr=1e-4,1e-3") == ["trainer.lr=1e-4,1e-3"]
+    assert split_extra("model.x=[1,2]") == ["model.x=[1,2]"]
+    config = config_of("extra=[trainer.lr=1e-4,1e-3 sft.steps=2]")
+    assert config.extra == ("trainer.lr=1e-4,1e-3", "sft.steps=2")
+    assert config_of("extra=[]").extra == ()
+
+
+def test_default_grid_adds_the_baseline_first_and_names_runs():
+    config = config_of("alpha=0.25,0.5", "seeds=1,2")
+    specs = expand_grid(config)
+    assert [spec.name for spec in specs] == ["a0.0-s1", "a0.0-s2", "a0.25-s1", "a0.25-s2", "a0.5-s1", "a0.5-s2"]
+    assert specs[2].overrides == ("++dataflex.actuator.params.alpha=0.25", "seed=1")
+    no_baseline = expand_grid(config_of("alpha=0.25,0.5", "seeds=1", "add_baseline=false"))
+    assert [spec.alpha for spec in no_baseline] == [0.25, 0.5]
+    # 0 and 0.0 are one value: no duplicate baseline.
+    assert [spec.alpha for spec in expand_grid(config_of("alpha=0,0.5", "seeds=1"))] == [0.0, 0.5]
+
+
+def test_extra_axes_mechanisms_and_eta_multiply_the_grid():
+    config = config_of("alpha=0.5", "seeds=1", "add_baseline=false", "mechanisms=baseline,ar",
+                       "extra=[trainer.lr=1e-4,1e-3 task=arithmetic,knights_knaves trainer.kl_coef=0.0]")
+    specs = expand_grid(config)
+    assert len(specs) == 2 * 2 * 2
+    first = specs[0]
+    assert first.name == "a0.5-s1-baseline-lr0.0001-task-arithmetic"
+    assert first.overrides == ("dataflex=baseline", "mechanism_label=baseline", "++dataflex.actuator.params.alpha=0.5",
+                               "trainer.lr=0.0001", "task=arithmetic", "seed=1")
+    assert parse_extra(config.extra)[0] == ["trainer.kl_coef=0.0"]
+    # eta multiplies only the presets whose actuator has an eta.
+    mixed = expand_grid(config_of("alpha=0.5", "add_baseline=false", "seeds=1", "mechanisms=ar,lopti",
+                                  "eta=0.25,0.75"))
+    assert [spec.name for spec in mixed] == ["a0.5-s1-ar", "a0.5-s1-lopti-eta0.25", "a0.5-s1-lopti-eta0.75"]
+    eta = expand_grid(config_of("alpha=[]", "seeds=1", "eta=0.1,0.5"))
+    assert [spec.name for spec in eta] == ["s1-eta0.1", "s1-eta0.5"]
+    assert eta[0].overrides == ("++dataflex.actuator.params.eta=0.1", "seed=1")
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["alpha=0.5,abc"], "alpha = 'abc'"),
+    (["seeds=1,-2"], "seeds = -2"),
+    (["seeds=[]"], "seeds = []"),
+    (["backend=jax"], "backend = 'jax'"),
+    (["launcher=k8s"], "launcher = 'k8s'"),
+    (["jobs=0"], "jobs = 0"),
+    (["steps=0"], "steps = 0"),
+    (["name=../escape"], "name = '../escape'"),
+    (["mechanisms=no_such_preset"], "mechanisms = 'no_such_preset'"),
+    (["extra=[seed=3]"], "seeds=1,2"),
+    (["extra=[run_dir=/x]"], "run_dir"),
+    (["extra=[dataflex.actuator.params.alpha=0.3]"], "alpha=0.0,0.5"),
+    (["slurm.cluster=pbs"], "slurm.cluster = 'pbs'"),
+    (["nonsense=1"], "nonsense"),
+])
+def test_bad_sweep_values_are_refused_naming_them(argv, named):
+    with pytest.raises(ConfigError) as caught:
+        config = config_of(*argv)
+        expand_grid(config)
+    assert named in str(caught.value)
+
+
+def test_concurrency_splits_cores_between_parallel_runs(monkeypatch):
+    monkeypatch.setattr(driver, "available_cores", lambda: 8)
+    assert concurrency(config_of(), runs=6) == (6, 1)  # jobs = min(cores, runs), threads = 8 // 6
+    assert concurrency(config_of("jobs=2"), runs=6) == (2, 4)
+    assert concurrency(config_of("jobs=3"), runs=6) == (3, 2)
+    assert concurrency(config_of("jobs=2", "threads=1"), runs=6) == (2, 1)
+    assert concurrency(config_of(), runs=2) == (2, 4)  # never more jobs than runs
+    assert concurrency(config_of("launcher=slurm", "slurm.cpus_per_task=16"), runs=6) == (6, 16)
+    assert concurrency(config_of("launcher=ray"), runs=6) == (6, None)
+
+
+def test_default_name_is_stable_for_the_same_grid_and_differs_otherwise():
+    first, again = default_name(config_of("alpha=0.5")), default_name(config_of("alpha=0.5", "jobs=1"))
+    other = default_name(config_of("alpha=0.25"))
+    assert first == again != other and first.startswith("sweep-")
+
+
+def test_commands_carry_threads_run_dir_and_identity(tmp_path):
+    config = config_of("alpha=0.5", "seeds=3", "steps=7", "jobs=2", "threads=1", f"root={tmp_path}", "name=demo",
+                       "validate=false", "extra=[trainer.val_every=1]")
+    runs = plan_runs(config, expand_grid(config), "demo", tmp_path / "demo", threads=1)
+    command = runs[1].command
+    assert command[1:3] == ("-m", "dataflex_rl.train")
+    assert command[3:] == ("trainer.total_steps=7", "trainer.val_every=1", "++dataflex.actuator.params.alpha=0.5",
+                           "seed=3", f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3",
+                           "threads=1")
+    assert runs[1].env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert runs[1].log_path == (tmp_path / "demo" / "logs" / "a0.5-s3.log").resolve()
+
+
+def test_one_warm_start_unless_an_axis_changes_the_sft_inputs(tmp_path):
+    config = config_of("alpha=0.5", "seeds=1,2", "validate=false", "extra=[trainer.lr=1e-4,1e-3]")
+    assert len(plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)) == 1
+    warm = plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)[0]
+    assert "mode=sft" in warm.command and "threads=2" in warm.command
+    config = config_of("alpha=0.5", "seeds=1", "validate=false", "extra=[task=arithmetic,knights_knaves]")
+    warm_starts = plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)
+    assert [w.command[3:5] for w in warm_starts] == [("task=arithmetic", "mode=sft"),
+                                                     ("task=knights_knaves", "mode=sft")]
+    assert plan_warm_starts(config_of("sft_warm_start=false"), expand_grid(config), tmp_path, threads=2) == []
+
+
+def test_steps_and_an_extra_total_steps_together_are_refused(tmp_path):
+    config = config_of("steps=3", "validate=false", "extra=[trainer.total_steps=5]")
+    with pytest.raises(ConfigError, match="steps = 3 is not allowed together with extra trainer.total_steps"):
+        plan_runs(config, expand_grid(config), "x", tmp_path, threads=1)
+
+
+def test_manifest_keeps_earlier_runs_and_writes_atomically(tmp_path):
+    first = Manifest(tmp_path, {"sweep": "demo"})
+    first.entry("a0.0-s1", {"state": "completed", "alpha": 0.0})
+    first.save()
+    second = Manifest(tmp_path, {"sweep": "demo"})
+    second.entry("a0.5-s1", {"state": "failed"})
+    second.save()
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(e["run"], e["state"]) for e in data["runs"]] == [("a0.0-s1", "completed"), ("a0.5-s1", "failed")]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_dead_runs_running_status_is_marked(tmp_path):
+    (tmp_path / "status.json").write_text(json.dumps({"state": "running", "step": 4, "updated": "x", "error": None,
+                                                      "traceback": None}))
+    mark_run_store(tmp_path, "failed", "process ended by signal SIGKILL (exit code -9)")
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert (status["state"], status["step"]) == ("failed", 4) and "SIGKILL" in status["error"]
+    (tmp_path / "status.json").write_text(json.dumps({"state": "completed", "step": 4}))
+    mark_run_store(tmp_path, "failed", "x")
+    assert json.loads((tmp_path / "status.json").read_text())["state"] == "completed"
+
+
+def test_final_metric_reads_the_last_logged_value(tmp_path):
+    lines = [{"step": 0, "val/accuracy": 0.25}, {"step": 1, "critic/score/mean": 1.0},
+             {"step": 2, "val/accuracy": 0.75}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert final_metric(tmp_path, "val/accuracy") == 0.75
+    assert final_metric(tmp_path, "actor/grad_norm") is None
+
+
+def planned(tmp_path, *argv: str):
+    config = config_of("alpha=0.5", "seeds=1", "add_baseline=false", "validate=false", f"root={tmp_path}",
+                       "name=demo", *argv)
+    plan = driver.plan_sweep(config)
+    return plan, Manifest(plan.sweep_dir, plan.header())
+
+
+def test_completed_runs_are_skipped_from_the_run_store_else_from_sweep_json(tmp_path):
+    from sweeps.launchers import LocalLauncher
+
+    plan, manifest = planned(tmp_path)
+    run = plan.runs[0]
+    runner = driver.SweepRunner(plan, LocalLauncher(), manifest, quiet=True)
+    assert runner.pending_runs(plan.runs) == [run]
+    # No run store (verl runs have none): sweep.json's completed state decides.
+    manifest.entry(run.name, {"state": "completed", "exit_code": 0})
+    assert runner.pending_runs(plan.runs) == []
+    # A run store wins over sweep.json.
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "status.json").write_text(json.dumps({"state": "failed", "step": 1}))
+    assert runner.pending_runs(plan.runs) == [run]
+    assert manifest.previous(run.name)["state"] == "pending"
+
+
+def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
+    import subprocess
+    import sys
+
+    from sweeps.launchers import LocalLauncher
+
+    plan, manifest = planned(tmp_path)
+    run = plan.runs[0]
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"run_dir={run.run_dir}"])
+    try:
+        manifest.entry(run.name, {"state": "running", "launch": {"pid": orphan.pid}})
+        runner = driver.SweepRunner(plan, LocalLauncher(), manifest, quiet=True)
+        with pytest.raises(ConfigError, match=f"run {run.name} is still running"):
+            runner.pending_runs(plan.runs)
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert runner.pending_runs(plan.runs) == [run]  # once it is gone, the run is launched again

@@ -1,0 +1,107 @@
+"""The Optuna driver with the scripted trainer (``val/accuracy = alpha + 0.01 * seed`` at every step): the
+objective, pruning on intermediate values, resume from the sqlite study, recovery of a trial left running."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from dataflex_rl.config import ConfigError
+from sweeps.cli import load_config
+from sweeps.tune import TUNE_KEYS, main, parse_tune_config
+
+from .conftest import SCRIPTED_TRAIN, runs_by_name
+
+
+def tune_argv(tmp_path, *more: str) -> list[str]:
+    return ["name=study", f"root={tmp_path / 'runs'}", "seeds=1,2", "steps=3", "jobs=2",
+            "search=[{name: alpha, type: float, low: 0.0, high: 1.0}]", "enqueue=[{alpha: 0.9}, {alpha: 0.1}]",
+            "pruner.n_startup_trials=1", f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "poll_s=0.05",
+            *more]
+
+
+def load_study(tmp_path) -> optuna.Study:
+    return optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path / 'runs' / 'study' / 'optuna.db'}")
+
+
+def test_study_prunes_a_worse_trial_then_resumes_from_its_sqlite_file(tmp_path, repo_on_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.5")
+    assert main(tune_argv(tmp_path, "n_trials=2")) == 0
+    study = load_study(tmp_path)
+    first, second = study.trials
+    # Trial 0: alpha 0.9, seeds 1 and 2: mean of 0.91 and 0.92.
+    assert first.state == TrialState.COMPLETE and first.value == pytest.approx(0.915)
+    assert first.intermediate_values == pytest.approx({1: 0.915, 2: 0.915, 3: 0.915})
+    # Trial 1: alpha 0.1 reports 0.115 at step 1, below the median of trial 0 (0.915): pruned there.
+    assert second.state == TrialState.PRUNED and second.params == {"alpha": 0.1}
+    assert min(second.intermediate_values) == 1 and second.intermediate_values[1] == pytest.approx(0.115)
+    sweep_dir = tmp_path / "runs" / "study"
+    runs = runs_by_name(sweep_dir)
+    assert {runs[name]["state"] for name in ("t000-s1", "t000-s2")} == {"completed"}
+    assert {runs[name]["state"] for name in ("t001-s1", "t001-s2")} == {"interrupted"}
+    steps_logged = len((sweep_dir / "t001-s1" / "metrics.jsonl").read_text().splitlines())
+    assert steps_logged < 3  # stopped before the end
+    output = capsys.readouterr().out
+    assert "best trial 0" in output and "optuna-dashboard sqlite:///" in output
+
+    # The same command with n_trials=3 runs one more trial and leaves the first two alone.
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0")
+    assert main(tune_argv(tmp_path, "n_trials=3")) == 0
+    study = load_study(tmp_path)
+    assert len(study.trials) == 3 and study.trials[2].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert study.trials[0].value == pytest.approx(0.915)
+    runs = runs_by_name(sweep_dir)
+    assert [runs[name]["attempts"] for name in ("t000-s1", "t000-s2", "t001-s1", "t001-s2")] == [1, 1, 1, 1]
+    assert runs["t002-s1"]["attempts"] == 1
+    # A finished study: the same command again starts nothing.
+    assert main(tune_argv(tmp_path, "n_trials=3")) == 0
+    assert len(load_study(tmp_path).trials) == 3
+
+
+def test_a_trial_left_running_by_a_dead_driver_is_retried_with_its_parameters(tmp_path, repo_on_path):
+    sweep_dir = tmp_path / "runs" / "study"
+    sweep_dir.mkdir(parents=True)
+    study = optuna.create_study(study_name="study", storage=f"sqlite:///{sweep_dir / 'optuna.db'}",
+                                direction="maximize")
+    orphan = study.ask({"alpha": optuna.distributions.FloatDistribution(0.0, 1.0)})
+    assert orphan.params == {"alpha": orphan.params["alpha"]}  # RUNNING, as a SIGKILLed driver leaves it
+    assert main(tune_argv(tmp_path, "n_trials=1", "enqueue=[]")) == 0
+    trials = load_study(tmp_path).trials
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    retry = trials[1]
+    assert retry.user_attrs["retry_of"] == 0 and retry.params == orphan.params
+    # Its runs are named after the original trial, so a retry resumes the original run folders.
+    assert retry.user_attrs["runs"] == ["t000-s1", "t000-s2"]
+    expected = orphan.params["alpha"] + 0.015
+    assert retry.value == pytest.approx(expected)
+    assert json.loads((sweep_dir / "t000-s2" / "status.json").read_text())["state"] == "completed"
+
+
+def test_a_failing_run_fails_its_trial_and_the_driver_exit_status(tmp_path, repo_on_path, monkeypatch):
+    monkeypatch.setenv("SCRIPTED_TRAIN_FAIL", "t000-s2")
+    assert main(tune_argv(tmp_path, "n_trials=1", "retries=0", "enqueue=[{alpha: 0.5}]")) == 1
+    assert [trial.state for trial in load_study(tmp_path).trials] == [TrialState.FAIL]
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["search=[]"], "search = []"),
+    (["search=[{name: alpha, type: float, low: 1.0, high: 0.5}]"], "search.alpha.low = 1.0"),
+    (["search=[{name: alpha, type: beta, low: 0.0, high: 1.0}]"], "search.alpha.type = 'beta'"),
+    (["enqueue=[{lr: 0.1}]"], "'lr' is not searched"),
+    (["alpha=0.5"], "alpha/mechanisms/eta grids are not allowed"),
+    (["pruner.name=hyperband"], "pruner.name = 'hyperband'"),
+    (["n_trials=0"], "n_trials = 0"),
+])
+def test_bad_study_settings_are_refused_naming_them(argv, named):
+    with pytest.raises(ConfigError) as caught:
+        parse_tune_config(load_config(argv, config_name="optuna", allowed_extra_keys=TUNE_KEYS)[0])
+    assert named in str(caught.value)
+
+
+def test_the_default_study_searches_alpha_and_lr_and_starts_at_the_baseline():
+    tune = parse_tune_config(load_config([], config_name="optuna", allowed_extra_keys=TUNE_KEYS)[0])
+    assert [param.name for param in tune.search] == ["alpha", "trainer.lr"]
+    assert tune.enqueue[0]["alpha"] == 0.0 and tune.sweep.alpha == () and tune.direction == "maximize"

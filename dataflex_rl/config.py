@@ -194,6 +194,15 @@ def check_compatible(scorer_cls: type, actuator_cls: type, mechanism_cls: type) 
             f"dataflex.mechanism = {mechanism_cls.name!r} does not provide; it provides "
             f"{sorted(mechanism_cls.provided_fields)}"
         )
+    from dataflex_rl.mechanism import Mechanism, staged_mechanism_names
+
+    staged = mechanism_cls.stage_masks is not Mechanism.stage_masks
+    if getattr(actuator_cls, "needs_stages", False) and not staged:
+        raise ConfigError(
+            f"dataflex.actuator.name = {actuator_cls.name!r} cannot drive dataflex.mechanism = "
+            f"{mechanism_cls.name!r}: it splits the policy update in stages, which this mechanism does not; "
+            f"use a staged mechanism ({', '.join(staged_mechanism_names()) or 'none registered'})"
+        )
     if actuator_cls.name not in mechanism_cls.actuators_allowed and mechanism_cls.actuators_allowed != ("*",):
         raise ConfigError(
             f"dataflex.actuator.name = {actuator_cls.name!r} cannot drive dataflex.mechanism = "

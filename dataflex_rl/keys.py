@@ -37,6 +37,7 @@ PG_LOSS = "actor/pg_loss"
 GRAD_NORM = "actor/grad_norm"  # before clipping
 GRAD_NORM_CLIPPED = "actor/grad_norm_clipped"  # after clipping
 GRAD_CLIP_FRAC = "actor/grad_clip_frac"  # share of optimiser steps where clipping rescaled the gradient
+SKIPPED_UPDATE_FRAC = "actor/skipped_update_frac"  # share of optimiser steps skipped for a non-finite gradient
 PG_CLIPFRAC = "actor/pg_clipfrac"
 PPO_KL = "actor/ppo_kl"
 ENTROPY = "actor/entropy"

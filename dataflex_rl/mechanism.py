@@ -59,12 +59,6 @@ class Mechanism:
         self.config = config
         scorer_cls = SCORERS.get(config.scorer.name)
         actuator_cls = ACTUATORS.get(config.actuator.name)
-        if getattr(actuator_cls, "needs_stages", False) and type(self).stage_masks is Mechanism.stage_masks:
-            raise ConfigError(
-                f"dataflex.actuator.name = {config.actuator.name!r} cannot drive dataflex.mechanism = "
-                f"{config.mechanism!r}: it splits the policy update in stages, which this mechanism does not; "
-                f"use a staged mechanism ({', '.join(staged_mechanism_names()) or 'none registered'})"
-            )
         self.scorer: Scorer = scorer_cls(scorer_cls.Params(**config.scorer.params))
         self.actuator: Actuator = actuator_cls(actuator_cls.Params(**config.actuator.params))
         self.warmup_step = config.warmup_step

@@ -102,6 +102,8 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
             if start_step:
                 store.truncate_after(start_step)
                 log.info("resuming %s from step %d", run_dir, start_step)
+            elif store.clear_logs():
+                log.info("starting %s afresh: lines of an attempt that left no checkpoint were dropped", run_dir)
             loggers.log_config(resolved)
             final = trainer.fit(start_step)
             store.set_status("running", step=config.trainer.total_steps)

@@ -13,7 +13,6 @@ signal skips the grace period.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import math
@@ -65,13 +64,13 @@ class SweepPlan:
 
 
 def default_name(config: SweepConfig, prefix: str = "sweep") -> str:
-    """``<prefix>-<YYYYMMDD>-<6 hex>``: the hash covers the grid and the overrides, so the same command on the same
-    day finds (and resumes) the same sweep while a different grid gets its own folder."""
+    """``<prefix>-<8 hex>``: the hash covers the grid and the overrides, so the same command finds (and resumes)
+    the same sweep on any later day, while a different grid gets its own folder."""
     identity = {"backend": config.backend, "alpha": list(config.alphas), "seeds": list(config.seeds),
                 "mechanisms": list(config.mechanisms), "eta": list(config.eta), "extra": list(config.extra),
                 "steps": config.steps, "train_module": config.train_module}
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:6]
-    return f"{prefix}-{datetime.date.today():%Y%m%d}-{digest}"
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{prefix}-{digest}"
 
 
 def concurrency(config: SweepConfig, runs: int) -> tuple[int, int | None]:

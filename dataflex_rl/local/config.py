@@ -26,7 +26,10 @@ from dataflex_rl.config import (
 )
 
 ARCHITECTURES = ("qwen2", "llama")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl's kl_penalty ("full" needs logits)
+# What the trainer can hand an advantage estimator: estimators needing more (values, baselines) are refused.
+ESTIMATOR_INPUTS = frozenset({"token_level_rewards", "response_mask", "index", "config", "epsilon",
+                              "norm_adv_by_std_in_grpo"})
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -250,9 +253,25 @@ def _check_task(name: str, params: dict[str, Any]) -> None:
 
 
 def _check_verl_name(key: str, value: str, kind: str) -> None:
-    """Refuse a name verl's registries do not know (advantage estimators, policy losses), listing the known ones."""
+    """Refuse a name verl's registries do not know (advantage estimators, policy losses), listing the usable ones.
+
+    An advantage estimator must run from outcome rewards alone (no critic values, no reward baselines).
+    """
     from verl.trainer.ppo import core_algos
 
-    registry = core_algos.ADV_ESTIMATOR_REGISTRY if kind == "adv" else core_algos.POLICY_LOSS_REGISTRY
-    if value not in registry:
-        raise ConfigError(f"{key} = {value!r} is not allowed; verl knows: {', '.join(sorted(registry))}")
+    if kind == "adv":
+        usable = sorted(name for name, function in core_algos.ADV_ESTIMATOR_REGISTRY.items()
+                        if _required_parameters(function) <= ESTIMATOR_INPUTS)
+    else:
+        usable = sorted(core_algos.POLICY_LOSS_REGISTRY)
+    if value not in usable:
+        raise ConfigError(f"{key} = {value!r} is not allowed; allowed values (verl's, usable here): "
+                          f"{', '.join(usable)}")
+
+
+def _required_parameters(function: Any) -> set[str]:
+    import inspect
+
+    return {name for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.default is inspect.Parameter.empty
+            and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}

@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers import GenerationConfig
 
 from dataflex_rl.local.tokenizer import Tokenizer
 
@@ -85,19 +86,22 @@ def generate(
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)
     prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
-        "do_sample": False}
-    output = model.generate(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
+    # An explicit config: a checkpoint's own generation defaults (repetition penalty, top-p, ...) would make the
+    # samples and their scores follow another distribution than the softmax(logits / T) the loss uses.
+    generation_config = GenerationConfig(
+        do_sample=bool(temperature),
+        temperature=temperature if temperature else None,
+        top_k=0 if temperature else None,
+        top_p=1.0 if temperature else None,
+        repetition_penalty=1.0,
         max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         use_cache=True,
         output_scores=bool(temperature),
         return_dict_in_generate=True,
-        **sampling,
     )
+    output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
     prompt_length = prompt_ids.shape[1]
     responses = output.sequences[:, prompt_length:]
     response_mask = response_mask_from(responses, tokenizer.eos_token_id)
@@ -105,7 +109,8 @@ def generate(
     if temperature:
         scores = torch.stack(output.scores, dim=1).float()  # (N, R, vocab), already divided by the temperature
         sampling_log_probs = F.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-        sampling_log_probs = sampling_log_probs * response_mask
+        # where, not a product: a pad position after <eos> may score -inf, and -inf * 0 is NaN.
+        sampling_log_probs = torch.where(response_mask.bool(), sampling_log_probs, 0.0)
     return SequenceBatch(
         input_ids=output.sequences,
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),

@@ -30,7 +30,7 @@ from dataflex_rl.local.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1  # bump when the SFT recipe changes, so stale checkpoints are not reused
+CACHE_VERSION = 2  # bump when the SFT recipe changes, so stale checkpoints are not reused
 
 
 def sft_cache_key(model: ModelConfig, task: TaskConfig, sft: SFTConfig) -> str:
@@ -87,7 +87,7 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTCo
     loss_value = float("nan")
     with progress_bar(total=sft.steps, desc="SFT") as bar:
         for step in range(sft.steps):
-            problems = task.train_problems(sft.batch_size, seed=sft.seed * 1_000_003 + step)
+            problems = task.train_problems(sft.batch_size, seed=sft_step_seed(sft.seed, step))
             input_ids, attention_mask, labels = _sft_batch(tokenizer, problems)
             logits = model(input_ids=input_ids, attention_mask=attention_mask,
                            position_ids=position_ids(attention_mask), use_cache=False).logits
@@ -105,6 +105,12 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTCo
             bar.set_postfix(loss=f"{loss_value:.3f}")
     model.eval()
     return loss_value
+
+
+def sft_step_seed(seed: int, step: int) -> int:
+    """Problem-draw seed of one SFT step: negative, so it never meets an RL step's seed (``trainer.step_seed``)
+    even when ``sft.seed`` equals the run seed."""
+    return -(seed * 1_000_003 + step) - 1
 
 
 def _sft_batch(tokenizer: Tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

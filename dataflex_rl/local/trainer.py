@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import math
 import os
 import random
 import time
@@ -243,7 +244,13 @@ class GRPOTrainer:
                     loss.backward()
                     norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                                 trainer.grad_clip or float("inf")))
-                    self.optimizer.step()
+                    # As verl does: a non-finite gradient skips the optimiser step instead of corrupting the weights.
+                    finite = math.isfinite(norm)
+                    if finite:
+                        self.optimizer.step()
+                    else:
+                        self.optimizer.zero_grad(set_to_none=True)
+                    sums[keys.SKIPPED_UPDATE_FRAC].append(float(not finite))
                     sums[keys.PG_LOSS].append(pg_loss.item())
                     sums[keys.GRAD_NORM].append(norm)
                     clip = trainer.grad_clip or float("inf")
@@ -340,7 +347,10 @@ class GRPOTrainer:
         }
         target = self.checkpoint_dir / CHECKPOINT_FILE
         temporary = target.with_suffix(f".tmp{os.getpid()}")
-        torch.save(state, temporary)
+        with open(temporary, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())  # a machine crash must not leave a truncated last.pt behind the rename
         os.replace(temporary, target)
 
     def load_checkpoint(self) -> int:

@@ -511,6 +511,17 @@ class RunStore:
             )
         return dropped
 
+    def clear_logs(self) -> int:
+        """Drop every metric and histogram line (a fresh start of a run whose earlier attempt died before its
+        first checkpoint), so no step is held twice; returns lines dropped."""
+        dropped = self.truncate_after(0)
+        for file_name in (METRICS_JSONL, HISTOGRAMS_JSONL):
+            path = self.path(file_name)
+            if path.exists():
+                dropped += len(read_jsonl(path))
+                atomic_write_bytes(path, b"")
+        return dropped
+
     def last_logged_step(self) -> int | None:
         """The largest step in ``metrics.jsonl``, or None when nothing was logged."""
         steps = [record["step"] for record in read_jsonl(self.path(METRICS_JSONL))]

@@ -64,7 +64,32 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
             f"dataflex: missing; trainer.v1.trainer_mode={TRAINER_NAME} needs a dataflex block on the verl "
             f"command line, e.g. {EXAMPLE_OVERRIDES}"
         )
-    return build_mechanism(to_plain(block))
+    mechanism = build_mechanism(to_plain(block))
+    if type(mechanism).stage_masks is not Mechanism.stage_masks:
+        check_constant_schedule(config, mechanism)
+    return mechanism
+
+
+def check_constant_schedule(config: DictConfig | Mapping[str, Any], mechanism: Mechanism) -> None:
+    """Refuse a staged mechanism with a learning-rate schedule that moves.
+
+    Each stage is one verl actor update, and each update steps verl's LR scheduler, which verl sizes for one update
+    per training step: warmup and decay would run that many times too fast.
+    """
+    optim = to_plain(config).get("actor_rollout_ref", {}).get("actor", {}).get("optim", {}) or {}
+    moving = {
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": optim.get("lr_scheduler_type", "constant") != "constant",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": (optim.get("lr_warmup_steps") or 0) > 0,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": (optim.get("lr_warmup_steps_ratio") or 0) > 0,
+    }
+    for key, is_moving in moving.items():
+        if is_moving:
+            raise ConfigError(
+                f"{key} = {optim.get(key.rsplit('.', 1)[-1])!r} is not allowed with dataflex.mechanism = "
+                f"{mechanism.config.mechanism!r}: each of its update stages steps verl's LR scheduler, which verl "
+                f"sizes for one update per step; use a constant schedule without warmup (lr_scheduler_type=constant, "
+                f"lr_warmup_steps=0, lr_warmup_steps_ratio=0)"
+            )
 
 
 @dataclasses.dataclass

@@ -107,3 +107,9 @@ def test_incompatible_scorer_actuator_pairs_are_refused():
         with pytest.raises(ConfigError, match=r"requires batch field\(s\) \['entropys'\]"):
             build_mechanism(block(scorer={"name": "entropy_test"}, actuator={"name": "any_test"}))
     assert "entropy_test" not in SCORERS and "any_test" not in ACTUATORS  # snapshots restored
+
+
+def test_staged_actuator_under_a_single_update_mechanism_is_refused_at_parse_time():
+    # Refused by the config check itself, so sweeps and the verl command builder catch it before any run starts.
+    with pytest.raises(ConfigError, match=r"actuator\.name = 'lopti' cannot drive dataflex\.mechanism = 'reweight'"):
+        parse_dataflex_config(block(actuator={"name": "lopti", "params": {"eta": 0.5}}))

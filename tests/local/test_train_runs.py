@@ -137,3 +137,27 @@ def test_existing_run_folder_is_not_touched_by_a_bad_config(tmp_path, sft_cache)
     assert run(compose_train(tiny_overrides(run_dir, sft_cache, steps=1) + ["trainer.adv_estimator=nope"])) == 2
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.is_file()} == before
     assert math.isfinite(load_metrics(run_dir)[keys.VAL_ACCURACY].iloc[-1])
+
+
+def test_restart_of_a_run_that_left_no_checkpoint_logs_each_step_once(tmp_path, sft_cache):
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(run_dir, sft_cache, steps=2) + ["trainer.save_every=0"]
+    assert run(compose_train(overrides)) == 0
+    # An attempt that died before any checkpoint: its lines are in the jsonl, its status is not completed.
+    (run_dir / "status.json").write_text(json.dumps({"state": "failed", "step": 2}))
+    assert run(compose_train(overrides)) == 0
+    assert list(load_metrics(run_dir)["step"]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.kl_type=full", "trainer.kl_type = 'full' is not allowed"),
+        ("trainer.adv_estimator=gae", "trainer.adv_estimator = 'gae' is not allowed; allowed values"),
+        ("trainer.policy_loss=nope", "trainer.policy_loss = 'nope' is not allowed"),
+        ("dataflex.actuator.name=lopti", "cannot drive dataflex.mechanism = 'reweight'"),
+    ],
+)
+def test_settings_the_trainer_cannot_run_are_refused_up_front(tmp_path, sft_cache, override, message, capsys):
+    assert run(compose_train(tiny_overrides(tmp_path / "run", sft_cache) + [override])) == 2
+    assert message in capsys.readouterr().err

@@ -354,6 +354,27 @@ def test_staged_mechanism_builds_from_the_experiment_command(compose_verl, kk_ov
     }
 
 
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps=10", "lr_warmup_steps = 10"),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "lr_warmup_steps_ratio = 0.1"),
+        ("actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "lr_scheduler_type = 'cosine'"),
+    ],
+)
+def test_staged_mechanism_refuses_a_moving_lr_schedule(compose_verl, kk_overrides, override, key):
+    # Each stage steps verl's scheduler once, which verl sizes for one update per step.
+    overrides = kk_overrides(["dataflex.mechanism=isolate", "dataflex.actuator.name=lopti"], [override])
+    config = compose_verl(overrides)
+    OmegaConf.resolve(config)
+    with pytest.raises(ConfigError, match=f"actor_rollout_ref.actor.optim.{key} is not allowed"):
+        mechanism_from_verl_config(config)
+    # The same schedule is fine for the single-update mechanism.
+    plain = compose_verl(kk_overrides([], [override]))
+    OmegaConf.resolve(plain)
+    assert mechanism_from_verl_config(plain).config.mechanism == "reweight"
+
+
 @pytest.mark.parametrize("eta", [0.5, -0.5])
 def test_lopti_runs_one_actor_update_per_stage_on_the_stage_tokens(verl_config, queues, eta):
     set_dataflex(verl_config, lopti_block(eta=eta, alpha=0.5))

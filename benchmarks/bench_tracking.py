@@ -44,10 +44,10 @@ def report(label: str, seconds: float) -> None:
     print(f"{label:<58} {seconds * 1e6:10.1f} us   {share * 100:7.3f}% of a {STEP_SECONDS} s step   {verdict}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="calls per measurement (default 2000)")
-    steps = parser.parse_args().steps
+    steps = parser.parse_args(argv).steps
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="bench_tracking_"))
     for variable in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):

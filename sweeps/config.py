@@ -37,6 +37,7 @@ BACKENDS = ("local", "verl")
 LAUNCHERS = ("local", "slurm", "ray")
 SLURM_CLUSTERS = ("slurm", "local", "debug")
 LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
+DEFAULT_ALPHA = (0.0, 0.25, 0.5)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0", "")
@@ -108,7 +109,7 @@ class SweepConfig:
 
     name: str | None = None
     root: str = "runs"
-    alpha: tuple[float, ...] = (0.0, 0.25, 0.5)
+    alpha: tuple[float, ...] = DEFAULT_ALPHA
     seeds: tuple[int, ...] = (1, 2)
     add_baseline: bool = True
     mechanisms: tuple[str, ...] = ()
@@ -252,9 +253,12 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     if unknown:
         raise ConfigError(f"{unknown[0]} is not allowed: unknown sweep key; allowed keys: {', '.join(SWEEP_KEYS)}")
     values: dict[str, Any] = dict(raw)
-    values["alpha"] = _parse_alpha(raw.get("alpha"))
     values["seeds"] = _parse_seeds(raw.get("seeds"))
     values["mechanisms"] = _unique([str(item) for item in _as_list("mechanisms", raw.get("mechanisms"))])
+    # alpha unset: the default alpha grid, or with mechanism presets each preset's own alpha (GRPO, +AR, +Lopti,
+    # +AR+Lopti as the paper's tables have them, not every preset crossed with every alpha).
+    alpha = raw.get("alpha")
+    values["alpha"] = _parse_alpha(alpha) if alpha is not None else (() if values["mechanisms"] else DEFAULT_ALPHA)
     values["eta"] = _unique([_parse_number("eta", item) for item in _as_list("eta", raw.get("eta"))])
     values["extra"] = tuple(str(item) for item in _as_list("extra", raw.get("extra")))
     for key in ("steps", "jobs", "threads"):
@@ -262,6 +266,9 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     for key in ("add_baseline", "dry_run", "report", "sft_warm_start", "validate"):
         if key in raw:
             values[key] = _parse_bool(key, raw[key])
+    if values["mechanisms"] and values.get("add_baseline", True) and "baseline" not in values["mechanisms"] \
+            and "baseline" in available_presets():
+        values["mechanisms"] = ("baseline", *values["mechanisms"])  # the unweighted GRPO run is always compared
     if raw.get("name") is not None:
         values["name"] = str(raw["name"])
     values["slurm"] = _section("slurm", SlurmSettings, raw.get("slurm"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import pytest
 
@@ -202,6 +204,12 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
     run = plan.runs[0]
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"run_dir={run.run_dir}"])
     try:
+        # Between fork and exec the child still shows the parent's command line: wait for its own.
+        cmdline = Path(f"/proc/{orphan.pid}/cmdline")
+        for _ in range(500):
+            if str(run.run_dir) in cmdline.read_bytes().decode(errors="replace"):
+                break
+            time.sleep(0.01)
         manifest.entry(run.name, {"state": "running", "launch": {"pid": orphan.pid}})
         runner = driver.SweepRunner(plan, LocalLauncher(), manifest, quiet=True)
         with pytest.raises(ConfigError, match=f"run {run.name} is still running"):
@@ -210,3 +218,11 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
         orphan.kill()
         orphan.wait()
     assert runner.pending_runs(plan.runs) == [run]  # once it is gone, the run is launched again
+
+
+def test_mechanism_presets_without_alpha_use_their_own_alpha_and_add_the_baseline():
+    config = config_of("mechanisms=ar,lopti", "seeds=1")
+    assert config.alpha == () and config.mechanisms == ("baseline", "ar", "lopti")
+    assert config_of("seeds=1").alpha == (0.0, 0.25, 0.5)  # no presets: the default alpha grid
+    crossed = config_of("mechanisms=ar", "alpha=0.25", "add_baseline=false")
+    assert crossed.alphas == (0.25,) and crossed.mechanisms == ("ar",)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from dataflex_rl.config import (
@@ -49,6 +50,9 @@ class ModelConfig:
     max_position_embeddings: int = 64
 
     def __post_init__(self) -> None:
+        if self.path is not None and not (Path(self.path) / "config.json").is_file():
+            raise ConfigError(f"path = {self.path!r} is not allowed: it must be a local folder holding a Hugging Face "
+                              f"checkpoint (config.json, weights, tokenizer); nothing is downloaded")
         check_choice("architecture", self.architecture, ARCHITECTURES)
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
                      "max_position_embeddings"):

@@ -161,3 +161,24 @@ def test_restart_of_a_run_that_left_no_checkpoint_logs_each_step_once(tmp_path, 
 def test_settings_the_trainer_cannot_run_are_refused_up_front(tmp_path, sft_cache, override, message, capsys):
     assert run(compose_train(tiny_overrides(tmp_path / "run", sft_cache) + [override])) == 2
     assert message in capsys.readouterr().err
+
+
+def test_knights_and_knaves_run_and_a_local_checkpoint_as_model_path(tmp_path, sft_cache):
+    kk = ["task=knights_knaves", "task.test_size=16", "trainer.max_new_tokens=6"]
+    kk_overrides = [o for o in tiny_overrides(tmp_path / "kk", sft_cache, steps=2) if not o.startswith("task.")] + kk
+    assert run(compose_train(kk_overrides)) == 0
+    frame = load_metrics(tmp_path / "kk")
+    assert list(frame["step"]) == [0, 1, 2] and keys.val_accuracy_by_difficulty(3) in frame.columns
+    # The cached SFT checkpoint is a plain Hugging Face folder: load it as a local model and skip SFT.
+    checkpoint = json.loads((tmp_path / "kk" / "meta.json").read_text())["sft_checkpoint"]
+    local = [o for o in kk_overrides if not o.startswith(("run_dir=", "sft.steps="))]
+    assert run(compose_train(local + [f"run_dir={tmp_path / 'local'}", f"model.path={checkpoint}", "sft.steps=0"])) == 0
+    first = load_metrics(tmp_path / "kk")
+    second = load_metrics(tmp_path / "local")
+    assert first[keys.VAL_ACCURACY].iloc[0] == second[keys.VAL_ACCURACY].iloc[0]  # same weights, same greedy answers
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path, sft_cache, capsys):
+    code = run(compose_train(tiny_overrides(tmp_path / "run", sft_cache) + [f"model.path={tmp_path / 'nope'}"]))
+    assert code == 2
+    assert "model.path" in capsys.readouterr().err

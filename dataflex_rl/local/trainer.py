@@ -92,6 +92,7 @@ class GRPOTrainer:
         self.max_new_tokens = trainer.max_new_tokens or task.max_completion_chars + 2
         self.val_problems = task.test_problems(min(trainer.val_size, len(task.test_pool)), seed=trainer.val_seed)
         self._last_log_seconds = 0.0
+        self._pending_histograms: dict = {}  # the step's histograms, logged with its metrics
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def fit(self, start_step: int = 0) -> dict[str, float]:
@@ -331,7 +332,7 @@ class GRPOTrainer:
     def log(self, step: int, step_metrics: dict[str, float]) -> None:
         start = time.perf_counter()
         self.loggers.log_metrics(step, step_metrics)
-        for name, histogram in getattr(self, "_pending_histograms", {}).items():
+        for name, histogram in self._pending_histograms.items():
             self.loggers.log_histogram(step, name, histogram.edges.tolist(), histogram.counts.tolist())
         self._pending_histograms = {}
         self._last_log_seconds = time.perf_counter() - start

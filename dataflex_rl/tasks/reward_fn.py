@@ -48,26 +48,30 @@ def compute_score(
     knights_knaves_reward: str = "logic_rl",
     reward_router_address: Any = None,
     reward_model_tokenizer: Any = None,
-) -> float:
-    """Score one response.
+) -> dict[str, float]:
+    """Score one response: ``{"score": reward, "acc": 1.0 if the answer is right else 0.0}``.
 
     ``knights_knaves``: the chat rendering's parser with the ``logic_rl`` reward (3, -0.5, -1, -3) or, with
     ``reward_kwargs.knights_knaves_reward=binary``, 1.0/0.0. ``arithmetic``: 1.0 when the text before the first
     ``;`` is the integer answer, else 0.0. ``extra_info`` and the reward-router arguments verl may pass are unused.
+    verl's reward managers take ``score`` as the reward and log every key, so ``val-core/<source>/acc`` is the
+    accuracy (with a plain float verl would log the Logic-RL score under ``acc``).
     """
     truth = _load(ground_truth)
     if data_source == KNIGHTS_KNAVES:
         puzzle = Puzzle.from_dict(truth)
+        correct = 1.0 if parse_chat_answer(solution_str, puzzle.names) == puzzle.solution else 0.0
         if knights_knaves_reward == "logic_rl":
-            return logic_rl_score(solution_str, puzzle)
+            return {"score": logic_rl_score(solution_str, puzzle), "acc": correct}
         if knights_knaves_reward == "binary":
-            return 1.0 if parse_chat_answer(solution_str, puzzle.names) == puzzle.solution else 0.0
+            return {"score": correct, "acc": correct}
         raise ValueError(
             f"knights_knaves_reward={knights_knaves_reward!r} is invalid; allowed: "
             f"{', '.join(map(repr, KNIGHTS_KNAVES_REWARDS))}"
         )
     if data_source == ARITHMETIC:
-        return arithmetic_score(solution_str, truth)
+        score = arithmetic_score(solution_str, truth)
+        return {"score": score, "acc": score}
     raise ValueError(f"data_source={data_source!r} has no reward here; allowed: {', '.join(map(repr, DATA_SOURCES))}")
 
 

@@ -57,30 +57,38 @@ def test_knights_knaves_logic_rl(solution_str: str, score: float) -> None:
     assert (
         compute_score(
             data_source="knights_knaves", solution_str=solution_str, ground_truth=TRUTH, extra_info=extra_info
-        )
+        )["score"]
         == score
     )
-    assert compute_score("knights_knaves", solution_str, PUZZLE.to_dict()) == score  # an already decoded mapping
+    decoded = compute_score("knights_knaves", solution_str, PUZZLE.to_dict())  # an already decoded mapping
+    assert decoded["score"] == score
 
 
 def test_knights_knaves_binary_through_reward_kwargs() -> None:
-    assert compute_score("knights_knaves", RIGHT, TRUTH, knights_knaves_reward="binary") == 1.0
-    assert compute_score("knights_knaves", WRONG, TRUTH, knights_knaves_reward="binary") == 0.0
+    assert compute_score("knights_knaves", RIGHT, TRUTH, knights_knaves_reward="binary")["score"] == 1.0
+    assert compute_score("knights_knaves", WRONG, TRUTH, knights_knaves_reward="binary")["score"] == 0.0
     with pytest.raises(ValueError, match=r"knights_knaves_reward='dense'.*'binary', 'logic_rl'"):
         compute_score("knights_knaves", RIGHT, TRUTH, knights_knaves_reward="dense")
 
 
 def test_reward_router_arguments_are_accepted() -> None:
     score = compute_score("knights_knaves", RIGHT, TRUTH, {}, reward_router_address="x", reward_model_tokenizer=None)
-    assert score == 3.0
+    assert score == {"score": 3.0, "acc": 1.0}
+
+
+def test_accuracy_is_reported_beside_the_reward() -> None:
+    # verl logs every key of the dict: "acc" is right/wrong whatever the Logic-RL format score.
+    assert compute_score("knights_knaves", WRONG, TRUTH) == {"score": -0.5, "acc": 0.0}
+    assert compute_score("knights_knaves", "<answer>" + RIGHT.split("<answer>")[1], TRUTH)["acc"] == 1.0
+    assert compute_score("arithmetic", "168;", "168") == {"score": 1.0, "acc": 1.0}
 
 
 @pytest.mark.parametrize(
     ("solution_str", "score"), [("168;", 1.0), ("168;junk", 1.0), ("168", 1.0), ("169;", 0.0), ("", 0.0)]
 )
 def test_arithmetic(solution_str: str, score: float) -> None:
-    assert compute_score("arithmetic", solution_str, "168") == score
-    assert compute_score("arithmetic", solution_str, 168) == score
+    assert compute_score("arithmetic", solution_str, "168")["score"] == score
+    assert compute_score("arithmetic", solution_str, 168)["score"] == score
 
 
 def test_errors_name_the_bad_input() -> None:
@@ -107,9 +115,10 @@ def test_rows_survive_parquet_and_score(tmp_path: pathlib.Path) -> None:
         assert [message["role"] for message in messages] == ["system", "user"]
         truth = row["reward_model"]["ground_truth"]
         assert isinstance(truth, str)
-        assert compute_score(row["data_source"], render_chat_completion(puzzle), truth, dict(row["extra_info"])) == 3.0
+        result = compute_score(row["data_source"], render_chat_completion(puzzle), truth, dict(row["extra_info"]))
+        assert result["score"] == 3.0
     arithmetic = loaded.iloc[3]
     assert arithmetic["prompt"][0]["content"] == "123+45="
-    assert compute_score("arithmetic", "168;", arithmetic["reward_model"]["ground_truth"]) == 1.0
+    assert compute_score("arithmetic", "168;", arithmetic["reward_model"]["ground_truth"])["score"] == 1.0
     with pytest.raises(ValueError, match=r"data_source='sudoku'"):
         verl_row(make_problem(1, "+", 1), "sudoku", "train", 0)

@@ -127,9 +127,9 @@ def test_reward_function_loads_through_verls_loader_and_scores_answers(data_dir,
         # verl's reward manager adds num_turns and rollout_reward_scores to extra_info before the call.
         extra_info = {**row.extra_info, "num_turns": 2, "rollout_reward_scores": {}}
         arguments = {"data_source": row.data_source, "ground_truth": ground_truth, "extra_info": extra_info}
-        assert compute_score(solution_str=render_chat_completion(puzzle), **arguments) == 3.0  # format +1, answer +2
-        assert compute_score(solution_str=render_chat_completion(puzzle, wrong), **arguments) == -0.5  # +1, -1.5
-        assert compute_score(solution_str="the answer is obvious", **arguments) == -3.0  # no tags: -1, -2
+        assert compute_score(solution_str=render_chat_completion(puzzle), **arguments)["score"] == 3.0  # format +1, answer +2
+        assert compute_score(solution_str=render_chat_completion(puzzle, wrong), **arguments)["score"] == -0.5  # +1, -1.5
+        assert compute_score(solution_str="the answer is obvious", **arguments)["score"] == -3.0  # no tags: -1, -2
 
 
 def test_cli_refuses_bad_arguments(tmp_path, capsys):

@@ -333,6 +333,14 @@ def print_dry_run(plan: SweepPlan) -> None:
         print(f"# {run.name}\n{run.shell_line()}")
 
 
+def run_store_alpha(run_dir: Path) -> float | None:
+    """The alpha a run recorded in its ``meta.json`` (None before it started)."""
+    try:
+        return float(json.loads((Path(run_dir) / "meta.json").read_text())["alpha"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> None:
     """A rich table: run, alpha, seed, (other axes), state, final validation accuracy, wall time."""
     from rich.console import Console
@@ -365,7 +373,8 @@ def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> N
         state = entry.get("state", "pending")
         accuracy = final_metric(run.run_dir, keys.VAL_ACCURACY)
         wall = entry.get("wall_time_s")
-        table.add_row(run.name, "" if spec.alpha is None else f"{spec.alpha:g}", str(spec.seed),
+        alpha = spec.alpha if spec.alpha is not None else run_store_alpha(run.run_dir)  # a preset's own alpha
+        table.add_row(run.name, "" if alpha is None else f"{alpha:g}", str(spec.seed),
                       *[getter(spec) for _, getter in extra_columns],
                       f"[{colours.get(state, 'white')}]{state}[/]",
                       "-" if accuracy is None else f"{accuracy:.3f}",

@@ -65,6 +65,7 @@ class Mechanism:
         # torch.compile fuses scoring, weighting, applying and the statistics into a few kernels: on a
         # (512, 4096) batch it brings the mechanism from several passes over memory to about the cost of the bare
         # expression (``make bench``). The first call compiles (seconds), so it pays off on large batches only.
+        self._compiled = compile
         self._active_core = torch.compile(self._reweight, dynamic=True) if compile else self._reweight
 
     def is_active(self, step: int) -> bool:
@@ -80,7 +81,12 @@ class Mechanism:
         response_mask = fields["response_mask"].bool()
         active = self.is_active(step)
         if active:
-            advantages, weights, token_probs, token_vector, weight_vector = self._active_core(fields, response_mask)
+            # The compiled kernels read a numeric mask much faster than a bool one (bool loads are not vectorised
+            # on the CPU); verl's response_mask is numeric already, a bool one is converted once.
+            core_mask = fields["response_mask"] if self._compiled else response_mask
+            if self._compiled and core_mask.dtype == torch.bool:
+                core_mask = core_mask.to(torch.float32)
+            advantages, weights, token_probs, token_vector, weight_vector = self._active_core(fields, core_mask)
         else:
             advantages, weights = fields["advantages"], None
             token_probs, token_vector = self._token_probs(fields, response_mask)
@@ -104,8 +110,12 @@ class Mechanism:
         token_probs = log_probs.exp()
         return token_probs, metrics.token_stats(log_probs, token_probs, response_mask)
 
-    def _reweight(self, fields: Fields, response_mask: torch.Tensor):
-        """The hot path, pure tensor code (fusable): ``(advantages, weights, pi, token stats, weight stats)``."""
+    def _reweight(self, fields: Fields, mask: torch.Tensor):
+        """The hot path, pure tensor code (fusable): ``(advantages, weights, pi, token stats, weight stats)``.
+
+        ``mask``: the response mask, boolean or numeric (valid where > 0).
+        """
+        response_mask = mask if mask.dtype == torch.bool else mask > 0
         token_probs, token_vector = self._token_probs(fields, response_mask)
         signal = token_probs if self.scorer.signal == "token_prob" else self.scorer.score(fields)
         advantages = fields["advantages"]

@@ -9,19 +9,11 @@ from omegaconf import OmegaConf
 
 from dataflex_rl.tracking import RunIdentity, config_hash, git_commit
 
+from tests.tracking.identities import make_identity as shared_identity
+
 
 def make_identity(**overrides) -> RunIdentity:
-    fields = dict(
-        sweep="sweep1",
-        run="a0.25-s3",
-        backend="local",
-        mechanism="reweight",
-        alpha=0.25,
-        seed=3,
-        config_hash="0123456789ab",
-        git_commit=None,
-    )
-    return RunIdentity(**{**fields, **overrides})
+    return shared_identity(**{"run": "a0.25-s3", "alpha": 0.25, "seed": 3, **overrides})
 
 
 class TestConfigHash:

@@ -18,22 +18,15 @@ from omegaconf import OmegaConf
 
 from dataflex_rl import keys
 from dataflex_rl.tracking import RunIdentity, RunStore, load_histograms, load_metrics, read_jsonl
+
+from tests.tracking.identities import make_identity as shared_identity
 from dataflex_rl.tracking import run_store as run_store_module
 
 NAN, INF = float("nan"), float("inf")
 
 
 def make_identity() -> RunIdentity:
-    return RunIdentity(
-        sweep="sweep1",
-        run="a0.5-s1",
-        backend="local",
-        mechanism="reweight",
-        alpha=0.5,
-        seed=1,
-        config_hash="0123456789ab",
-        git_commit="f" * 40,
-    )
+    return shared_identity(git_commit="f" * 40)
 
 
 def temp_files(folder) -> list[str]:

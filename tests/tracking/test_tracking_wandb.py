@@ -13,6 +13,8 @@ import wandb
 from dataflex_rl import keys
 from dataflex_rl.tracking import RunIdentity, RunStore, WandbLogger, build_loggers, load_metrics, wandb_run_id
 
+from tests.tracking.identities import make_identity as shared_identity
+
 from . import wandb_records
 
 CONFIG = {"trainer": {"lr": 1e-5, "steps": 3}, "dataflex": {"actuator": {"params": {"alpha": 0.5}}}}
@@ -20,16 +22,7 @@ UNAVAILABLE = "the run store still has everything"
 
 
 def make_identity(run: str = "a0.5-s1") -> RunIdentity:
-    return RunIdentity(
-        sweep="sweep1",
-        run=run,
-        backend="local",
-        mechanism="reweight",
-        alpha=0.5,
-        seed=1,
-        config_hash="0123456789ab",
-        git_commit=None,
-    )
+    return shared_identity(run=run)
 
 
 def logger_config(mode: str) -> dict:

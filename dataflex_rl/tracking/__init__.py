@@ -21,27 +21,57 @@ from dataflex_rl.tracking.base import CLOSE_STATES, Logger, MultiLogger
 from dataflex_rl.tracking.build import LoggerConfig, WandbConfig, build_loggers, parse_logger_config
 from dataflex_rl.tracking.console import ConsoleLogger
 from dataflex_rl.tracking.identity import RunIdentity, config_hash, git_commit
-from dataflex_rl.tracking.run_store import STATES, RunStore, load_histograms, load_metrics, read_jsonl
+from dataflex_rl.tracking.run_store import (
+    STATES,
+    ConfigMismatchError,
+    RunLock,
+    RunLockedError,
+    RunStore,
+    RunStoreError,
+    check_resume,
+    config_fingerprint,
+    final_value,
+    load_histograms,
+    load_metrics,
+    read_config,
+    read_curve,
+    read_jsonl,
+    read_meta,
+    read_metrics,
+    read_status,
+)
 from dataflex_rl.tracking.wandb_logger import WANDB_MODES, WandbLogger, wandb_run_id
 
 __all__ = [
     "CLOSE_STATES",
     "STATES",
     "WANDB_MODES",
+    "ConfigMismatchError",
     "ConsoleLogger",
     "Logger",
     "LoggerConfig",
     "MultiLogger",
     "RunIdentity",
+    "RunLock",
+    "RunLockedError",
     "RunStore",
+    "RunStoreError",
     "WandbConfig",
     "WandbLogger",
     "build_loggers",
+    "check_resume",
+    "config_fingerprint",
     "config_hash",
+    "final_value",
     "git_commit",
     "load_histograms",
     "load_metrics",
     "parse_logger_config",
+    "read_config",
+    "read_curve",
     "read_jsonl",
+    "read_meta",
+    "read_metrics",
+    "read_status",
     "wandb_run_id",
 ]

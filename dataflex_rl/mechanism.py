@@ -90,7 +90,11 @@ class Mechanism:
         else:
             advantages, weights = fields["advantages"], None
             token_probs, token_vector = self._token_probs(fields, response_mask)
-        token_values = token_vector.tolist()
+        # The value checks ride on the statistics' single host synchronisation.
+        faults = input_faults(fields["advantages"], fields["response_mask"], response_mask)
+        *token_values, bad_mask_values, bad_advantages = torch.cat([token_vector, faults]).tolist()
+        if bad_mask_values or bad_advantages:
+            raise_input_faults(fields, response_mask, int(bad_mask_values), int(bad_advantages))
         log_prob_sum, log_prob_max = token_values[:2]
         if not math.isfinite(log_prob_sum) or log_prob_max > 0:
             check_log_probs(fields["old_log_probs"], response_mask)  # raises with counts and positions
@@ -152,17 +156,78 @@ class Mechanism:
         return self.process(step, fields, histograms=True).histograms
 
     def _check_fields(self, fields: Fields) -> None:
+        """Refuse fields the mechanism would get wrong, from their metadata only (no pass over the data):
+        missing fields, non-tensors, fields that are not 2-D or not of ``response_mask``'s shape, non-floating
+        advantages or log-probs (integer advantages would be truncated by the reweighting), fields on the meta
+        device or on different devices. The values are checked by :func:`input_faults`."""
         needed = {"response_mask", "advantages", "old_log_probs", *self.scorer.required_fields}
         missing = sorted(needed - set(fields))
         if missing:
             raise KeyError(f"mechanism {self.name!r} needs batch field(s) {missing}; got {sorted(fields)}")
+        for name in sorted(needed):
+            value = fields[name]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"batch field {name!r} is a {type(value).__name__}; it must be a torch.Tensor")
+            if value.dim() != 2:
+                raise ValueError(
+                    f"batch field {name!r} has {value.dim()} dimension(s) (shape {tuple(value.shape)}); every field "
+                    f"is 2-D: (batch size, response length)"
+                )
+            if value.device.type == "meta":
+                raise ValueError(f"batch field {name!r} is on the meta device (it holds no data); move it to the "
+                                 f"device of the batch")
         shape = fields["response_mask"].shape
-        for name in needed:
+        device = fields["response_mask"].device
+        for name in sorted(needed):
             if fields[name].shape != shape:
                 raise ValueError(
                     f"batch field {name!r} has shape {tuple(fields[name].shape)}, expected {tuple(shape)} "
                     f"(the shape of response_mask)"
                 )
+            if fields[name].device != device:
+                raise ValueError(
+                    f"batch field {name!r} is on {fields[name].device}, response_mask on {device}: every field "
+                    f"must be on one device"
+                )
+        for name in ("advantages", "old_log_probs"):
+            if not fields[name].is_floating_point():
+                raise TypeError(
+                    f"batch field {name!r} has dtype {fields[name].dtype}; it must be floating point "
+                    f"(float32, bfloat16, ...): integer values would be truncated when reweighted"
+                )
+
+
+def input_faults(advantages: torch.Tensor, mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[mask values other than 0 and 1, non-finite advantages on valid tokens]`` as a float64 ``(2,)`` tensor.
+
+    ``mask``: the response mask as given (bool or numeric); ``response_mask``: it as bool. No host sync: the counts
+    are read with the statistics.
+    """
+    if mask.dtype == torch.bool or mask.numel() == 0:
+        bad_mask = torch.zeros((), dtype=torch.int64, device=mask.device)
+    else:
+        bad_mask = ((mask != 0) & (mask != 1)).sum()  # NaN compares unequal to both: counted
+    bad_advantages = (~torch.isfinite(advantages) & response_mask).sum()
+    return torch.stack([bad_mask, bad_advantages]).double()
+
+
+def raise_input_faults(fields: Fields, response_mask: torch.Tensor, bad_mask: int, bad_advantages: int) -> None:
+    """Raise ``ValueError`` naming the field, how many values are wrong and the first ones (row, position)."""
+    if bad_mask:
+        mask = fields["response_mask"]
+        positions = ((mask != 0) & (mask != 1)).nonzero()[:5].tolist()
+        values = {tuple(p): float(mask[p[0], p[1]]) for p in positions}
+        raise ValueError(
+            f"batch field 'response_mask' has {bad_mask} value(s) other than 0 and 1; first (row, position) -> "
+            f"value: {values}. A response mask is 1 on valid tokens and 0 elsewhere"
+        )
+    advantages = fields["advantages"]
+    positions = (~torch.isfinite(advantages) & response_mask).nonzero()[:5].tolist()
+    values = {tuple(p): float(advantages[p[0], p[1]]) for p in positions}
+    raise ValueError(
+        f"batch field 'advantages' has {bad_advantages} NaN or infinite value(s) on valid tokens; first "
+        f"(row, position) -> value: {values}. Advantages must be finite where response_mask is 1"
+    )
 
 
 @register_mechanism("reweight")

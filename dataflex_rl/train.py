@@ -4,8 +4,11 @@ Public overrides: ``run_dir=PATH``, ``seed=N``, ``trainer.total_steps=N``, ``tra
 ``logger.wandb.mode=offline|online|disabled``, ``task=arithmetic|knights_knaves``, the ``dataflex.*`` block
 (``dataflex.actuator.params.alpha=0.25``) and presets (``dataflex=baseline``). The same ``run_dir`` again resumes
 from the last checkpoint; a completed run is left as it is. ``mode=sft`` only builds the cached SFT warm start.
-Exit codes: 0 completed, 1 failed (``status.json`` has the traceback), 2 bad config (nothing was touched),
-130 interrupted.
+Exit codes: 0 completed, 1 failed (``status.json`` has the traceback), 2 refused (nothing was touched): a bad
+override or value, a config that differs from the one recorded in ``run_dir`` (the message names the keys), or
+another process writing the same ``run_dir``; 130 interrupted. One process writes a run at a time: it holds the
+run's lock (``<run_dir>/.run.lock``) for its whole life. ``trainer.total_steps`` may grow on resume (a completed
+run is extended); the keys that cannot change the numbers (``logger.*``, ``threads``, ...) may differ.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import signal
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,21 +42,63 @@ def run(cfg: DictConfig | dict[str, Any]) -> int:
     try:
         config = parse_train_config(resolved)
     except ConfigError as error:
-        log.error("bad config: %s", error)
-        print(f"error: bad config: {error}", file=sys.stderr)
-        return 2
-    return _run_validated(config, resolved)
+        return _refuse(f"bad config: {error}")
+    if config.mode == "sft":
+        return _run_validated(config, resolved)
+    from dataflex_rl.tracking.run_store import RunLock, RunLockedError
+
+    lock = RunLock(config.run_dir)
+    try:
+        lock.acquire()
+    except RunLockedError as error:
+        return _refuse(str(error))
+    try:
+        return _run_validated(config, resolved)
+    finally:
+        lock.release()
+
+
+def _refuse(message: str) -> int:
+    log.error("%s", message)
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_run_dir(run_dir: Path, resolved: dict[str, Any], total_steps: int) -> int | None:
+    """An exit code when the run must not (or need not) go on; None to train. Holds the run's lock."""
+    from dataflex_rl.tracking.run_store import (
+        ConfigMismatchError,
+        RunStoreError,
+        check_resume,
+        read_config,
+        read_status,
+        remove_stale_temporaries,
+    )
+
+    try:
+        check_resume(run_dir, resolved)
+        status = read_status(run_dir) or {}
+        recorded_steps = ((read_config(run_dir) or {}).get("trainer") or {}).get("total_steps")
+    except ConfigMismatchError as error:
+        return _refuse(str(error))
+    except RunStoreError as error:
+        log.warning("%s; the run resumes from its last checkpoint", error)
+        status, recorded_steps = {}, None
+    remove_stale_temporaries(run_dir)
+    if status.get("state") == "completed":
+        if recorded_steps is not None and total_steps > recorded_steps:
+            log.info("extending completed run %s from %d to %d steps", run_dir, recorded_steps, total_steps)
+            return None
+        print(f"run {run_dir} is already completed; nothing to do (delete the folder to run it again)")
+        return 0
+    return None
 
 
 def _run_validated(config, resolved: dict[str, Any]) -> int:
     import torch
 
-    from dataflex_rl import build_mechanism
-    from dataflex_rl.local.model import count_parameters
     from dataflex_rl.local.sft import warm_start
-    from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tasks import build_task
-    from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
 
     import transformers
 
@@ -67,12 +113,41 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
         return 0
 
     run_dir = Path(config.run_dir)
-    store = RunStore(run_dir)
-    status = store.read_status() or {}
-    if status.get("state") == "completed":
-        print(f"run {run_dir} is already completed; nothing to do (delete the folder to run it again)")
-        return 0
+    code = _check_run_dir(run_dir, resolved, config.trainer.total_steps)
+    if code is not None:
+        return code
+    from dataflex_rl.tracking import RunStore
 
+    store = RunStore(run_dir)
+    _install_sigterm_handler()
+    try:
+        return _train(config, resolved, task, store)
+    except KeyboardInterrupt:
+        log.warning("interrupted; the run store and the last checkpoint are kept (same command resumes)")
+        _record_outside_loggers(store, "interrupted")
+        return 130
+    except Exception:
+        log.exception("run failed; status.json holds the traceback")
+        _record_outside_loggers(store, "failed")
+        return 1
+
+
+def _record_outside_loggers(store, state: str) -> None:
+    """A failure before the loggers took over (warm start, W&B start): recorded too, from memory only."""
+    if store.closed:  # the loggers closed it: the status already says what happened
+        return
+    error = sys.exc_info()[1]
+    store.record_error(state, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+
+
+def _train(config, resolved: dict[str, Any], task, store) -> int:
+    from dataflex_rl import build_mechanism
+    from dataflex_rl.local.model import count_parameters
+    from dataflex_rl.local.sft import warm_start
+    from dataflex_rl.local.trainer import GRPOTrainer
+    from dataflex_rl.tracking import RunIdentity, build_loggers
+
+    run_dir = store.run_dir
     mechanism = build_mechanism(config.dataflex)
     identity = RunIdentity.for_config(
         resolved,
@@ -83,40 +158,65 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
         alpha=float(config.alpha if config.alpha is not None else 0.0),
         seed=config.seed,
     )
-    _install_sigterm_handler()
     start = time.perf_counter()
     model, tokenizer, sft_dir = warm_start(config.model, config.task, config.sft, task)
     loggers = build_loggers(config.logger, store, identity, resolved)
-    try:
-        with loggers:
-            trainer = GRPOTrainer(config, task, model, tokenizer, mechanism, loggers, run_dir / "checkpoints")
-            start_step = trainer.load_checkpoint()
-            store.write_meta(identity, extra={
-                "mechanism_label": config.mechanism_label,
-                "task": config.task.name,
-                "parameters": count_parameters(model),
-                "sft_checkpoint": str(sft_dir) if sft_dir else None,
-                "resumed_from_step": start_step,
-            })
-            store.set_status("running", step=start_step)
-            if start_step:
-                store.truncate_after(start_step)
-                log.info("resuming %s from step %d", run_dir, start_step)
-            elif store.clear_logs():
-                log.info("starting %s afresh: lines of an attempt that left no checkpoint were dropped", run_dir)
-            loggers.log_config(resolved)
-            final = trainer.fit(start_step)
-            store.set_status("running", step=config.trainer.total_steps)
-    except KeyboardInterrupt:
-        log.warning("interrupted; the run store and the last checkpoint are kept (same command resumes)")
-        return 130
-    except Exception:
-        log.exception("run failed; status.json holds the traceback")
-        return 1
+    with loggers:
+        trainer = GRPOTrainer(config, task, model, tokenizer, mechanism, loggers, run_dir / "checkpoints")
+        start_step = trainer.load_checkpoint()
+        store.write_meta(identity, extra={
+            "mechanism_label": config.mechanism_label,
+            "task": config.task.name,
+            "parameters": count_parameters(model),
+            "sft_checkpoint": str(sft_dir) if sft_dir else None,
+            "resumed_from_step": start_step,
+        })
+        store.set_status("running", step=start_step)
+        if start_step:
+            store.truncate_after(start_step)
+            log.info("resuming %s from step %d", run_dir, start_step)
+        elif store.clear_logs():
+            log.info("starting %s afresh: lines of an attempt that left no checkpoint were dropped", run_dir)
+        loggers.log_config(resolved)
+        final = trainer.fit(start_step)
+        store.set_status("running", step=config.trainer.total_steps)
     accuracy = final.get("val/accuracy")
     print(f"run completed in {time.perf_counter() - start:.1f} s: {run_dir}"
           + (f" (val/accuracy {accuracy:.3f})" if accuracy is not None else ""))
     return 0
+
+
+def precheck(overrides: list[str]) -> str | None:
+    """What Hydra would refuse, and what the run would refuse, before Hydra creates ``run_dir`` and its
+    ``train.log``: an override that does not compose (a key typo, an unknown task), a bad value, a config that
+    differs from the recorded one, a run being written by another process. Returns the refusal, or None."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.tracking.run_store import ConfigMismatchError, RunLock, RunLockedError, check_resume
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            composed = compose(config_name="train", overrides=overrides)
+        resolved = OmegaConf.to_container(composed, resolve=True)
+        config = parse_train_config(resolved)
+    except (HydraException, OmegaConfBaseException) as error:
+        return f"bad override: {error}"
+    except ConfigError as error:
+        return f"bad config: {error}"
+    run_dir = Path(config.run_dir)
+    if config.mode == "sft" or not run_dir.is_dir():
+        return None
+    try:
+        check_resume(run_dir, resolved)
+        RunLock(run_dir).acquire().release()  # only a probe: the run takes the lock for its life in run()
+    except (ConfigMismatchError, RunLockedError) as error:
+        return str(error)
+    except ValueError as error:  # a damaged store: the run itself reports it
+        log.debug("precheck skipped: %s", error)
+    return None
 
 
 def _install_sigterm_handler() -> None:
@@ -129,11 +229,25 @@ def _install_sigterm_handler() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     # Hydra's decorator discards return values; exit with the run's own code.
     code = run(cfg)
     if code:
         sys.exit(code)
+
+
+def main() -> None:
+    """``python -m dataflex_rl.train``: refusals exit 2 before Hydra touches ``run_dir``; then Hydra runs it.
+
+    Hydra's own flags (``--help``, ``--cfg``, ``-m``, ...) go straight to Hydra.
+    """
+    arguments = sys.argv[1:]
+    if not any(argument.startswith("-") for argument in arguments):
+        refusal = precheck(arguments)
+        if refusal is not None:
+            print(f"error: {refusal}", file=sys.stderr)
+            sys.exit(2)
+    hydra_main()
 
 
 if __name__ == "__main__":

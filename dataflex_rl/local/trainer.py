@@ -33,6 +33,7 @@ from dataflex_rl.local.sequences import SequenceBatch, decode_responses, generat
 from dataflex_rl.local.tokenizer import Tokenizer
 from dataflex_rl.mechanism import Mechanism, MechanismOutput
 from dataflex_rl.tasks import Problem, Task
+from dataflex_rl.tracking.run_store import atomic_path
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "last.pt"
@@ -346,20 +347,22 @@ class GRPOTrainer:
             "optimizer": self.optimizer.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }
-        target = self.checkpoint_dir / CHECKPOINT_FILE
-        temporary = target.with_suffix(f".tmp{os.getpid()}")
-        with open(temporary, "wb") as handle:
+        # The temp file is removed on any error (a full disk too), so a failed save never blocks a retry.
+        with atomic_path(self.checkpoint_dir / CHECKPOINT_FILE) as temporary, open(temporary, "wb") as handle:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())  # a machine crash must not leave a truncated last.pt behind the rename
-        os.replace(temporary, target)
 
     def load_checkpoint(self) -> int:
         """Restore the last checkpoint if there is one; returns its step (0 when there is none)."""
         path = self.checkpoint_dir / CHECKPOINT_FILE
         if not path.exists():
             return 0
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:  # torch raises RuntimeError, EOFError or UnpicklingError for a damaged file
+            raise RuntimeError(f"checkpoint {path} cannot be read ({type(error).__name__}: {error}); it is damaged: "
+                               f"delete it to restart this run from step 0") from error
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])

@@ -716,6 +716,11 @@ class RunStore:
     def path(self, file_name: str) -> pathlib.Path:
         return self.run_dir / file_name
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (its status is then final)."""
+        return self._closed
+
     def lock(self) -> RunLock:
         """The run's :class:`RunLock` (acquired): one writer per run. Release it (or use ``with``) when done."""
         return RunLock(self.run_dir).acquire()

@@ -109,8 +109,11 @@ def plan_sweep(config: SweepConfig, name: str | None = None) -> SweepPlan:
 
 # --- run store helpers ---------------------------------------------------------------------------------------------
 def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """A run's ``status.json`` through the run store's reader; None when absent or damaged."""
+    from dataflex_rl.tracking import run_store
+
     try:
-        return json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
+        return run_store.read_status(run_dir)
     except (OSError, ValueError):
         return None
 
@@ -127,25 +130,14 @@ def mark_run_store(run_dir: Path, state: str, error: str) -> None:
 
 
 def final_metric(run_dir: Path, key: str) -> float | None:
-    """The last logged value of ``key`` (metrics.parquet, else metrics.jsonl), or None."""
-    parquet = run_dir / "metrics.parquet"
-    if parquet.is_file():
-        import pyarrow.parquet as pq
+    """The last logged value of ``key`` (the run store's :func:`~dataflex_rl.tracking.run_store.final_value`), or
+    None."""
+    from dataflex_rl.tracking import run_store
 
-        try:
-            table = pq.read_table(parquet, columns=["step", key])
-        except (KeyError, ValueError, OSError):
-            table = None
-        if table is not None:
-            values = [v for v in table.column(key).to_pylist() if v is not None and not math.isnan(v)]
-            return values[-1] if values else None
-    jsonl = run_dir / "metrics.jsonl"
-    if jsonl.is_file():
-        from dataflex_rl.tracking.run_store import read_jsonl
-
-        values = [record[key] for record in read_jsonl(jsonl) if isinstance(record.get(key), (int, float))]
-        return float(values[-1]) if values else None
-    return None
+    try:
+        return run_store.final_value(run_dir, key)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def describe_exit(outcome: Outcome) -> str | None:
@@ -335,8 +327,10 @@ def print_dry_run(plan: SweepPlan) -> None:
 
 def run_store_alpha(run_dir: Path) -> float | None:
     """The alpha a run recorded in its ``meta.json`` (None before it started)."""
+    from dataflex_rl.tracking import run_store
+
     try:
-        return float(json.loads((Path(run_dir) / "meta.json").read_text())["alpha"])
+        return float(run_store.read_meta(run_dir)["alpha"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -429,7 +423,11 @@ def run_sweep(config: SweepConfig, argv: Sequence[str] = ()) -> int:
 
 def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int:
     config = plan.config
-    manifest = Manifest(plan.sweep_dir, plan.header())
+    try:
+        manifest = Manifest(plan.sweep_dir, plan.header())
+    except ConfigError as error:
+        print(f"error: sweep refused, nothing was started: {error}", file=sys.stderr)
+        return EXIT_REFUSED
     invocation = {"argv": list(argv), "start": utc_now(), "end": None, "exit_code": None}
     manifest.data["invocations"].append(invocation)
     exit_code = 0

@@ -17,20 +17,37 @@ Layout::
                "launch": {"pid": int} | {"job_id": str} | {}, "error": str | null}
 
 Runs of an earlier invocation that are not in the current grid stay in ``runs`` untouched.
+
+A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps`` and common overrides
+(``grid.common_overrides``), hashed into ``fingerprint``. Running the name again with other settings is refused
+(:class:`SweepMismatchError`, naming each differing setting); running it with more alphas, seeds, mechanisms, eta or
+extra-axis values and the same settings grows the sweep (only the new runs start).
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.tracking.run_store import atomic_write_json
+from dataflex_rl.config import ConfigError
+from dataflex_rl.tracking.run_store import STATES, atomic_write_json
 
 MANIFEST_FILE = "sweep.json"
-RUN_STATES = ("pending", "running", "completed", "failed", "interrupted")
+RUN_STATES = STATES
+# Header fields that fix a sweep's numbers besides its axes (and the common overrides in ``grid``).
+SETTING_FIELDS = ("backend", "train_module", "steps")
+
+
+class SweepMismatchError(ConfigError):
+    """A sweep name run again with settings that differ from the recorded ones."""
+
+
+class ManifestError(ConfigError):
+    """A ``sweep.json`` that cannot be read (cut short, edited by hand)."""
 
 
 def utc_now() -> str:
@@ -38,21 +55,84 @@ def utc_now() -> str:
 
 
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
+    """``sweep.json`` of ``sweep_dir``, None when absent; :class:`ManifestError` naming the file when damaged."""
     path = sweep_dir / MANIFEST_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{path} is not valid JSON ({error}); it may have been cut short: restore it, or move it "
+                            f"away to start the sweep's record afresh (the run folders keep their results)") from None
+    if not isinstance(payload, dict):
+        raise ManifestError(f"{path} holds a {type(payload).__name__}, expected a JSON object")
+    return payload
+
+
+def _override_settings(overrides: Any) -> dict[str, str]:
+    """``["trainer.lr=0.5", "++x=1"]`` -> ``{"trainer.lr": "0.5", "x": "1"}`` (Hydra's ``+``/``++`` dropped)."""
+    settings = {}
+    for item in overrides or []:
+        key, _, value = str(item).partition("=")
+        settings[key.lstrip("+")] = value
+    return settings
+
+
+def sweep_settings(header: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a sweep header that fix its numbers besides the axes: :data:`SETTING_FIELDS` present in
+    the header, and each common override as ``override <key>``."""
+    settings: dict[str, Any] = {field: header[field] for field in SETTING_FIELDS if field in header}
+    grid = header.get("grid")
+    if isinstance(grid, Mapping):
+        for key, value in _override_settings(grid.get("common_overrides")).items():
+            settings[f"override {key}"] = value
+    return settings
+
+
+def sweep_fingerprint(header: Mapping[str, Any]) -> str:
+    """16 hex digits of sha256 over :func:`sweep_settings` (canonical JSON)."""
+    canonical = json.dumps(sweep_settings(header), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
+    """Refuse running ``sweep_dir`` with ``header`` when its settings differ from the recorded ``previous`` ones.
+
+    A field the recorded header lacks (an older sweep.json) is not compared; common overrides are compared when both
+    headers have a grid. Raises :class:`SweepMismatchError` naming each differing setting, recorded and new value.
+    """
+    absent = "<absent>"
+    before, after = sweep_settings(previous), sweep_settings(header)
+    compared = {field for field in SETTING_FIELDS if field in previous}
+    if isinstance(previous.get("grid"), Mapping) and isinstance(header.get("grid"), Mapping):
+        compared |= {key for key in before.keys() | after.keys() if key.startswith("override ")}
+    differences = [(key, before.get(key, absent), after.get(key, absent)) for key in sorted(compared)
+                   if before.get(key, absent) != after.get(key, absent)]
+    if differences:
+        listed = "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differences)
+        raise SweepMismatchError(
+            f"sweep {sweep_dir.name} was run with other settings: {listed}. Its runs' results come from the recorded "
+            f"ones: use them again (adding alphas, seeds or axis values is fine), or give the new settings a new "
+            f"sweep name"
+        )
 
 
 class Manifest:
-    """The in-memory sweep.json of one invocation; :meth:`save` writes it atomically after every change."""
+    """The in-memory sweep.json of one invocation; :meth:`save` writes it atomically after every change.
+
+    Raises :class:`SweepMismatchError` when the recorded sweep has other settings (see the module doc) and
+    :class:`ManifestError` when the recorded sweep.json is damaged: nothing is written then.
+    """
 
     def __init__(self, sweep_dir: Path, header: Mapping[str, Any]) -> None:
         self.sweep_dir = sweep_dir
         previous = read_manifest(sweep_dir) or {}
+        if previous:
+            check_sweep_settings(sweep_dir, previous, header)
         now = utc_now()
         self.data: dict[str, Any] = {
             **header,
+            "fingerprint": sweep_fingerprint(header),
             "created": previous.get("created", now),
             "updated": now,
             "state": "running",

@@ -182,18 +182,11 @@ def trial_specs(tune: TuneConfig, params: Mapping[str, Any], label: str) -> list
 
 
 def read_curve(run_dir: Path, metric: str) -> dict[int, float]:
-    """step -> value of ``metric`` from a run's metrics.jsonl (written line by line while it trains)."""
-    from dataflex_rl.tracking.run_store import read_jsonl
+    """step -> value of ``metric`` while a run trains (the run store's reader; finite values only)."""
+    from dataflex_rl.tracking import run_store
 
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    curve = {}
-    for record in read_jsonl(path):
-        value = record.get(metric)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            curve[int(record["step"])] = float(value)
-    return curve
+    curve = run_store.read_curve(run_dir, metric)
+    return {int(step): float(value) for step, value in curve.items()}
 
 
 class TrialReporter:
@@ -320,11 +313,16 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
     print(f"study {name}: {finished} trial(s) finished, {remaining} to run"
           + (f" ({len(queued)} failed trial(s) queued again)" if queued else "")
           + f"; {len(config.seeds)} seed(s) per trial, {jobs} run(s) at once; folder {sweep_dir}", flush=True)
-    manifest = Manifest(sweep_dir, {"sweep": name, "backend": config.backend, "launcher": config.launcher,
-                                    "study": {"storage": storage, "n_trials": tune.n_trials, "metric": tune.metric,
-                                              "direction": tune.direction,
-                                              "search": [dataclasses.asdict(p) for p in tune.search]},
-                                    "jobs": jobs, "threads": threads, "train_module": config.train_module})
+    try:
+        manifest = Manifest(sweep_dir, {"sweep": name, "backend": config.backend, "launcher": config.launcher,
+                                        "study": {"storage": storage, "n_trials": tune.n_trials,
+                                                  "metric": tune.metric, "direction": tune.direction,
+                                                  "search": [dataclasses.asdict(p) for p in tune.search]},
+                                        "jobs": jobs, "threads": threads, "train_module": config.train_module})
+    except ConfigError as error:
+        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
+        lock.release()
+        return EXIT_REFUSED
     invocation = {"argv": list(argv), "start": utc_now(), "end": None, "exit_code": None}
     manifest.data["invocations"].append(invocation)
     exit_code = 0

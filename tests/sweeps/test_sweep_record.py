@@ -1,0 +1,68 @@
+"""A sweep name stands for one set of settings (issue 11): a rerun with other overrides is refused naming the keys;
+more seeds or alphas with the same overrides grow the sweep; a damaged sweep.json is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sweeps.cli import main
+from sweeps.manifest import Manifest, ManifestError, SweepMismatchError, sweep_fingerprint
+
+from .conftest import SCRIPTED_TRAIN, read_manifest, runs_by_name
+
+
+def scripted_argv(tmp_path, *more: str) -> list[str]:
+    return ["steps=2", "jobs=2", f"root={tmp_path / 'runs'}", "name=c1", f"train_module={SCRIPTED_TRAIN}",
+            "sft_warm_start=false", "report=false", *more]
+
+
+def test_rerunning_a_sweep_name_with_other_overrides_is_refused_naming_the_keys(tmp_path, repo_on_path, capsys):
+    sweep_dir = tmp_path / "runs" / "c1"
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1", "extra=[trainer.val_every=1]")) == 0
+    before = (sweep_dir / "sweep.json").read_text()
+    capsys.readouterr()
+    code = main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1", "extra=[trainer.val_every=1 trainer.lr=0.5]"))
+    error = capsys.readouterr().err
+    assert code == 2
+    assert "override trainer.lr: recorded '<absent>', now '0.5'" in error and "sweep c1" in error
+    assert (sweep_dir / "sweep.json").read_text() == before  # no command line was rewritten
+    code = main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1", "steps=3", "extra=[trainer.val_every=1]"))
+    assert code == 2 and "steps: recorded 2, now 3" in capsys.readouterr().err
+
+
+def test_more_seeds_and_alphas_with_the_same_overrides_grow_the_sweep(tmp_path, repo_on_path, capsys):
+    sweep_dir = tmp_path / "runs" / "c1"
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1", "extra=[trainer.val_every=1]")) == 0
+    fingerprint = read_manifest(sweep_dir)["fingerprint"]
+    capsys.readouterr()
+    assert main(scripted_argv(tmp_path, "alpha=0.5,1.0", "seeds=1,2", "extra=[trainer.val_every=1]")) == 0
+    assert "(2 already completed)" in capsys.readouterr().out
+    runs = runs_by_name(sweep_dir)
+    assert sorted(runs) == ["a0.0-s1", "a0.0-s2", "a0.5-s1", "a0.5-s2", "a1.0-s1", "a1.0-s2"]
+    assert all(entry["state"] == "completed" for entry in runs.values())
+    assert runs["a0.5-s1"]["attempts"] == 1  # the first runs were not run again
+    assert read_manifest(sweep_dir)["fingerprint"] == fingerprint
+
+
+def test_a_truncated_sweep_json_is_named(tmp_path, repo_on_path, capsys):
+    sweep_dir = tmp_path / "runs" / "c1"
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1")) == 0
+    text = (sweep_dir / "sweep.json").read_text()
+    (sweep_dir / "sweep.json").write_text(text[: len(text) // 2])
+    capsys.readouterr()
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1")) == 2
+    error = capsys.readouterr().err
+    assert f"{sweep_dir / 'sweep.json'} is not valid JSON" in error and "cut short" in error
+    with pytest.raises(ManifestError, match="sweep.json is not valid JSON"):
+        Manifest(sweep_dir, {"sweep": "c1"})
+
+
+def test_an_older_sweep_json_without_fields_is_compared_on_what_it_has(tmp_path):
+    old = {"sweep": "c1", "backend": "local", "grid": {"common_overrides": ["trainer.lr=0.5"]}, "runs": []}
+    (tmp_path / "sweep.json").write_text(json.dumps(old))
+    header = {"sweep": "c1", "backend": "local", "steps": 2, "grid": {"common_overrides": ["++trainer.lr=0.5"]}}
+    assert Manifest(tmp_path, header).data["fingerprint"] == sweep_fingerprint(header)  # steps was not recorded
+    with pytest.raises(SweepMismatchError, match=r"backend: recorded 'local', now 'verl'"):
+        Manifest(tmp_path, {**header, "backend": "verl"})

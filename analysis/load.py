@@ -35,9 +35,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-import yaml
+
+from dataflex_rl.tracking import run_store
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +48,14 @@ RUN_COLUMNS: tuple[str, ...] = (
     *IDENTITY_COLUMNS, "state", "status_step", "error", "wall_time_s", "git_commit", "config_hash", "start_time",
     "end_time", "path", "metrics_source", "included", "exclusion_reason",
 )
-COMPLETED = "completed"
-RUN_STATES: tuple[str, ...] = ("pending", "running", "completed", "failed", "interrupted")
+COMPLETED = run_store.COMPLETED
+RUN_STATES: tuple[str, ...] = run_store.STATES
 # Folders inside a run or sweep folder that never hold run folders.
 _SKIPPED_FOLDERS = frozenset({"checkpoints", "wandb", "report", "__pycache__", ".git"})
 SWEEP_DIR_ENV = "DATAFLEX_SWEEP_DIR"
 
-try:  # the C loader parses a resolved config ~10x faster; PyYAML ships it in its wheels
-    _YamlLoader: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-    _YamlLoader = yaml.SafeLoader
+class NoRunStoreError(FileNotFoundError):
+    """A folder given as a sweep holds no run store."""
 
 
 @dataclass(frozen=True)
@@ -156,57 +153,31 @@ def _select_names(names: Iterable[str], patterns: Sequence[str] | None) -> list[
     return [name for name in names if any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)]
 
 
-def read_metrics_parquet(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunMetrics:
-    """Read a run's ``metrics.parquet`` (wide: ``step`` then one float column per key); non-numeric columns skipped."""
-    schema = pq.read_schema(path)
-    if "step" not in schema.names:
-        raise ValueError(f"{path} has no 'step' column (columns: {schema.names[:8]}...)")
-    numeric = [
-        name for name in schema.names
-        if name != "step" and (pa.types.is_floating(schema.field(name).type) or pa.types.is_integer(
-            schema.field(name).type) or pa.types.is_boolean(schema.field(name).type))
-    ]
-    names = _select_names(numeric, metrics)
-    table = pq.read_table(path, columns=["step", *names])
-    steps = table.column("step").to_numpy().astype(np.int64, copy=False)
-    values = np.empty((len(names), len(steps)), dtype=np.float64)
+def _run_metrics(frame: pd.DataFrame) -> RunMetrics:
+    """A wide frame from :func:`run_store.read_metrics` -> :class:`RunMetrics` (non-numeric columns skipped)."""
+    names = tuple(c for c in frame.columns if c != "step" and pd.api.types.is_numeric_dtype(frame[c]))
+    values = np.empty((len(names), len(frame)), dtype=np.float64)
     for row, name in enumerate(names):
-        values[row] = table.column(name).cast(pa.float64()).to_numpy(zero_copy_only=False)
-    return _sorted_unique(steps, tuple(names), values)
+        values[row] = frame[name].to_numpy(dtype=np.float64, na_value=np.nan)
+    return _sorted_unique(frame["step"].to_numpy(dtype=np.int64), names, values)
+
+
+def read_run_metrics(run_dir: str | os.PathLike[str], metrics: Sequence[str] | None = None,
+                     source: str | None = None) -> RunMetrics:
+    """A run's metrics through the run store's reader (``metrics.parquet``, else ``metrics.jsonl``; ``source``
+    forces one); ``metrics``: keys or ``fnmatch`` globs. Corrupt jsonl lines are skipped with a warning."""
+    return _run_metrics(run_store.read_metrics(run_dir, metrics, source=source, skip_bad=True))
+
+
+def read_metrics_parquet(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunMetrics:
+    """A run's ``metrics.parquet`` (``path`` names the file; read by the run store's reader)."""
+    return read_run_metrics(Path(path).parent, metrics, source="parquet")
 
 
 def read_metrics_jsonl(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunMetrics:
-    """Read a run's ``metrics.jsonl`` (one ``{"step": int, key: float}`` object per line).
-
-    A line that is not valid JSON (a run killed mid-write) is skipped with a warning; a repeated step keeps its last
-    line (what a resumed run would have written); non-numeric values are dropped.
-    """
-    records: list[dict[str, Any]] = []
-    bad_lines: list[int] = []
-    with open(path) as handle:
-        for line_number, line in enumerate(handle, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError:
-                bad_lines.append(line_number)
-                continue
-            if isinstance(record, dict) and "step" in record:
-                records.append(record)
-            else:
-                bad_lines.append(line_number)
-    if bad_lines:
-        logger.warning("%s: skipped %d unreadable line(s): %s", path, len(bad_lines), bad_lines[:5])
-    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame({"step": []})
-    frame["step"] = pd.to_numeric(frame["step"], errors="coerce")
-    frame = frame[frame["step"].notna()].drop_duplicates("step", keep="last").sort_values("step")
-    names = _select_names([c for c in frame.columns if c != "step"], metrics)
-    values = np.empty((len(names), len(frame)), dtype=np.float64)
-    for row, name in enumerate(names):
-        values[row] = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    return RunMetrics(frame["step"].to_numpy(dtype=np.int64), tuple(names), values)
+    """A run's ``metrics.jsonl`` (``path`` names the file): a line that is not a record is skipped with a warning, a
+    repeated step keeps its last value of each key, a value that is not a number reads as missing."""
+    return read_run_metrics(Path(path).parent, metrics, source="jsonl")
 
 
 def _sorted_unique(steps: np.ndarray, names: tuple[str, ...], values: np.ndarray) -> RunMetrics:
@@ -230,11 +201,11 @@ def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"sweep folder {str(root)!r} does not exist")
-    if (root / "meta.json").is_file():
+    if run_store.is_run_store(root):
         return [root]
     found: list[Path] = []
     for current, folders, files in os.walk(root):
-        if "meta.json" in files and Path(current) != root:
+        if run_store.META_FILE in files and Path(current) != root:
             found.append(Path(current))
             folders.clear()
             continue
@@ -274,7 +245,9 @@ def describe_run(
     problems: list[str] = []
     meta: dict[str, Any] = {}
     try:
-        meta = _read_json(run_dir / "meta.json")
+        meta = run_store.read_meta(run_dir) or {}
+        if not meta:
+            problems.append("no meta.json")
     except (OSError, ValueError) as exc:
         problems.append(f"unreadable meta.json ({exc})")
     meta_readable = not problems
@@ -282,20 +255,16 @@ def describe_run(
     entry = dict(entries.get(str(meta.get("run")), entries.get(run_dir.name, {})))
     status: dict[str, Any] = {}
     try:
-        status = _read_json(run_dir / "status.json")
-    except FileNotFoundError:
-        problems.append("no status.json")
+        status = run_store.read_status(run_dir) or {}
+        if not status:
+            problems.append("no status.json")
     except (OSError, ValueError) as exc:
         problems.append(f"unreadable status.json ({exc})")
     config: dict[str, Any] = {}
-    config_path = run_dir / "config.yaml"
-    if config_path.is_file():
-        try:
-            with open(config_path) as handle:
-                loaded = yaml.load(handle, Loader=_YamlLoader)
-            config = loaded if isinstance(loaded, dict) else {}
-        except (OSError, yaml.YAMLError) as exc:
-            logger.warning("ignoring unreadable %s: %s", config_path, exc)
+    try:
+        config = run_store.read_config(run_dir) or {}
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring unreadable config: %s", exc)
 
     def identity(key: str, *fallbacks: Any) -> Any:
         """First non-null of meta.json, the sweep.json entry, then ``fallbacks``."""
@@ -303,12 +272,7 @@ def describe_run(
 
     mechanism = identity("mechanism")
     state = status.get("state") or entry.get("state") or "unknown"
-    if (run_dir / "metrics.parquet").is_file():
-        source = "parquet"
-    elif (run_dir / "metrics.jsonl").is_file():
-        source = "jsonl"
-    else:
-        source = "none"
+    source = run_store.metrics_source(run_dir) or "none"
     # A run is loadable when its files can be read; only its state may still keep it out of the aggregates.
     loadable = meta_readable and source != "none"
     if state != COMPLETED:
@@ -456,19 +420,20 @@ def _load_run_metrics(
         if not loadable[position] or not (row["included"] or include_incomplete):
             continue
         run_dir = Path(path)
-        attempts = [run_dir / "metrics.parquet", run_dir / "metrics.jsonl"] if source == "parquet" else [
-            run_dir / "metrics.jsonl"]
+        # A damaged parquet falls back to the jsonl it was compacted from, when that is still there.
+        attempts = ["parquet", "jsonl"] if source == "parquet" else ["jsonl"]
         errors: list[str] = []
-        for file in attempts:
-            if not file.is_file():
-                continue
-            try:
-                reader = read_metrics_parquet if file.suffix == ".parquet" else read_metrics_jsonl
-                loaded[position] = reader(file, metrics)
-                runs.iat[position, runs.columns.get_loc("metrics_source")] = file.suffix.lstrip(".")
+        for attempt in attempts:
+            if run_store.metrics_source(run_dir) is None:
                 break
+            try:
+                loaded[position] = read_run_metrics(run_dir, metrics, source=attempt)
+                runs.iat[position, runs.columns.get_loc("metrics_source")] = attempt
+                break
+            except FileNotFoundError:
+                continue
             except Exception as exc:  # noqa: BLE001 - one damaged file must never stop a whole sweep
-                errors.append(f"unreadable {file.name} ({type(exc).__name__}: {exc})")
+                errors.append(f"unreadable metrics.{attempt} ({type(exc).__name__}: {exc})")
         if position in loaded:
             runs.iat[position, runs.columns.get_loc("included")] = True
             runs.iat[position, runs.columns.get_loc("exclusion_reason")] = None
@@ -522,11 +487,22 @@ def load_sweep(
     metrics: Sequence[str] | None = None,
     include_incomplete: bool = False,
     histograms: bool = True,
+    require_runs: bool = False,
 ) -> SweepData:
-    """Load a sweep folder ``runs/<sweep>/``: every run folder under it plus the optional ``sweep.json``."""
+    """Load a sweep folder ``runs/<sweep>/``: every run folder under it plus the optional ``sweep.json``.
+
+    ``require_runs``: raise :class:`NoRunStoreError` (a ``FileNotFoundError``) when the folder holds no run store.
+    """
     sweep_dir = Path(sweep_dir)
     manifest = read_manifest(sweep_dir)
-    data = load_runs(find_run_dirs(sweep_dir), metrics=metrics, include_incomplete=include_incomplete,
+    run_dirs = find_run_dirs(sweep_dir)
+    if require_runs and not run_dirs:
+        raise NoRunStoreError(
+            f"{sweep_dir} holds no run store: expected a sweep folder (runs/<sweep>/ with one <run>/meta.json per run, "
+            f"as python -m sweeps writes it) or a run folder (holding meta.json, as python -m dataflex_rl.train "
+            f"writes it)"
+        )
+    data = load_runs(run_dirs, metrics=metrics, include_incomplete=include_incomplete,
                      histograms=histograms, manifest=manifest)
     return SweepData(runs=data.runs, metrics=data.metrics, histograms=data.histograms, manifest=data.manifest,
                      source=str(sweep_dir))
@@ -551,10 +527,11 @@ def resolve_sweep_dir(path: str | os.PathLike[str] | None = None, *, start: str 
         if runs_root.is_dir():
             if (runs_root / "latest").is_dir():
                 return runs_root / "latest"
-            candidates = [child for child in runs_root.iterdir() if child.is_dir() and any(child.glob("*/meta.json"))]
+            meta_glob = f"*/{run_store.META_FILE}"
+            candidates = [child for child in runs_root.iterdir() if child.is_dir() and any(child.glob(meta_glob))]
             if candidates:
                 def modified(sweep: Path) -> float:
-                    stamps = [p.stat().st_mtime for p in (sweep / "sweep.json", *sweep.glob("*/meta.json"))
+                    stamps = [p.stat().st_mtime for p in (sweep / "sweep.json", *sweep.glob(meta_glob))
                               if p.exists()]
                     return max(stamps)
 
@@ -575,27 +552,16 @@ def empty_histogram_table() -> pd.DataFrame:
     return frame
 
 
-def read_histograms_file(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """``histograms.parquet`` or ``histograms.jsonl`` -> ``step`` (int64), ``name`` (str), ``edges`` ``(k+1,)`` and
-    ``counts`` ``(k,)`` numpy arrays; rows whose edges and counts disagree in length are dropped with a warning."""
-    path = Path(path)
-    if path.suffix == ".parquet":
-        frame = pq.read_table(path, columns=["step", "name", "edges", "counts"]).to_pandas()
-    else:
-        records = []
-        with open(path) as handle:
-            for line in handle:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-        frame = pd.DataFrame.from_records(records, columns=["step", "name", "edges", "counts"])
+def _histogram_frame(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    """``step, name, edges, counts`` rows -> numpy ``edges`` ``(k+1,)`` and ``counts`` ``(k,)``; rows whose edges and
+    counts disagree in length are dropped with a warning; sorted by (name, step)."""
+    frame = frame[["step", "name", "edges", "counts"]].copy()
     frame["edges"] = [np.asarray(e, dtype=np.float64) for e in frame["edges"]]
     frame["counts"] = [np.asarray(c, dtype=np.float64) for c in frame["counts"]]
     consistent = np.array([len(e) == len(c) + 1 for e, c in zip(frame["edges"], frame["counts"], strict=True)],
                           dtype=bool)
     if not consistent.all():
-        logger.warning("%s: dropped %d histogram row(s) whose edges are not one longer than counts", path,
+        logger.warning("%s: dropped %d histogram row(s) whose edges are not one longer than counts", source,
                        int((~consistent).sum()))
     frame = frame[consistent]
     frame["step"] = frame["step"].astype(np.int64)
@@ -603,23 +569,27 @@ def read_histograms_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     return frame.drop_duplicates(["step", "name"], keep="last").sort_values(["name", "step"])
 
 
+def read_histograms_file(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A run's histograms (``path`` names its ``histograms.parquet`` or ``.jsonl``; read by the run store's reader)
+    -> ``step`` (int64), ``name`` (str), ``edges`` ``(k+1,)`` and ``counts`` ``(k,)`` numpy arrays."""
+    return _histogram_frame(run_store.load_histograms(Path(path).parent), str(path))
+
+
 def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
     """Histogram table (identity columns then ``step, name, edges, counts``) of the included runs of a run table."""
     frames = []
     for _, row in runs[runs["included"] & runs["path"].notna()].iterrows():
         run_dir = Path(row["path"])
-        for file in (run_dir / "histograms.parquet", run_dir / "histograms.jsonl"):
-            if not file.is_file():
-                continue
-            try:
-                frame = read_histograms_file(file)
-            except Exception as exc:  # noqa: BLE001 - histograms are optional; never fail a sweep over them
-                logger.warning("ignoring unreadable %s: %s", file, exc)
-                continue
-            for column in IDENTITY_COLUMNS:
-                frame.insert(len(frame.columns) - 4, column, row[column])
-            frames.append(frame)
-            break
+        try:
+            frame = _histogram_frame(run_store.load_histograms(run_dir), str(run_dir))
+        except Exception as exc:  # noqa: BLE001 - histograms are optional; never fail a sweep over them
+            logger.warning("ignoring unreadable histograms of %s: %s", run_dir, exc)
+            continue
+        if frame.empty:
+            continue
+        for column in IDENTITY_COLUMNS:
+            frame.insert(len(frame.columns) - 4, column, row[column])
+        frames.append(frame)
     if not frames:
         return empty_histogram_table()
     table = pd.concat(frames, ignore_index=True)[list(HISTOGRAM_COLUMNS)]

@@ -298,7 +298,7 @@ def build_report(
 ) -> Path:
     """Load ``sweep_dir`` and write its report into ``out_dir`` (default ``<sweep_dir>/report``); return
     ``report.md``."""
-    data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete)
+    data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete, require_runs=True)
     return write_report(data, Path(out_dir) if out_dir is not None else Path(sweep_dir) / "report", options)
 
 

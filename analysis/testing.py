@@ -8,7 +8,7 @@ Nothing here imports torch or the training backends.
 
 from __future__ import annotations
 
-import hashlib
+import datetime
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import yaml
 
 from dataflex_rl import keys
+from dataflex_rl.tracking import run_store
+from dataflex_rl.tracking.base import CLOSE_STATES
+from dataflex_rl.tracking.identity import RunIdentity, config_hash
+from dataflex_rl.tracking.run_store import RunStore
 
 MetricsFormat = Literal["parquet", "jsonl", "both"]
 METRICS_FORMATS: tuple[str, ...] = ("parquet", "jsonl", "both")
 FAKE_GIT_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+FAKE_START_TIME = "2025-01-01T00:00:00.000+00:00"
 # Probability buckets of the gradient statistics, as the training side labels them (``keys.bucket_label``).
 FAKE_BUCKETS: tuple[tuple[float, float], ...] = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0))
 
@@ -71,8 +73,9 @@ def write_fake_run(
     """
     if metrics_format not in METRICS_FORMATS:
         raise ValueError(f"metrics_format={metrics_format!r} is not one of {METRICS_FORMATS}")
+    if state not in run_store.STATES:
+        raise ValueError(f"state={state!r} is not one of {run_store.STATES}")
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     columns = {key: np.asarray(values, dtype=np.float64) for key, values in metrics.items()}
     lengths = {key: column.shape for key, column in columns.items()}
     n_steps = next(iter(lengths.values()))[0] if columns else (0 if steps is None else len(steps))
@@ -93,68 +96,45 @@ def write_fake_run(
         },
         "trainer": {"total_steps": int(step_array[-1]) + 1 if n_steps else 0, "lr": 1.0e-5},
     }
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved_config, sort_keys=False))
-    meta: dict[str, Any] = {
-        "sweep": sweep,
-        "run": run,
-        "backend": backend,
-        "mechanism": mechanism,
-        "alpha": alpha,
-        "seed": seed,
-        "config_hash": hashlib.sha256(json.dumps(resolved_config, sort_keys=True, default=str).encode()).hexdigest()[:12],
-        "git_commit": git_commit,
-        "versions": {"python": "3.11"},
-        "host": "fake-host",
-        "start_time": "2025-01-01T00:00:00Z",
-        "end_time": "2025-01-01T00:01:00Z" if state == "completed" else None,
-        "wall_time_s": wall_time_s if state == "completed" else None,
-    }
-    if mechanism_label is not None:
-        meta["mechanism_label"] = mechanism_label
-    _write_json(run_dir / "meta.json", meta)
+    # Written through the run store's own writer, so the fake is exactly the format analysis reads.
+    store = RunStore(run_dir)
+    store.write_config(resolved_config)
+    identity = RunIdentity(sweep=sweep, run=run, backend=backend, mechanism=mechanism,
+                           alpha=0.0 if alpha is None else alpha, seed=0 if seed is None else seed,
+                           config_hash=config_hash(resolved_config), git_commit=git_commit)
+    extra: dict[str, Any] = {"mechanism_label": mechanism_label} if mechanism_label is not None else {}
+    meta = store.write_meta(identity, extra=extra, now=FAKE_START_TIME)
+    if alpha is None or seed is None:  # a run whose identity lacks them (read from sweep.json or the run name)
+        meta.update({key: None for key, value in (("alpha", alpha), ("seed", seed)) if value is None})
+        run_store.atomic_write_json(store.path(run_store.META_FILE), meta)
+    store.set_status("running", step=0)
+    for row_index, step in enumerate(step_array):
+        store.log_metrics(int(step), {k: float(v[row_index]) for k, v in columns.items() if np.isfinite(v[row_index])})
+    for record in histograms or ():
+        store.log_histogram(int(record["step"]), str(record["name"]), record["edges"], record["counts"])
     last_step = int(step_array[-1]) if n_steps else 0
-    _write_json(
-        run_dir / "status.json",
-        {
-            "state": state,
-            "step": last_step,
-            "updated": "2025-01-01T00:01:00Z",
-            "error": error,
-            "traceback": f"Traceback (most recent call last):\n{error}" if error else None,
-        },
-    )
-
-    if metrics_format in ("jsonl", "both"):
-        with open(run_dir / "metrics.jsonl", "w") as handle:
-            for row_index, step in enumerate(step_array):
-                row: dict[str, Any] = {"step": int(step)}
-                row.update({k: float(v[row_index]) for k, v in columns.items() if np.isfinite(v[row_index])})
-                handle.write(json.dumps(row) + "\n")
-    if metrics_format in ("parquet", "both"):
-        table = pa.table({"step": pa.array(step_array, pa.int64()), **{k: pa.array(v) for k, v in columns.items()}})
-        pq.write_table(table, run_dir / "metrics.parquet")
-
-    if histograms:
-        if metrics_format == "jsonl":
-            with open(run_dir / "histograms.jsonl", "w") as handle:
-                handle.writelines(
-                    json.dumps({
-                        "step": int(record["step"]),
-                        "name": str(record["name"]),
-                        "edges": [float(x) for x in record["edges"]],
-                        "counts": [int(x) for x in record["counts"]],
-                    }) + "\n"
-                    for record in histograms
-                )
-        else:
-            table = pa.table({
-                "step": pa.array([int(r["step"]) for r in histograms], pa.int64()),
-                "name": pa.array([str(r["name"]) for r in histograms], pa.string()),
-                "edges": pa.array([np.asarray(r["edges"], np.float64) for r in histograms], pa.list_(pa.float64())),
-                "counts": pa.array([np.asarray(r["counts"], np.int64) for r in histograms], pa.list_(pa.int64())),
-            })
-            pq.write_table(table, run_dir / "histograms.parquet")
+    if metrics_format == "jsonl":  # a run still going, or one that crashed before compaction
+        store.set_status(state, step=last_step, error=error,
+                         traceback=f"Traceback (most recent call last):\n{error}" if error else None)
+        store.detach()
+        return run_dir
+    if state in ("failed", "interrupted") and error:
+        store.record_error(state, error, traceback=f"Traceback (most recent call last):\n{error}")
+    close_state = state if state in CLOSE_STATES else "completed"
+    store.close(close_state, end_time=_plus_seconds(FAKE_START_TIME, wall_time_s))
+    if state not in CLOSE_STATES:
+        store.set_status(state, step=last_step, error=error)
+    if metrics_format == "parquet":  # a compacted run whose jsonl files were cleaned away
+        for name in (run_store.METRICS_JSONL, run_store.HISTOGRAMS_JSONL):
+            store.path(name).unlink(missing_ok=True)
+        if not histograms:
+            store.path(run_store.HISTOGRAMS_PARQUET).unlink(missing_ok=True)
     return run_dir
+
+
+def _plus_seconds(iso: str, seconds: float) -> str:
+    start = datetime.datetime.fromisoformat(iso)
+    return (start + datetime.timedelta(seconds=float(seconds))).isoformat(timespec="milliseconds")
 
 
 def fake_metrics(

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import fcntl
+import fnmatch
 import hashlib
 import importlib.metadata
 import itertools
@@ -471,23 +471,25 @@ def read_metrics(
 ) -> pd.DataFrame:
     """Wide metrics frame of a run: ``step`` (int64, sorted, unique) then one float64 column per key.
 
-    ``keys``: the metric columns wanted (None: all; a key the run never logged is left out). ``source``:
+    ``keys``: the metric columns wanted, exact keys or ``fnmatch`` globs (None: all; a key the run never logged is
+    left out; a value that is not a number reads as missing). ``source``:
     ``"parquet"`` or ``"jsonl"`` (default: :func:`metrics_source`). ``skip_bad``: skip corrupt jsonl lines with a
     warning instead of raising. A run without metrics gives a frame with only ``step``.
     """
     run_dir = pathlib.Path(run_dir)
     source = source or metrics_source(run_dir)
+    path = run_dir / (METRICS_PARQUET if source == "parquet" else METRICS_JSONL)
+    if source is not None and not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
     if source == "parquet":
-        path = run_dir / METRICS_PARQUET
-        names = pq.read_schema(path).names
-        columns = ["step", *(name for name in names if name != "step" and (keys is None or name in keys))]
-        frame = pq.read_table(path, columns=columns).to_pandas()
+        names = [name for name in pq.read_schema(path).names if name != "step"]
+        frame = pq.read_table(path, columns=["step", *_select_keys(names, keys)]).to_pandas()
     elif source == "jsonl":
-        path = run_dir / METRICS_JSONL
         records = read_jsonl(path, skip_bad=skip_bad)
-        if keys is not None:
-            wanted = set(keys)
-            records = [{k: v for k, v in record.items() if k == "step" or k in wanted} for record in records]
+        names = sorted({key for record in records for key in record if key != "step"})
+        wanted = set(_select_keys(names, keys))
+        records = [{"step": record["step"], **{k: _number_or_none(v) for k, v in record.items() if k in wanted}}
+                   for record in records]
         frame = metrics_table(records, source=str(path)).to_pandas()
     elif source is None:
         return pd.DataFrame({"step": pd.Series(dtype="int64")})
@@ -496,6 +498,22 @@ def read_metrics(
     if len(frame) > 1 and not frame["step"].is_monotonic_increasing:
         frame = frame.sort_values("step", kind="stable").drop_duplicates("step", keep="last")
     return frame.reset_index(drop=True)
+
+
+def _select_keys(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:
+    """``names`` matching any of ``patterns`` (exact keys or ``fnmatch`` globs such as ``grad_norm/by_prob/*``)."""
+    if patterns is None:
+        return list(names)
+    exact = set(patterns)
+    globs = [pattern for pattern in patterns if any(char in pattern for char in "*?[")]
+    return [name for name in names if name in exact or any(fnmatch.fnmatchcase(name, g) for g in globs)]
+
+
+def _number_or_none(value: Any) -> float | None:
+    """A logged value as a float; anything else (text written by a foreign tool) becomes a missing value."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def read_curve(run_dir: str | os.PathLike[str], key: str, *, skip_bad: bool = False) -> pd.Series:
@@ -1043,6 +1061,11 @@ class RunStore:
         data = memoryview(_dumps_line(record))
         while data:  # a raw write may be short (signal, near-full disk): write the rest
             data = data[handle.write(data) :]
+
+    def detach(self) -> None:
+        """Close the open log files without closing the run: no compaction, no status (what a killed writer
+        leaves behind; also for a writer handing the run to another process)."""
+        self._close_handles()
 
     def _close_handles(self) -> None:
         for handle in self._handles.values():

@@ -86,12 +86,13 @@ def test_jsonl_fallback_matches_parquet(tmp_path: Path) -> None:
 
 def test_jsonl_truncated_line_and_repeated_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 0, "a": 1.0}\n{"step": 1, "a": 2.0}\n{"step": 1, "a": 5.0, "b": "text"}\n{"step": 2, "a"')
+    path.write_text('{"step": 0, "a": 1.0}\ngarbage\n{"step": 1, "a": 2.0}\n{"step": 1, "a": 5.0, "b": "text"}\n'
+                    '{"step": 2, "a"')
     metrics = load.read_metrics_jsonl(path)
     assert metrics.steps.tolist() == [0, 1]
     assert metrics.values[metrics.names.index("a")].tolist() == [1.0, 5.0]  # the repeated step keeps its last line
     assert np.isnan(metrics.values[metrics.names.index("b")]).all()  # non-numeric value dropped
-    assert "skipped 1 unreadable line" in caplog.text
+    assert "skipped 1 unreadable line" in caplog.text and "dropped a partial last line" in caplog.text
 
 
 def test_damaged_parquet_falls_back_to_jsonl_or_is_excluded(tmp_path: Path) -> None:

@@ -9,18 +9,14 @@ the last logged step; a completed run exits 0 at once. SIGTERM marks the run int
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-
-def write_json(path: Path, data: dict) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data))
-    os.replace(temporary, path)
+from dataflex_rl.tracking.identity import RunIdentity
+from dataflex_rl.tracking.run_store import RunStore, read_status
 
 
 def main(argv: list[str]) -> int:
@@ -35,37 +31,37 @@ def main(argv: list[str]) -> int:
             calls.write(" ".join(argv) + "\n")
         return 0
     run_dir = Path(options["run_dir"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    status_path = run_dir / "status.json"
-    if status_path.exists() and json.loads(status_path.read_text())["state"] == "completed":
+    # Written through the run store's own writer (and its lock), as the real trainer does.
+    store = RunStore(run_dir)
+    lock = store.lock()
+    status = read_status(run_dir)
+    if status is not None and status["state"] == "completed":
         return 0
     alpha = float(options.get("dataflex.actuator.params.alpha", 0.5))
     seed = int(options.get("seed", 1))
     total = int(options.get("trainer.total_steps", 3))
     name = options.get("run_name", run_dir.name)
-    write_json(run_dir / "meta.json", {"sweep": options.get("sweep"), "run": name, "backend": "local",
-                                       "mechanism": "reweight", "alpha": alpha, "seed": seed})
-    metrics = run_dir / "metrics.jsonl"
-    done = [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    step = max(done, default=0)
+    store.write_meta(RunIdentity(sweep=options.get("sweep") or "scripted", run=name, backend="local",
+                                 mechanism="reweight", alpha=alpha, seed=seed, config_hash="scripted"))
+    step = store.last_logged_step() or 0
 
     def stop(signum, frame):
-        write_json(status_path, {"state": "interrupted", "step": step, "error": f"signal {signum}"})
+        store.set_status("interrupted", step=step, error=f"signal {signum}")
         sys.exit(130)
 
     signal.signal(signal.SIGTERM, stop)
-    write_json(status_path, {"state": "running", "step": step, "error": None})
+    store.set_status("running", step=step)
     if os.environ.get("SCRIPTED_TRAIN_FAIL") == name:
-        write_json(status_path, {"state": "failed", "step": step, "error": "scripted failure"})
+        store.set_status("failed", step=step, error="scripted failure")
         return 1
     step_seconds = float(os.environ.get("SCRIPTED_TRAIN_STEP_S", "0"))
-    with open(metrics, "a") as log:
-        while step < total:
-            time.sleep(step_seconds)
-            step += 1
-            log.write(json.dumps({"step": step, "val/accuracy": alpha + 0.01 * seed}) + "\n")
-            log.flush()
-    write_json(status_path, {"state": "completed", "step": step, "error": None})
+    while step < total:
+        time.sleep(step_seconds)
+        step += 1
+        store.log_metrics(step, {"val/accuracy": alpha + 0.01 * seed})
+    store.detach()
+    store.set_status("completed", step=step)
+    lock.release()
     print(f"scripted run {name} completed at step {step}")
     return 0
 

@@ -28,6 +28,7 @@ from dataflex_rl.local.progress import progress_bar
 from dataflex_rl.local.sequences import position_ids
 from dataflex_rl.local.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
+from dataflex_rl.tracking.run_store import file_mode
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 2  # bump when the SFT recipe changes, so stale checkpoints are not reused
@@ -74,6 +75,8 @@ def _train_and_save(model_config: ModelConfig, sft: SFTConfig, task: Task, direc
     tokenizer.save_pretrained(temporary)
     summary = {"final_loss": final_loss, "steps": sft.steps, "seconds": time.perf_counter() - start}
     (temporary / "done.json").write_text(json.dumps(summary))
+    for path in temporary.iterdir():  # safetensors writes 0600 files: make the shared cache readable as umask allows
+        os.chmod(path, file_mode())
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(temporary, directory)
     log.info("SFT done in %.1f s (final loss %.4f), cached at %s", summary["seconds"], final_loss, directory)

@@ -139,11 +139,16 @@ def test_hydra_level_refusals_exit_2_and_create_nothing(tmp_path, sft_cache, ove
 
 def test_a_run_writes_a_fingerprint_and_group_readable_files(tmp_path, sft_cache):
     run_dir = tmp_path / "run"
+    cache = tmp_path / "sft"  # a fresh SFT cache: built under this umask too
     previous = os.umask(0o022)
     try:
-        assert run(compose_train(tiny_overrides(run_dir, sft_cache, steps=1))) == 0
+        assert run(compose_train(tiny_overrides(run_dir, cache, steps=1) + ["sft.steps=2"])) == 0
     finally:
         os.umask(previous)
+    cached = [path for path in cache.rglob("*") if path.is_file()]
+    assert any(path.suffix == ".safetensors" for path in cached)
+    for path in cached:
+        assert path.stat().st_mode & 0o777 == 0o644, path
     from dataflex_rl.tracking import config_fingerprint, read_config, read_meta
 
     assert read_meta(run_dir)["config_fingerprint"] == config_fingerprint(read_config(run_dir))

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
 # ALPHA unset: 0.0,0.25,0.5, or each preset's own alpha when MECH names presets.
 ALPHA ?=
-SEEDS ?= 1,2
+SEEDS ?=
 BACKEND ?= local
 LAUNCHER ?= local
 JOBS ?=
@@ -46,7 +46,7 @@ bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 	$(PY) -m benchmarks
 
 sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEEDS, JOBS, STEPS, SWEEP, EXTRA)
-	$(PY) -m sweeps $(if $(ALPHA),alpha=$(ALPHA)) seeds=$(SEEDS) backend=$(BACKEND) launcher=$(LAUNCHER) \
+	$(PY) -m sweeps $(if $(ALPHA),alpha=$(ALPHA)) $(if $(SEEDS),seeds=$(SEEDS)) backend=$(BACKEND) launcher=$(LAUNCHER) \
 		$(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
 		$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) \
 		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]')

@@ -19,6 +19,11 @@ MECH ?=
 ETA ?=
 EXTRA ?=
 DRY_RUN ?=
+# Seeds planned for a target precision: make sweep TARGET_MDE=0.01 MAX_SEEDS=20 (SEEDS is the pilot)
+TARGET_MDE ?=
+MAX_SEEDS ?=
+# make tune: LR=1 searches trainer.lr too (alpha only by default)
+LR ?=
 
 .DEFAULT_GOAL := help
 
@@ -49,7 +54,8 @@ sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEED
 	$(PY) -m sweeps $(if $(ALPHA),alpha=$(ALPHA)) $(if $(SEEDS),seeds=$(SEEDS)) backend=$(BACKEND) launcher=$(LAUNCHER) \
 		$(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
 		$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) \
-		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]')
+		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]') \
+		$(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) $(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS))
 
 tune: $(STAMP) ## Optuna search over alpha (and what conf/sweeps/optuna.yaml lists)
 	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \

@@ -40,6 +40,7 @@ Definitions (``x`` holds one value per run, i.e. per seed, of a group; ``n`` its
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -343,6 +344,47 @@ def seeds_needed(
         else:
             low = middle
     return high
+
+
+def stein_seeds_needed(
+    pilot_std: float, pilot_size: int, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
+) -> int:
+    """Seeds for Stein's two-stage test (:func:`stein_two_stage`) to detect ``effect`` with probability ``power``:
+    ``max(pilot_size, ceil(((t_{1-a/2, n0-1} + t_{power, n0-1}) s_0 / effect)^2))`` (Stein 1945), ``s_0`` the spread of
+    the pilot's ``n0`` paired differences. A small pilot pays for its uncertain spread with its t quantiles."""
+    _check_power_arguments(power, level)
+    if pilot_size < 2 or not np.isfinite(pilot_std) or pilot_std < 0:
+        raise ValueError(f"pilot_std={pilot_std!r}, pilot_size={pilot_size!r}: a pilot needs >= 2 paired seeds")
+    if not np.isfinite(effect) or effect == 0:
+        raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
+    factor = stats.t.ppf(1.0 - level / 2.0, pilot_size - 1) + stats.t.ppf(power, pilot_size - 1)
+    return max(int(pilot_size), int(math.ceil((factor * pilot_std / abs(effect)) ** 2)))
+
+
+def stein_mde(pilot_std: float, pilot_size: int, n: int, *, power: float = DEFAULT_POWER,
+              level: float = DEFAULT_LEVEL) -> float:
+    """The effect Stein's test detects with probability ``power`` at ``n`` seeds: ``(t_{1-a/2} + t_power) s_0 / sqrt(n)``
+    on ``n0 - 1`` degrees of freedom."""
+    _check_power_arguments(power, level)
+    factor = stats.t.ppf(1.0 - level / 2.0, pilot_size - 1) + stats.t.ppf(power, pilot_size - 1)
+    return float(factor * pilot_std / np.sqrt(n))
+
+
+def stein_two_stage(
+    differences: Any, pilot_size: int, confidence: float = DEFAULT_CONFIDENCE
+) -> dict[str, float]:
+    """Stein's (1945) two-stage test of seed-paired ``differences`` whose count was planned from the first
+    ``pilot_size`` of them: ``T = sqrt(n) mean(d) / s_0`` (``s_0`` the pilot's spread) follows ``t_{n0-1}`` when there is
+    no difference, whatever ``n`` the plan chose, so its level is exact (the ordinary paired t over all seeds is not:
+    its spread and ``n`` both depend on the pilot). Returns ``n, mean_difference, pilot_std, ci_low, ci_high,
+    p_value``."""
+    d = np.asarray(differences, dtype=np.float64).ravel()
+    if pilot_size < 2 or d.size < pilot_size:
+        raise ValueError(f"pilot_size={pilot_size!r} with {d.size} differences: need >= 2 pilot seeds, all present")
+    pilot_std = float(d[:pilot_size].std(ddof=1))
+    mean = float(d.mean())
+    result = _t_result(mean, pilot_std / np.sqrt(d.size), pilot_size - 1, confidence)
+    return {"n": int(d.size), "mean_difference": mean, "pilot_std": pilot_std, **result}
 
 
 def _bca_statistic_iqm(sample: np.ndarray, axis: int = -1) -> np.ndarray:

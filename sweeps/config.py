@@ -121,6 +121,9 @@ class SweepConfig:
     extra: tuple[str, ...] = ()
     steps: int | None = None
     local_steps: int | None = DEFAULT_LOCAL_STEPS
+    target_mde: float | None = None
+    max_seeds: int = 20
+    plan_metric: str = "val/accuracy"
     backend: str = "local"
     launcher: str = "local"
     jobs: int | None = None
@@ -148,6 +151,15 @@ class SweepConfig:
             check_int_at_least("steps", self.steps, 1)
         if self.local_steps is not None:
             check_int_at_least("local_steps", self.local_steps, 1)
+        check_int_at_least("max_seeds", self.max_seeds, 2)
+        if self.target_mde is not None:
+            check_number("target_mde", self.target_mde, minimum=0.0, exclusive=True)
+            if len(self.seeds) < 2:
+                raise ConfigError(f"seeds = {list(self.seeds)} is not allowed with target_mde: the pilot needs at "
+                                  f"least 2 seeds (3 or more give a steadier plan), e.g. seeds=1,2,3")
+            if self.max_seeds < len(self.seeds):
+                raise ConfigError(f"max_seeds = {self.max_seeds} is not allowed: it must be >= the {len(self.seeds)} "
+                                  f"pilot seeds")
         if self.jobs is not None:
             check_int_at_least("jobs", self.jobs, 1)
         if self.threads is not None:
@@ -280,6 +292,10 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     values["extra"] = tuple(str(item) for item in _as_list("extra", raw.get("extra")))
     for key in ("steps", "local_steps", "jobs", "threads"):
         values[key] = _optional_int(key, raw.get(key))
+    if raw.get("target_mde") is not None:
+        values["target_mde"] = _parse_number("target_mde", raw["target_mde"])
+    if raw.get("max_seeds") is not None:
+        values["max_seeds"] = _optional_int("max_seeds", raw["max_seeds"])
     values["steps"] = _default_steps(values)
     for key in ("add_baseline", "dry_run", "report", "sft_warm_start", "validate"):
         if key in raw:

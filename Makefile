@@ -57,8 +57,9 @@ sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEED
 		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]') \
 		$(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) $(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS))
 
-tune: $(STAMP) ## Optuna search over alpha (and what conf/sweeps/optuna.yaml lists)
+tune: $(STAMP) ## Optuna search over alpha, ~15 min (LR=1 adds trainer.lr; DRY_RUN=1 prints commands and estimate)
 	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \
+		$(if $(SEEDS),seeds=$(SEEDS)) $(if $(LR),tune_lr=true) $(if $(DRY_RUN),dry_run=true) \
 		$(if $(EXTRA),'extra=[$(EXTRA)]')
 
 report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep

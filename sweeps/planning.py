@@ -194,3 +194,46 @@ def evaluations_in(steps: int, val_every: int) -> int:
     if val_every > 0:
         points.update(range(val_every, steps + 1, val_every))
     return len(points)
+
+
+def run_shape(config: Any) -> tuple[int, int, int]:
+    """``(RL steps, validation items, validations)`` of one local run of ``config``: the trainer defaults
+    (``conf/trainer/grpo.yaml``, ``conf/task/arithmetic.yaml``) under the sweep's ``steps`` and ``extra`` overrides."""
+    from omegaconf import OmegaConf
+
+    from sweeps.config import CONF_DIR
+
+    trainer = OmegaConf.load(CONF_DIR / "trainer" / "grpo.yaml")
+    task = OmegaConf.load(CONF_DIR / "task" / "arithmetic.yaml")
+    values = {"trainer.total_steps": trainer.total_steps, "trainer.val_size": trainer.val_size,
+              "trainer.val_every": trainer.val_every, "task.test_size": task.test_size}
+    for item in config.extra:
+        key, _, value = item.lstrip("+").partition("=")
+        if key in values and value.isdigit():
+            values[key] = int(value)
+    steps = int(config.steps or values["trainer.total_steps"])
+    val_items = min(int(values["trainer.val_size"]), int(values["task.test_size"]))
+    return steps, val_items, evaluations_in(steps, int(values["trainer.val_every"]))
+
+
+def final_window_mean(run_dir: Path, key: str, window: int = DEFAULT_FINAL_WINDOW) -> float | None:
+    """Mean of the last ``window`` logged values of ``key`` in a run store (the report's final-window value), or
+    None when it logged none."""
+    from dataflex_rl.tracking.run_store import load_metrics
+
+    try:
+        frame = load_metrics(run_dir)
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    if key not in frame.columns:
+        return None
+    values = frame.sort_values("step")[key].to_numpy(dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(values[-window:].mean()) if values.size else None
+
+
+def describe_estimate(seconds: float, what: str) -> str:
+    """"estimate: about N minutes for <what> (...)" with the constants it comes from."""
+    return (f"estimate: about {seconds / 60:.0f} min for {what} on an idle machine ({STEP_SECONDS:g} s per RL step "
+            f"and {VALIDATION_ITEM_SECONDS * 1e3:g} ms per validation item per run, one thread each, measured by "
+            "benchmarks/bench_eval.py); a shared machine is slower")

@@ -167,10 +167,10 @@ def plot_metric_vs_alpha(
         if dots is not None and len(dots):
             seeds = dots if name is None else dots[dots[series_key].astype(str) == name]
             x = seeds["alpha"].to_numpy(dtype=np.float64)
-            spread = 0.012 * max(1e-9, np.ptp(alphas) if alphas.size > 1 else 1.0)
+            spread = 0.04 * max(1e-9, np.ptp(alphas) if alphas.size > 1 else 1.0)
             jitter = (np.random.default_rng(0).random(x.size) - 0.5) * 2 * spread  # fixed: the figure is reproducible
             y = seeds[value].to_numpy(dtype=np.float64)
-            ax.scatter(x + jitter, y, s=14, alpha=0.55, color=colors[name], edgecolors="none", zorder=2,
+            ax.scatter(x + jitter, y, s=18, alpha=0.6, color=colors[name], edgecolors="none", zorder=2,
                        label="one seed" if name is None else None)
             shown.append(y)
     if reference is not None and np.isfinite(reference):

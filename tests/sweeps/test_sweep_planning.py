@@ -93,3 +93,22 @@ def test_a_planned_sweep_adds_seeds_to_its_folder_then_resumes_without_touching_
     assert again["plan"] == plan
     assert all(entry["attempts"] == 1 for entry in again["runs"])
     assert stamps == {name: (sweep_dir / name / "metrics.jsonl").stat().st_mtime_ns for name in runs}
+
+
+@pytest.mark.slow
+def test_a_real_two_alpha_sweep_plans_from_its_pilot_and_resumes(tmp_path, sft_cache) -> None:
+    from .conftest import tiny_extra
+
+    sweep_dir = tmp_path / "runs" / "real"
+    argv = ["alpha=0.5", "seeds=1,2", "steps=2", "jobs=2", f"root={tmp_path / 'runs'}", "name=real",
+            "target_mde=0.01", "max_seeds=3", tiny_extra(sft_cache)]
+    assert main(argv) == 0
+    plan = read_manifest(sweep_dir)["plan"]
+    assert plan["pilot_seeds"] == [1, 2] and 2 <= len(plan["seeds"]) <= 3
+    expected = planning.planned_seed_count([c["std_difference"] for c in plan["comparisons"]], 2, 0.01, 3)[1]
+    assert len(plan["seeds"]) == expected
+    runs = runs_by_name(sweep_dir)
+    assert sorted(runs) == sorted(f"a{a}-s{s}" for a in ("0.0", "0.5") for s in plan["seeds"])
+    assert all(entry["state"] == "completed" for entry in runs.values())
+    assert main(argv) == 0  # resumed: nothing runs twice
+    assert all(entry["attempts"] == 1 for entry in read_manifest(sweep_dir)["runs"])

@@ -121,6 +121,13 @@ def variance_section(add: Add, summaries: pd.DataFrame, runs: pd.DataFrame, metr
     shown["val_items"] = [f"{value:g}" for value in shown["val_items"]]
     add(shown.to_markdown(index=False), "")
     over = table[table["eval_share"] > EVAL_SHARE_TARGET]
+    if (table["eval_share"] > 1.0).any():
+        add("Where the binomial variance exceeds the observed between-seed variance (share above 100%), the seeds "
+            "agree more closely than independent draws of the validation items would: every seed is evaluated on the "
+            "same items, so the item-sampling part of the evaluation noise is shared by all seeds, shifts every group "
+            "alike and cancels in the paired differences. The binomial figure bounds the noise of an absolute "
+            "accuracy; the paired intervals and MDEs above already contain whatever evaluation noise the differences "
+            "carry.", "")
     if len(over):
         add(f"In {len(over)} of {len(table)} group(s) evaluation noise exceeds {EVAL_SHARE_TARGET:.0%} of the "
             "between-seed variance: more validation items (`trainer.val_size`, at most `task.test_size`) would "

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
 # ALPHA unset: 0.0,0.25,0.5, or each preset's own alpha when MECH names presets.
 ALPHA ?=
-SEEDS ?= 1,2
+SEEDS ?=
 BACKEND ?= local
 LAUNCHER ?= local
 JOBS ?=
@@ -19,6 +19,11 @@ MECH ?=
 ETA ?=
 EXTRA ?=
 DRY_RUN ?=
+# Seeds planned for a target precision: make sweep TARGET_MDE=0.01 MAX_SEEDS=20 (SEEDS is the pilot)
+TARGET_MDE ?=
+MAX_SEEDS ?=
+# make tune: LR=1 searches trainer.lr too (alpha only by default)
+LR ?=
 
 .DEFAULT_GOAL := help
 
@@ -46,13 +51,15 @@ bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 	$(PY) -m benchmarks
 
 sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEEDS, JOBS, STEPS, SWEEP, EXTRA)
-	$(PY) -m sweeps $(if $(ALPHA),alpha=$(ALPHA)) seeds=$(SEEDS) backend=$(BACKEND) launcher=$(LAUNCHER) \
+	$(PY) -m sweeps $(if $(ALPHA),alpha=$(ALPHA)) $(if $(SEEDS),seeds=$(SEEDS)) backend=$(BACKEND) launcher=$(LAUNCHER) \
 		$(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
 		$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) \
-		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]')
+		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]') \
+		$(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) $(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS))
 
-tune: $(STAMP) ## Optuna search over alpha (and what conf/sweeps/optuna.yaml lists)
+tune: $(STAMP) ## Optuna search over alpha, ~15 min (LR=1 adds trainer.lr; DRY_RUN=1 prints commands and estimate)
 	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \
+		$(if $(SEEDS),seeds=$(SEEDS)) $(if $(LR),tune_lr=true) $(if $(DRY_RUN),dry_run=true) \
 		$(if $(EXTRA),'extra=[$(EXTRA)]')
 
 report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep

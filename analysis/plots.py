@@ -122,11 +122,25 @@ def plot_metric_vs_alpha(
     series_key: str | None = None,
     statistic: str = "mean",
     ax: Axes | None = None,
+    per_seed: pd.DataFrame | None = None,
+    value: str = "final_window",
+    reference: float | None = None,
+    reference_label: str = "after SFT",
+    min_span: float | None = None,
 ) -> Axes:
-    """``metric`` (from :func:`analysis.aggregate.aggregate_runs`) against alpha with CI error bars.
+    """``metric`` (from :func:`analysis.aggregate.aggregate_runs`) against alpha: every seed as a dot, the group mean,
+    and its interval only where there are enough seeds for one.
 
-    One line per value of ``series_key`` (e.g. ``mechanism_label``), or a single line when None.
+    One series per value of ``series_key`` (e.g. ``mechanism_label``), or a single one when None. ``per_seed``: the
+    run summaries (:func:`analysis.aggregate.run_summaries`) whose ``value`` column gives the dots. Error bars: the
+    Student-t interval (``statistic="mean"``) or the BCa IQM interval, drawn only from
+    ``MIN_SEEDS_FOR_INTERVAL`` seeds. ``reference``: a horizontal dashed line (e.g. the accuracy after SFT). The y-axis
+    does not exaggerate: it spans at least ``min_span`` (default 0.1 for a metric in [0, 1], e.g. 10 accuracy points,
+    so that a few validation items cannot fill the plot; else 10% of the largest magnitude), and holds every dot and
+    the reference.
     """
+    from analysis.aggregate import MIN_SEEDS_FOR_INTERVAL
+
     ax = _axes(ax)
     rows = aggregates[aggregates["metric"].astype(str) == metric]
     if rows.empty:
@@ -135,19 +149,49 @@ def plot_metric_vs_alpha(
     low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
     series = [None] if series_key is None else sorted(rows[series_key].astype(str).unique())
     colors = group_colors(series)
+    shown: list[np.ndarray] = []
+    dots = None if per_seed is None else per_seed[per_seed["metric"].astype(str) == metric]
     for name in series:
         part = rows if name is None else rows[rows[series_key].astype(str) == name]
         part = part.sort_values("alpha")
+        alphas = part["alpha"].to_numpy(dtype=np.float64)
         center = part[statistic].to_numpy(dtype=np.float64)
+        enough = part["n"].to_numpy() >= MIN_SEEDS_FOR_INTERVAL
         error = np.vstack([center - part[low_column].to_numpy(dtype=np.float64),
                            part[high_column].to_numpy(dtype=np.float64) - center])
-        ax.errorbar(part["alpha"].to_numpy(dtype=np.float64), center, yerr=np.clip(error, 0.0, None), marker="o", capsize=3,
-                    color=colors[name], label=None if name is None else str(name))
+        error = np.where(enough & np.isfinite(error), np.clip(error, 0.0, None), 0.0)
+        ax.errorbar(alphas, center, yerr=error, marker="D", markersize=6, capsize=4, linewidth=1.2,
+                    color=colors[name], label=f"{statistic} ± interval" if name is None else str(name), zorder=3)
+        shown.append(center - error[0])
+        shown.append(center + error[1])
+        if dots is not None and len(dots):
+            seeds = dots if name is None else dots[dots[series_key].astype(str) == name]
+            x = seeds["alpha"].to_numpy(dtype=np.float64)
+            spread = 0.04 * max(1e-9, np.ptp(alphas) if alphas.size > 1 else 1.0)
+            jitter = (np.random.default_rng(0).random(x.size) - 0.5) * 2 * spread  # fixed: the figure is reproducible
+            y = seeds[value].to_numpy(dtype=np.float64)
+            ax.scatter(x + jitter, y, s=18, alpha=0.6, color=colors[name], edgecolors="none", zorder=2,
+                       label="one seed" if name is None else None)
+            shown.append(y)
+    if reference is not None and np.isfinite(reference):
+        ax.axhline(reference, color="0.4", linestyle="--", linewidth=1.0, label=reference_label, zorder=1)
+        shown.append(np.array([reference]))
+    values = np.concatenate([np.ravel(v) for v in shown])
+    values = values[np.isfinite(values)]
+    if values.size:
+        low, high = float(values.min()), float(values.max())
+        unit_range = low >= 0.0 and high <= 1.0
+        span = min_span if min_span is not None else (0.1 if unit_range else 0.1 * max(abs(low), abs(high), 1e-12))
+        middle, half = (low + high) / 2.0, max(span, 1.1 * (high - low)) / 2.0
+        bottom, top = middle - half, middle + half
+        if unit_range:  # keep [0, 1] metrics inside [0, 1] without shrinking the span
+            bottom, top = (0.0, 2 * half) if bottom < 0 else (bottom, top)
+            bottom, top = (1.0 - 2 * half, 1.0) if top > 1 else (bottom, top)
+        ax.set_ylim(bottom, top)
     ax.set_xlabel("alpha")
-    ax.set_ylabel(f"{metric} ({statistic})")
-    ax.set_title(f"{metric} against alpha")
-    if series_key is not None:
-        ax.legend(fontsize="small")
+    ax.set_ylabel(f"{metric} ({value.replace('_', ' ')})")
+    ax.set_title(f"{metric} against alpha (dots: seeds)")
+    ax.legend(fontsize="small")
     return ax
 
 

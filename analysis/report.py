@@ -3,7 +3,9 @@
 Writes into ``runs/<sweep>/report/`` (or ``--out``):
 
 - ``report.md``: runs per group, excluded runs with their state and error, the comparison tables (final-window mean
-  and time-averaged AUC, with paired deltas against the baseline) and the figures as relative PNG links;
+  and time-averaged AUC, with paired deltas against the baseline), what each comparison could detect (MDE, seeds
+  needed for a target difference), the split of each group's variance into evaluation and training noise, the seed
+  plan of a planned sweep, and the figures as relative PNG links;
 - ``table_final_window.{md,csv,tex,html}``, ``table_auc.{md,csv,tex,html}`` (CSV = the numbers behind the table);
 - ``fig_*.png``; ``runs.csv`` (the run table, config columns included).
 
@@ -32,12 +34,17 @@ from analysis.aggregate import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
     DEFAULT_FINAL_WINDOW,
+    DEFAULT_LEVEL,
+    DEFAULT_POWER,
+    MIN_BOOTSTRAP_N,
+    MIN_SEEDS_FOR_INTERVAL,
     aggregate_runs,
     default_baseline,
     default_group_keys,
     paired_differences,
     run_summaries,
 )
+from analysis.power import plan_section, power_section, variance_section
 from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
 from analysis.tables import TABLE_STYLES, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
@@ -63,6 +70,7 @@ class ReportOptions:
     style: str = "pm"
     thresholds: Mapping[str, float] = field(default_factory=dict)
     include_incomplete: bool = False
+    target_effect: float = 0.01  # "to detect E you need N seeds" (a planned sweep's target_mde takes precedence)
 
 
 def _slug(text: str) -> str:
@@ -139,10 +147,19 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
         f"Source: `{data.source}`. Generated {generated}.", "",
         f"Runs: {n_included} included, {len(data.runs) - n_included} excluded. Groups: {', '.join(group_keys)}.", "",
         f"Per-run values: final window = mean of the last {options.final_window} logged values of a metric; AUC = "
-        "trapezoid area over steps divided by the run's step span. Cells: mean ± half-width of the "
-        f"{options.confidence:.0%} percentile bootstrap CI over seeds ({options.n_bootstrap} resamples, "
-        f"random_state {options.random_state}), (n runs); the best group is in bold. Δ: mean paired difference "
-        "against the baseline on the same seed [CI], P = probability of improvement P(X > Y), ties counting half.", "",
+        "trapezoid area over steps divided by the run's step span.", "",
+        "How to read the tables:", "",
+        f"- Cells: mean ± half-width of the {options.confidence:.0%} Student-t interval over seeds (n runs). Below "
+        f"{MIN_SEEDS_FOR_INTERVAL} seeds no interval is printed (\"too few seeds\"): a range of 2 values is no "
+        "confidence interval.",
+        f"- Δ: mean difference against the baseline paired by seed, [{options.confidence:.0%} paired-t interval], "
+        "paired t-test p-value (with several groups against one baseline, also Holm-adjusted), MDE = the smallest "
+        f"|Δ| this many seeds detect with {DEFAULT_POWER:.0%} power at a two-sided {DEFAULT_LEVEL:g} level, from the "
+        "spread of the paired differences.",
+        "- **Bold**: a Δ whose paired interval excludes 0. Nothing else is bold; no group mean is marked best.",
+        f"- IQM and probability-of-improvement intervals (CSV columns) are BCa bootstrap intervals "
+        f"(`scipy.stats.bootstrap`, {options.n_bootstrap} resamples, random_state {options.random_state}), given "
+        f"from {MIN_BOOTSTRAP_N} seeds on (below, the bootstrap undercovers).", "",
     )
     data.runs.to_csv(out_dir / "runs.csv", index=False)
 
@@ -168,6 +185,13 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
         summaries = run_summaries(data.metrics, metrics=table_metrics, final_window=options.final_window,
                                   thresholds=dict(options.thresholds))
         _table_sections(document, summaries, table_metrics, group_keys, options)
+        primary = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
+        plan = (data.manifest or {}).get("plan")
+        target = float(plan["target_mde"]) if plan and plan.get("target_mde") else options.target_effect
+        power_section(document.add, summaries, primary, group_keys, target, options.confidence)
+        variance_section(document.add, summaries, data.runs, primary, group_keys)
+        if plan:
+            plan_section(document.add, plan, summaries, group_keys, options.confidence)
     else:
         document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
 
@@ -244,9 +268,12 @@ def _figure_sections(
         aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys,
                                     confidence=options.confidence, n_bootstrap=options.n_bootstrap,
                                     random_state=random_state)
+        reference = after_sft_reference(data.metrics, final_metric)
         document.figure(f"Final {final_metric} against alpha", f"final_vs_alpha_{_slug(final_metric)}",
-                        lambda figure: plots.plot_metric_vs_alpha(aggregates, final_metric, series_key=series_key,
-                                                                  ax=figure.add_subplot()))
+                        lambda figure: plots.plot_metric_vs_alpha(
+                            aggregates, final_metric, series_key=series_key, ax=figure.add_subplot(),
+                            per_seed=summaries[summaries["metric"].astype(str) == final_metric],
+                            reference=reference, reference_label="after SFT (step 0)"))
     else:
         document.add("### Final metric against alpha", "", "Skipped: no table metric, or alpha is not a group key.", "")
 
@@ -292,6 +319,12 @@ def _figure_sections(
                      f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")
 
 
+def after_sft_reference(long: pd.DataFrame, metric: str) -> float | None:
+    """Mean over runs of ``metric`` at step 0 (the evaluation of the SFT warm start before any RL step), or None."""
+    at_start = long[(long["metric"].astype(str) == metric) & (long["step"] == 0)]
+    return float(at_start["value"].mean()) if len(at_start) else None
+
+
 def build_report(
     sweep_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
     options: ReportOptions = ReportOptions(),
@@ -329,6 +362,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--style", choices=TABLE_STYLES, default="pm", help="pm: mean ± half-width; interval: [lo, hi]")
     parser.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="METRIC=VALUE",
                         help="also report steps to reach VALUE for METRIC (repeatable)")
+    parser.add_argument("--target-effect", type=float, default=0.01,
+                        help="difference for 'to detect E you need N seeds' (default %(default)s)")
     parser.add_argument("--include-incomplete", action="store_true",
                         help="aggregate failed / unfinished runs too (they stay listed by state)")
     return parser.parse_args(argv)
@@ -343,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         group_keys=tuple(arguments.group_keys) if arguments.group_keys else None,
         final_window=arguments.final_window, confidence=arguments.confidence, n_bootstrap=arguments.bootstrap,
         random_state=arguments.random_state, style=arguments.style, thresholds=dict(arguments.threshold),
-        include_incomplete=arguments.include_incomplete,
+        include_incomplete=arguments.include_incomplete, target_effect=arguments.target_effect,
     )
     try:
         report_path = build_report(arguments.sweep_dir, arguments.out, options)

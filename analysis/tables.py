@@ -1,8 +1,11 @@
 """Comparison tables: one row per group (alpha, or mechanism configuration and alpha), one column per metric.
 
-A cell reads ``mean ± half-width (n)`` (style ``pm``; half-width = half the bootstrap CI) or ``mean [low, high] (n)``
-(style ``interval``); the best group of each metric with a direction is marked (bold); a ``Δ <metric>`` column gives the paired
-difference against the baseline as ``+diff [low, high] P=p`` (``P`` = probability of improvement). Writers: Markdown
+A cell reads ``mean ± half-width (n)`` (style ``pm``; half-width = half the 95% Student-t interval over seeds) or
+``mean [low, high] (n)`` (style ``interval``); below :data:`analysis.aggregate.MIN_SEEDS_FOR_INTERVAL` seeds it reads
+``mean (n, too few seeds)``, never a range. A ``Δ <metric>`` column gives the difference against the baseline paired
+by seed: ``+diff [low, high] p=... MDE ...`` (paired-t interval, paired t-test p-value, Holm-adjusted p when several
+groups are compared with one baseline, minimum detectable effect at 80% power). **Bold marks exactly the differences
+whose paired interval excludes 0**; no group mean is bold (the best-looking mean is not evidence). Writers: Markdown
 (``pandas.to_markdown``, which needs ``tabulate``), LaTeX and HTML (pandas Styler, which needs ``jinja2``) and CSV (the
 numbers behind the table in tidy form: one row per group and metric).
 """
@@ -19,7 +22,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import metric_direction
+from analysis.aggregate import MIN_SEEDS_FOR_INTERVAL
 
 TableStyle = Literal["pm", "interval"]
 TABLE_STYLES: tuple[str, ...] = ("pm", "interval")
@@ -30,7 +33,8 @@ DELTA_PREFIX = "Δ "
 @dataclass(frozen=True)
 class ComparisonTable:
     """``cells`` ``(n_groups, n_keys + n_columns)`` text without markup (group-key columns first), ``best`` the same
-    shape (True where a cell is its column's best), ``numbers`` the tidy numbers (one row per group and metric)."""
+    shape (True where a cell is bold: a difference whose paired interval excludes 0), ``numbers`` the tidy numbers
+    (one row per group and metric)."""
 
     cells: pd.DataFrame
     best: pd.DataFrame
@@ -47,16 +51,38 @@ def _format_key(value: object) -> str:
 def _format_cell(mean: float, low: float, high: float, n: int, style: TableStyle, digits: int) -> str:
     if not np.isfinite(mean):
         return "n/a"
+    if n < MIN_SEEDS_FOR_INTERVAL or not (np.isfinite(low) and np.isfinite(high)):
+        return f"{mean:.{digits}f} ({n}, too few seeds)" if n < MIN_SEEDS_FOR_INTERVAL else f"{mean:.{digits}f} ({n})"
     if style == "pm":
         return f"{mean:.{digits}f} ± {(high - low) / 2:.{digits}f} ({n})"
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] ({n})"
 
 
-def _format_delta(row: pd.Series, digits: int) -> str:
+def _format_p(value: float) -> str:
+    return "p<0.001" if value < 0.001 else f"p={value:.3f}" if value < 0.01 else f"p={value:.2f}"
+
+
+def _format_delta(row: pd.Series, digits: int, multiple: bool) -> str:
+    """``+diff [low, high] p=.. (Holm ..) MDE ..``; without an interval below MIN_SEEDS_FOR_INTERVAL pairs."""
     if row["n_pairs"] == 0 or not np.isfinite(row["mean_difference"]):
         return "n/a (no common seed)"
-    return (f"{row['mean_difference']:+.{digits}f} [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}] "
-            f"P={row['prob_improvement']:.2f}")
+    text = f"{row['mean_difference']:+.{digits}f}"
+    if row["n_pairs"] < MIN_SEEDS_FOR_INTERVAL or not np.isfinite(row["ci_low"]):
+        return f"{text} ({int(row['n_pairs'])} seeds, too few seeds)"
+    text += f" [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}]"
+    if "p_value" in row and np.isfinite(row["p_value"]):
+        text += " " + _format_p(row["p_value"])
+        if multiple and "p_holm" in row and np.isfinite(row["p_holm"]):
+            text += f" (Holm {_format_p(row['p_holm'])})"
+    if "mde" in row and np.isfinite(row["mde"]):
+        text += f" MDE {row['mde']:.{digits}f}"
+    return text
+
+
+def significant(row: pd.Series) -> bool:
+    """Bold rule: at least MIN_SEEDS_FOR_INTERVAL pairs and a paired interval that excludes 0."""
+    return bool(row["n_pairs"] >= MIN_SEEDS_FOR_INTERVAL and np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])
+                and (row["ci_low"] > 0 or row["ci_high"] < 0))
 
 
 def comparison_table(
@@ -75,11 +101,13 @@ def comparison_table(
     """Build the table from :func:`analysis.aggregate.aggregate_runs` output (and optionally
     :func:`analysis.aggregate.paired_differences` output as ``deltas``).
 
-    ``statistic``: ``mean`` (CI of the mean) or ``iqm`` (CI of the IQM). ``metrics``: the columns, in order (default:
-    every metric of ``aggregates``). Baseline rows get ``baseline`` in their delta cells. The best group is marked only
-    for metrics with a direction (:func:`analysis.aggregate.metric_direction`, overridden by ``minimize`` /
-    ``maximize``): none for e.g. ``response_length/mean``.
+    ``statistic``: ``mean`` (Student-t interval of the mean) or ``iqm`` (BCa interval of the IQM, given from
+    :data:`analysis.aggregate.MIN_BOOTSTRAP_N` runs). ``metrics``: the columns, in order (default: every metric of
+    ``aggregates``). Baseline rows get ``baseline`` in their delta cells. Bold (``best``): the delta cells whose paired
+    interval excludes 0 (:func:`significant`), whatever the metric's direction; ``minimize`` / ``maximize`` are
+    accepted for existing callers and no longer pick a best group.
     """
+    del minimize, maximize
     if style not in TABLE_STYLES:
         raise ValueError(f"style={style!r} is not one of {TABLE_STYLES}")
     if statistic not in ("mean", "iqm"):
@@ -106,31 +134,24 @@ def comparison_table(
 
     for metric in metrics:
         by_group = lookup(aggregates, metric)
-        column, means = [], []
+        column = []
         for label in group_labels:
             row = by_group.get(label)
             if row is None or not row["n"]:
                 column.append("n/a")
-                means.append(np.nan)
                 continue
-            center = float(row[statistic])
-            column.append(_format_cell(center, float(row[low_column]), float(row[high_column]), int(row["n"]),
-                                       style, digits))
-            means.append(center)
+            column.append(_format_cell(float(row[statistic]), float(row[low_column]), float(row[high_column]),
+                                       int(row["n"]), style, digits))
         cells[metric] = column
-        means_array = np.array(means, dtype=np.float64)
         best[metric] = False
-        direction = metric_direction(metric, minimize, maximize)
-        if direction and np.isfinite(means_array).sum() > 1:
-            target = np.nanmin(means_array) if direction < 0 else np.nanmax(means_array)
-            best[metric] = np.isclose(means_array, target, rtol=0.0, atol=0.5 * 10.0 ** -digits)
         delta_rows = lookup(deltas, metric) if deltas is not None and len(deltas) else {}
         if delta_rows:  # paired_differences has a row for every group but the baseline
             delta_column = DELTA_PREFIX + metric
+            multiple = len(delta_rows) > 1
             cells[delta_column] = [
-                _format_delta(delta_rows[label], digits) if label in delta_rows else "baseline"
+                _format_delta(delta_rows[label], digits, multiple) if label in delta_rows else "baseline"
                 for label in group_labels]
-            best[delta_column] = False
+            best[delta_column] = [label in delta_rows and significant(delta_rows[label]) for label in group_labels]
 
     numbers = aggregates[aggregates["metric"].astype(str).isin(metrics)]
     if deltas is not None and len(deltas):

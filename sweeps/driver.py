@@ -392,7 +392,19 @@ def write_report(sweep_dir: Path) -> tuple[int, str]:
 
 
 def run_sweep(config: SweepConfig, argv: Sequence[str] = ()) -> int:
-    """The whole sweep; returns the exit status (0 all completed, 1 a run failed, 2 refused, 128+n stopped)."""
+    """The whole sweep; returns the exit status (0 all completed, 1 a run failed, 2 refused, 128+n stopped).
+
+    With ``target_mde``: a pilot on the given seeds, then the seeds planned from it (:mod:`sweeps.planning`).
+    """
+    if config.target_mde is not None and not config.dry_run:
+        from sweeps.planning import run_planned_sweep
+
+        return run_planned_sweep(config, argv, _run_sweep_once)
+    return _run_sweep_once(config, argv)
+
+
+def _run_sweep_once(config: SweepConfig, argv: Sequence[str] = ()) -> int:
+    """One invocation over the configured seeds (see :func:`run_sweep`)."""
     try:
         plan = plan_sweep(config)
     except ConfigError as error:

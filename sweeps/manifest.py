@@ -139,6 +139,7 @@ class Manifest:
             "invocations": list(previous.get("invocations", [])),
             "warm_starts": list(previous.get("warm_starts", [])),
             "runs": list(previous.get("runs", [])),
+            **({"plan": previous["plan"]} if "plan" in previous else {}),  # a seed plan (sweeps.planning) stays
         }
         self._by_name = {entry["run"]: entry for entry in self.data["runs"]}
 

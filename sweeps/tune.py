@@ -1,5 +1,7 @@
-"""``python -m sweeps.tune [key=value ...]`` (``make tune``): Optuna search over alpha and what
-``conf/sweeps/optuna.yaml`` lists, maximising the final validation accuracy averaged over seeds.
+"""``python -m sweeps.tune [key=value ...]`` (``make tune``): Optuna search over alpha (and ``trainer.lr`` with
+``tune_lr=true``, ``make tune LR=1``), maximising the final-window mean of the validation accuracy (the mean of each
+run's last ``final_window`` evaluations, as the report uses) averaged over seeds. An estimate of the study's wall
+time is printed before it starts; ``dry_run=true`` prints the first trial's command lines and the estimate only.
 
 - One OS process per run: each trial runs its seeds as child processes through the sweep's own launcher and
   scheduling loop (:class:`sweeps.driver.SweepRunner`), ``jobs`` at once.
@@ -36,13 +38,16 @@ from sweeps.driver import (
     SweepStopped,
     concurrency,
     default_name,
-    final_metric,
 )
 from sweeps.grid import ALPHA_KEY, RunSpec, format_number, parse_extra
 from sweeps.launchers import Job, build_launcher
 from sweeps.manifest import Manifest, utc_now
+from sweeps.planning import describe_estimate, estimate_seconds, final_window_mean, run_shape
 
-TUNE_KEYS = ("n_trials", "metric", "direction", "search", "enqueue", "sampler", "pruner", "retries")
+TUNE_KEYS = ("n_trials", "metric", "direction", "search", "enqueue", "sampler", "pruner", "retries", "final_window",
+             "tune_lr")
+LR_SEARCH = {"name": "trainer.lr", "type": "float", "low": 1.0e-5, "high": 1.0e-3, "log": True}
+DEFAULT_LR = 1.0e-4
 PARAM_TYPES = ("float", "int", "categorical")
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "none")
@@ -101,6 +106,7 @@ class TuneConfig:
     sampler: Mapping[str, Any]
     pruner: Mapping[str, Any]
     retries: int
+    final_window: int = 5
 
 
 def parse_tune_config(cfg: Any) -> TuneConfig:
@@ -115,7 +121,12 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
         raise ConfigError(f"extra = {list(sweep.extra)!r} is not allowed: a study has no grid axes; list the "
                           f"parameter under search: instead")
     search = []
-    for index, item in enumerate(raw.get("search") or []):
+    items = list(raw.get("search") or [])
+    enqueue_items = [dict(item) for item in raw.get("enqueue") or []]
+    if raw.get("tune_lr") and not any(isinstance(i, Mapping) and i.get("name") == LR_SEARCH["name"] for i in items):
+        items.append(dict(LR_SEARCH))  # opt-in: lr with alpha (every enqueued trial starts at the default lr)
+        enqueue_items = [{**item, LR_SEARCH["name"]: DEFAULT_LR} for item in enqueue_items]
+    for index, item in enumerate(items):
         if not isinstance(item, Mapping) or "name" not in item:
             raise ConfigError(f"search[{index}] = {item!r} is not allowed: write {{name: alpha, type: float, "
                               f"low: 0.0, high: 1.0}}")
@@ -130,7 +141,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
         raise ConfigError("search = [] is not allowed: list at least one parameter, e.g. {name: alpha, type: float, "
                           "low: 0.0, high: 1.0}")
     names = [param.name for param in search]
-    enqueue = tuple(dict(item) for item in raw.get("enqueue") or [])
+    enqueue = tuple(enqueue_items)
     for item in enqueue:
         unknown = [key for key in item if key not in names]
         if unknown:
@@ -146,6 +157,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
         direction=check_choice("direction", raw.get("direction", "maximize"), ("maximize", "minimize")),
         search=tuple(search), enqueue=enqueue, sampler=sampler, pruner=pruner,
         retries=check_int_at_least("retries", raw.get("retries", 1), 0),
+        final_window=check_int_at_least("final_window", raw.get("final_window", 5), 1),
     )
 
 
@@ -266,13 +278,22 @@ def _format_param(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def study_estimate(tune: TuneConfig, trials: int, jobs: int) -> str:
+    """The estimate printed before a study starts: ``trials`` trials one after the other, each running its seeds
+    ``jobs`` at once (pruned trials end sooner: an upper bound)."""
+    steps, val_items, evaluations = run_shape(tune.sweep)
+    per_trial = estimate_seconds(len(tune.sweep.seeds), steps, jobs, val_items=val_items, evaluations=evaluations)
+    return describe_estimate(trials * per_trial, f"{trials} trial(s) x {len(tune.sweep.seeds)} seed(s) x {steps} steps")
+
+
 def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
     import optuna
     from filelock import FileLock, Timeout
     from optuna.trial import TrialState
 
     config = tune.sweep
-    name = config.name or default_name(config, prefix="tune")
+    searches_lr = any(param.name == LR_SEARCH["name"] for param in tune.search)
+    name = config.name or default_name(config, prefix="tune-lr" if searches_lr else "tune")  # own study per space
     sweep_dir = Path(config.root) / name
     jobs, threads = concurrency(config, len(config.seeds))
     plan = SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads, warm_starts=[],
@@ -291,6 +312,7 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
     if config.dry_run:
         for run in plan_runs(config, trial_specs(tune, probe, "t000"), name, sweep_dir, threads):
             print(f"# {run.name} (trial 0 with the lower bounds)\n{run.shell_line()}")
+        print(study_estimate(tune, tune.n_trials, jobs))
         return 0
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(sweep_dir / ".sweep.lock")
@@ -313,6 +335,8 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
     print(f"study {name}: {finished} trial(s) finished, {remaining} to run"
           + (f" ({len(queued)} failed trial(s) queued again)" if queued else "")
           + f"; {len(config.seeds)} seed(s) per trial, {jobs} run(s) at once; folder {sweep_dir}", flush=True)
+    if remaining:
+        print(study_estimate(tune, remaining, jobs), flush=True)
     try:
         manifest = Manifest(sweep_dir, {"sweep": name, "backend": config.backend, "launcher": config.launcher,
                                         "study": {"storage": storage, "n_trials": tune.n_trials,
@@ -350,7 +374,7 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
             failed_trials.append(trial.number)
             raise TrialFailed(f"run(s) {', '.join(failed)} failed; see {sweep_dir / 'logs'}")
         reporter.report_new_steps()
-        values = [final_metric(run.run_dir, tune.metric) for run in runs]
+        values = [final_window_mean(run.run_dir, tune.metric, tune.final_window) for run in runs]
         missing = [run.name for run, value in zip(runs, values, strict=True) if value is None]
         if missing:
             failed_trials.append(trial.number)

@@ -144,8 +144,12 @@ def test_unequal_length_curves_forward_fill_and_never_extrapolate() -> None:
     assert curves["n"].tolist() == [2, 2, 3, 2, 1]
     assert curves.loc[1, "mean"] == pytest.approx((1.0 + 20.0) / 2)
     assert curves.loc[2, "mean"] == pytest.approx((2.0 + 30.0 + 7.0) / 3)
-    assert curves.loc[6, "mean"] == 4.0 and curves.loc[6, "ci_low"] == 4.0 and curves.loc[6, "ci_high"] == 4.0
-    assert (curves["ci_low"] <= curves["mean"] + 1e-12).all() and (curves["mean"] <= curves["ci_high"] + 1e-12).all()
+    # one run covers step 6: a mean but no interval
+    assert curves.loc[6, "mean"] == 4.0 and np.isnan(curves.loc[6, "ci_low"]) and np.isnan(curves.loc[6, "ci_high"])
+    # step 2: values 2, 30, 7 -> mean 13, s = sqrt(((-11)^2 + 17^2 + (-6)^2) / 2) = sqrt(223), t_{0.975,2} = 4.302653
+    half = 4.302653 * np.sqrt(223.0) / np.sqrt(3.0)
+    assert curves.loc[2, "ci_low"] == pytest.approx(13.0 - half, rel=1e-6)
+    assert curves.loc[2, "ci_high"] == pytest.approx(13.0 + half, rel=1e-6)
     assert curves.loc[2, "iqm"] == pytest.approx(stats.trim_mean([2.0, 30.0, 7.0], 0.25))
 
     explicit = aggregate.align_curves(long, "m", step_grid=[0, 3, 5])
@@ -184,10 +188,11 @@ def test_aggregate_runs_by_hand() -> None:
     assert row["n"] == 4 and row["mean"] == pytest.approx(2.5)
     assert row["std"] == pytest.approx(np.std([1, 2, 3, 4], ddof=1))
     assert row["iqm"] == pytest.approx(2.5)  # int(0.25*4)=1 cut each end -> mean(2, 3)
-    assert 1.0 <= row["ci_low"] <= 2.5 <= row["ci_high"] <= 4.0
-    assert row["iqm_ci_low"] <= row["iqm"] <= row["iqm_ci_high"]
-    single = result.loc[0.0]  # the NaN run is ignored: one value, a zero-width CI
-    assert single["n"] == 1 and single["mean"] == 7.0 and single["ci_low"] == single["ci_high"] == 7.0
+    # Student t: s = sqrt(5/3) = 1.290994, t_{0.975,3} = 3.182446 -> half-width 3.182446 * 1.290994 / 2 = 2.054260
+    assert row["ci_low"] == pytest.approx(0.445740, abs=1e-6) and row["ci_high"] == pytest.approx(4.554260, abs=1e-6)
+    assert np.isnan(row["iqm_ci_low"]) and np.isnan(row["iqm_ci_high"])  # 4 runs: below MIN_BOOTSTRAP_N, refused
+    single = result.loc[0.0]  # the NaN run is ignored: one value, no interval
+    assert single["n"] == 1 and single["mean"] == 7.0 and np.isnan(single["ci_low"]) and np.isnan(single["ci_high"])
     assert np.isnan(single["std"])
     pd.testing.assert_frame_equal(aggregate.aggregate_runs(summaries, random_state=0).set_index("alpha"), result)
     with pytest.raises(KeyError, match="temperature"):
@@ -206,8 +211,14 @@ def test_paired_differences_by_hand() -> None:
     assert row["mean"] == pytest.approx(0.75) and row["baseline_mean"] == pytest.approx(0.55)
     # x = (0.6, 0.9), y = (0.5, 0.6): 0.6>0.5, 0.6=0.6 (half), 0.9>0.5, 0.9>0.6 -> 3.5 / 4
     assert row["prob_improvement"] == pytest.approx(0.875)
-    assert 0.1 - 1e-12 <= row["ci_low"] <= 0.2 <= row["ci_high"] <= 0.3 + 1e-12
-    assert 0.0 <= row["prob_ci_low"] <= row["prob_improvement"] <= row["prob_ci_high"] <= 1.0
+    # paired t: s_d = 0.141421, se = 0.1, t_{0.975,1} = 12.706205 -> 0.2 +- 1.270620
+    assert row["ci_low"] == pytest.approx(-1.070620, abs=1e-6) and row["ci_high"] == pytest.approx(1.470620, abs=1e-6)
+    # t = 2 on 1 df: p = 1 - 2 atan(2) / pi
+    assert row["p_value"] == pytest.approx(1.0 - 2.0 * np.arctan(2.0) / np.pi)
+    assert row["p_holm"] == pytest.approx(row["p_value"])  # a single comparison: Holm changes nothing
+    assert row["method"] == "paired t" and row["std_difference"] == pytest.approx(np.sqrt(0.02))
+    assert row["mde"] > 1.0  # two pairs detect almost nothing
+    assert np.isnan(row["prob_ci_low"]) and np.isnan(row["prob_ci_high"])  # bootstrap refused at 2 pairs
 
 
 def test_paired_differences_lower_is_better_and_errors() -> None:

@@ -4,12 +4,14 @@ Used where a test checks the driver's own logic (pruning, launchers) and needs k
 ``val/accuracy = alpha + 0.01 * seed`` at every step, ``SCRIPTED_TRAIN_STEP_S`` seconds per step (default 0).
 ``mode=sft`` appends a line to ``<sft.cache_dir>/sft_calls`` and exits 0. The same ``run_dir`` again resumes after
 the last logged step; a completed run exits 0 at once. SIGTERM marks the run interrupted (exit 130).
-``SCRIPTED_TRAIN_FAIL=<run name>`` makes that run fail (exit 1, status failed).
+``SCRIPTED_TRAIN_FAIL=<run name>`` makes that run fail (exit 1, status failed). ``SCRIPTED_TRAIN_NOISE=<sd>`` adds
+``sd * z`` to ``val/accuracy``, ``z`` a standard normal fixed by (alpha, seed), so seed-paired differences vary.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 import time
@@ -55,10 +57,11 @@ def main(argv: list[str]) -> int:
         store.set_status("failed", step=step, error="scripted failure")
         return 1
     step_seconds = float(os.environ.get("SCRIPTED_TRAIN_STEP_S", "0"))
+    noise = float(os.environ.get("SCRIPTED_TRAIN_NOISE", "0")) * random.Random(f"{alpha}-{seed}").gauss(0.0, 1.0)
     while step < total:
         time.sleep(step_seconds)
         step += 1
-        store.log_metrics(step, {"val/accuracy": alpha + 0.01 * seed})
+        store.log_metrics(step, {"val/accuracy": alpha + 0.01 * seed + noise})
     store.detach()
     store.set_status("completed", step=step)
     lock.release()

@@ -223,6 +223,15 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
 def test_mechanism_presets_without_alpha_use_their_own_alpha_and_add_the_baseline():
     config = config_of("mechanisms=ar,lopti", "seeds=1")
     assert config.alpha == () and config.mechanisms == ("baseline", "ar", "lopti")
-    assert config_of("seeds=1").alpha == (0.0, 0.25, 0.5)  # no presets: the default alpha grid
+    assert config_of("seeds=1").alpha == (0.0, 0.5)  # no presets: the default alpha grid
     crossed = config_of("mechanisms=ar", "alpha=0.25", "add_baseline=false")
     assert crossed.alphas == (0.25,) and crossed.mechanisms == ("ar",)
+
+
+def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
+    config = config_of()
+    assert config.alphas == (0.0, 0.5) and config.seeds == tuple(range(1, 9)) and config.steps == 120
+    assert config_of("steps=50").steps == 50
+    assert config_of("extra=[trainer.total_steps=30]").steps is None  # the override decides, given once
+    assert config_of("local_steps=null").steps is None  # the trainer's own 400
+    assert config_of("backend=verl").steps is None  # verl keeps its experiment's steps

@@ -101,7 +101,36 @@ def test_bad_study_settings_are_refused_naming_them(argv, named):
     assert named in str(caught.value)
 
 
-def test_the_default_study_searches_alpha_and_lr_and_starts_at_the_baseline():
+def test_the_default_study_searches_alpha_and_starts_at_the_baseline():
     tune = parse_tune_config(load_config([], config_name="optuna", allowed_extra_keys=TUNE_KEYS)[0])
-    assert [param.name for param in tune.search] == ["alpha", "trainer.lr"]
+    assert [param.name for param in tune.search] == ["alpha"]
     assert tune.enqueue[0]["alpha"] == 0.0 and tune.sweep.alpha == () and tune.direction == "maximize"
+
+
+def test_default_study_searches_alpha_only_and_lr_is_an_opt_in() -> None:
+    cfg, _ = load_config([], config_name="optuna", allowed_extra_keys=TUNE_KEYS)
+    tune = parse_tune_config(cfg)
+    assert [param.name for param in tune.search] == ["alpha"] and tune.sweep.seeds == (1, 2)
+    assert tune.sweep.steps == 120 and tune.final_window == 5 and tune.n_trials == 8
+    cfg, _ = load_config(["tune_lr=true"], config_name="optuna", allowed_extra_keys=TUNE_KEYS)
+    with_lr = parse_tune_config(cfg)
+    assert [param.name for param in with_lr.search] == ["alpha", "trainer.lr"]
+    assert all(item["trainer.lr"] == 1.0e-4 for item in with_lr.enqueue)
+
+
+def test_dry_run_prints_commands_and_an_estimate_and_starts_nothing(tmp_path, capsys) -> None:
+    assert main(["name=dry", f"root={tmp_path / 'runs'}", "dry_run=true"]) == 0
+    output = capsys.readouterr().out
+    assert "estimate: about" in output and "8 trial(s) x 2 seed(s) x 120 steps" in output
+    assert "trainer.total_steps=120" in output and not (tmp_path / "runs").exists()
+
+
+def test_objective_is_the_final_window_mean(tmp_path) -> None:
+    from analysis.testing import write_fake_run
+    from sweeps.planning import final_window_mean
+
+    run = write_fake_run(tmp_path / "run", metrics={"val/accuracy": [0.1, 0.9, 0.2, 0.3, 0.4, 0.5, 0.6]},
+                         steps=[0, 1, 2, 3, 4, 5, 6])
+    assert final_window_mean(run, "val/accuracy", 5) == pytest.approx((0.2 + 0.3 + 0.4 + 0.5 + 0.6) / 5)
+    assert final_window_mean(run, "val/accuracy", 1) == pytest.approx(0.6)
+    assert final_window_mean(run, "not/logged") is None

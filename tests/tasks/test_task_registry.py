@@ -93,8 +93,10 @@ def test_every_task_yaml_builds_its_task(path: pathlib.Path) -> None:
 def test_yaml_defaults_match_the_brief() -> None:
     arithmetic = OmegaConf.to_container(OmegaConf.load(CONF_TASK / "arithmetic.yaml"))
     assert arithmetic == {
-        "name": "arithmetic", "max_digits": 3, "min_digits": 1, "ops": ["+"], "test_size": 256, "test_seed": 12345,
+        "name": "arithmetic", "max_digits": 3, "min_digits": 1, "ops": ["+"], "test_size": 1024, "test_seed": 12345,
     }  # fmt: skip
+    trainer = OmegaConf.load(CONF_TASK.parent / "trainer" / "grpo.yaml")
+    assert arithmetic["test_size"] >= trainer.val_size  # every validation item a distinct held-out problem
     knights_knaves = OmegaConf.to_container(OmegaConf.load(CONF_TASK / "knights_knaves.yaml"))
     assert knights_knaves["num_people"] == 3
     assert knights_knaves["rendering"] == "compact"

@@ -138,6 +138,19 @@ def test_the_trainer_installs_the_staged_loss_built_from_the_actor_config(verl_c
     # The experiment's KL loss settings, as verl's worker reads them from the same block.
     assert (config.use_kl_loss, config.kl_loss_coef, config.kl_loss_type, config.loss_agg_mode) == (
         True, 0.001, "low_var_kl", "token-mean")
+    # set_loss_fn dispatches ONE_TO_ALL through Ray, which serialises the function with cloudpickle: it must arrive
+    # whole and compute the same loss on the worker's side.
+    import ray.cloudpickle
+
+    arrived = ray.cloudpickle.loads(ray.cloudpickle.dumps(installed))
+    policy, reference = TinyLM(14), TinyLM(114)
+    rows = make_rows(14, policy, reference)
+    advantages, stage_masks = stages_of(rows)
+    data = batch_of(rows, torch.where(stage_masks[0], advantages, 0.0), stage_masks[0])
+    tu.assign_non_tensor(data, batch_num_tokens=int(data["response_mask"].values().sum()), dp_size=1)
+    output = StubActorWorkerGroup(policy, config)._forward(data)
+    assert arrived.func is staged_ppo_loss
+    assert torch.equal(arrived(model_output=output, data=data)[0], installed(model_output=output, data=data)[0])
 
 
 def test_a_staged_mechanism_with_distillation_is_refused(verl_config):

@@ -28,6 +28,9 @@ ACTUATORS: Registry[type[Actuator]] = Registry("actuator")
 register_actuator = ACTUATORS.register
 
 NORMALIZE_CHOICES = ("mean", "none")
+# Lopti's split: ``threshold`` (pi < |eta|, the paper code's ``seperate_prob``) or ``quantile`` (pi below the
+# |eta|-quantile of the batch's valid token probabilities, so |eta| is a share of tokens: ``seperate_portion``).
+SPLIT_CHOICES = ("threshold", "quantile")
 
 
 class Actuator:
@@ -104,11 +107,13 @@ class AdvantageReweight(Actuator):
 
 @register_actuator("lopti")
 class LoptiReweight(AdvantageReweight):
-    """Advantage Reweighting (off by default: ``alpha = 0``) plus Lopti's threshold ``eta``.
+    """Advantage Reweighting (off by default: ``alpha = 0``) plus Lopti's ``eta`` and ``split``.
 
-    The ``isolate`` mechanism splits valid tokens by ``pi < |eta|`` and updates the policy in two stages: the
-    low-probability tokens first for ``eta > 0``, the others first for ``eta < 0`` (the paper code's
-    ``seperate_prob``). The weights are :class:`AdvantageReweight`'s, applied inside each stage.
+    The ``isolate`` mechanism splits valid tokens into a low-probability group and the rest and updates the policy
+    in two stages: the low group first for ``eta > 0``, the rest first for ``eta < 0``. ``split: threshold``: the
+    low group is ``pi < |eta|`` (the paper code's ``seperate_prob``); ``split: quantile``: ``pi < q`` with ``q`` the
+    ``|eta|``-quantile of the batch's valid token probabilities, so ``|eta|`` is the share of tokens in the low group
+    (the paper code's ``seperate_portion``). The weights are :class:`AdvantageReweight`'s, applied inside each stage.
     """
 
     name = "lopti"
@@ -118,14 +123,17 @@ class LoptiReweight(AdvantageReweight):
     class Params(AdvantageReweight.Params):
         alpha: float = 0.0
         eta: float = 0.5
+        split: str = "threshold"
 
         def __post_init__(self) -> None:
             super().__post_init__()
+            check_choice("split", self.split, SPLIT_CHOICES)
             eta = check_number("eta", self.eta)
             if not -1.0 <= eta <= 1.0 or eta == 0.0:
+                meaning = "pi < eta" if self.split == "threshold" else "pi below the eta-quantile of pi"
                 raise ConfigError(
                     f"eta = {self.eta!r} is not allowed: it must be in [-1, 0) or (0, 1] (eta > 0: tokens with "
-                    f"pi < eta update first; eta < 0: tokens with pi >= |eta| update first)"
+                    f"{meaning} update first; eta < 0: the others update first)"
                 )
             object.__setattr__(self, "eta", eta)
 

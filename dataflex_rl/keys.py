@@ -17,6 +17,8 @@ TOKEN_PROB_LOW_FRAC = "dataflex/token_prob/low_frac"
 VALID_TOKENS = "dataflex/valid_tokens"
 # Lopti (mechanism ``isolate``): share of valid tokens with pi < |eta| (the low-probability group), while active.
 LOPTI_LOW_TOKEN_FRAC = "dataflex/lopti/low_token_frac"
+# Lopti: the probability threshold of the split (|eta|, or the |eta|-quantile of pi with split: quantile).
+LOPTI_THRESHOLD = "dataflex/lopti/threshold"
 
 # Histogram names (run store ``histograms.parquet`` column ``name``; W&B key is the same string).
 HIST_WEIGHT = "dataflex/hist/weight"
@@ -44,6 +46,15 @@ ENTROPY = "actor/entropy"
 KL_LOSS = "actor/kl_loss"
 LR = "actor/lr"
 UPDATE_STAGES = "actor/update_stages"  # policy updates per step: 1, or the number of a staged mechanism's stages
+
+
+def stage_metric(stage: int, key: str) -> str:
+    """``actor/stage<i>/<name>``: an actor metric of one update stage of a staged mechanism (``stage`` from 0).
+
+    ``key`` is the merged metric's key (``actor/pg_loss`` -> ``actor/stage0/pg_loss``); the merged key holds the
+    mean over the stages.
+    """
+    return f"actor/stage{stage}/{key.removeprefix('actor/')}"
 
 # --- timing (verl names) -----------------------------------------------------------------------------------
 TIMING_GEN = "timing_s/gen"

@@ -241,36 +241,67 @@ class ReweightMechanism(Mechanism):
 class IsolateMechanism(Mechanism):
     """Low-Probability Token Isolation (Lopti, arXiv:2505.12929), with the ``lopti`` actuator's reweighting inside.
 
-    Valid tokens are split by ``pi < |eta|`` (``pi = exp(old_log_probs)``): the low group and the rest. The policy
-    is updated twice per step, the low group first for ``eta > 0`` and the rest first for ``eta < 0``; each stage
-    sees the (reweighted) advantages of its own group only, 0 elsewhere. The trainer keeps ``old_log_probs`` fixed
-    across the stages and normalises each stage's loss over all response tokens, as the paper's code does.
-    Both stages always run, even when one group is empty (as in the paper's code).
+    Valid tokens are split into a low group, ``pi < t`` (``pi = exp(old_log_probs)``), and the rest, where the
+    threshold ``t`` is ``|eta|`` (``split: threshold``) or the ``|eta|``-quantile of the batch's valid ``pi``
+    (``split: quantile``, linear interpolation as ``torch.quantile``; tokens with ``pi = 0`` are left out of the
+    quantile, as in the paper's code). The policy is updated twice per step, the low group first for ``eta > 0`` and
+    the rest first for ``eta < 0``; each stage sees the (reweighted) advantages of its own group only, 0 elsewhere,
+    and its KL and entropy terms over its own tokens only (the paper code's ``kl_entropy_mask``). The trainer keeps
+    ``old_log_probs`` fixed across the stages and normalises each stage's loss over all response tokens, as the
+    paper's code does. Both stages always run, even when one group is empty (as in the paper's code).
     """
 
     name = "isolate"
     default_actuator = "lopti"
     actuators_allowed = ("lopti",)
+    # The threshold of the latest split, for the step's metrics (set by stage_masks, read right after by process).
+    _last_threshold: float = float("nan")
+
+    def split_threshold(self, token_probs: torch.Tensor, response_mask: torch.Tensor) -> float:
+        """The probability threshold ``t`` of the low group ``pi < t`` (see the class docstring)."""
+        params = self.actuator.params
+        if params.split == "threshold":
+            return abs(params.eta)
+        return masked_quantile(token_probs, response_mask & (token_probs > 0), abs(params.eta))
 
     def stage_masks(self, fields: Fields, token_probs: torch.Tensor | None) -> list[torch.Tensor]:
         """``[first, second]`` boolean ``(bs, L)`` masks; together they cover the valid tokens exactly once."""
         response_mask = fields["response_mask"].bool()
         if token_probs is None:
             token_probs = masked_log_probs(fields["old_log_probs"], response_mask).exp()
-        eta = self.actuator.params.eta
-        low = response_mask & (token_probs < abs(eta))
+        threshold = self.split_threshold(token_probs, response_mask)
+        self._last_threshold = threshold
+        low = response_mask & (token_probs < threshold)
         high = response_mask & ~low
-        return [low, high] if eta > 0 else [high, low]
+        return [low, high] if self.actuator.params.eta > 0 else [high, low]
 
     def process(self, step: int, fields: Fields, *, histograms: bool = False) -> MechanismOutput:
-        """:meth:`Mechanism.process` plus ``dataflex/lopti/low_token_frac`` (share of valid tokens with
-        ``pi < |eta|``) while staging is active."""
+        """:meth:`Mechanism.process` plus, while staging is active, ``dataflex/lopti/low_token_frac`` (share of valid
+        tokens in the low group) and ``dataflex/lopti/threshold`` (the split's ``t``)."""
         output = super().process(step, fields, histograms=histograms)
         if output.stage_masks is not None:
             low = output.stage_masks[0 if self.actuator.params.eta > 0 else 1]
             count = output.metrics.get(keys.VALID_TOKENS, 0.0)
             output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] = float(low.sum()) / count if count else 0.0
+            output.metrics[keys.LOPTI_THRESHOLD] = self._last_threshold
         return output
+
+
+def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> float:
+    """The ``q``-quantile of ``values[mask]``, computed as ``torch.quantile`` (``interpolation='linear'``) does.
+
+    Sort, then ``lerp(sorted[floor(r)], sorted[ceil(r)], r - floor(r))`` with ``r = q * (n - 1)`` in the values'
+    dtype: the same arithmetic as ``torch.quantile``, without its limit of 2**24 elements. With no element selected,
+    0.0 (so ``pi < 0`` selects no token).
+    """
+    selected = values[mask]
+    if selected.numel() == 0:
+        return 0.0
+    ordered = selected.sort().values
+    rank = torch.tensor(q, dtype=ordered.dtype) * (ordered.numel() - 1)
+    below = rank.floor().long()
+    above = rank.ceil().long()
+    return float(torch.lerp(ordered[below], ordered[above], rank - below.to(ordered.dtype)))
 
 
 def staged_mechanism_names() -> list[str]:

@@ -9,7 +9,9 @@ with ``conf/train.yaml`` and validated by ``parse_train_config``; the first bad 
 Backend ``verl``: ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync <experiment overrides>
 +dataflex.* ...`` from :func:`dataflex_rl.verl.command.build_verl_command`, with ``seed=<s>``,
 ``trainer.total_training_steps=<steps>``, ``trainer.experiment_name=<sweep>-<run>`` and
-``trainer.default_local_dir=<sweep folder>/<run>/checkpoints``; W&B's group comes from ``WANDB_RUN_GROUP``.
+``trainer.default_local_dir=<sweep folder>/<run>/checkpoints`` and the run store's place
+(``+dataflex_run.{dir,sweep,name,seed,mechanism_label}``, so the trainer writes ``<sweep folder>/<run>`` as the local
+backend does); W&B's group comes from ``WANDB_RUN_GROUP``.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def preset_overrides(name: str) -> list[str]:
 
 def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
     """The verl argv of one run (validated by the command builder: bad dataflex values raise ConfigError)."""
-    from dataflex_rl.verl.command import build_verl_command
+    from dataflex_rl.verl.command import build_verl_command, hydra_value
 
     common, _ = parse_extra(config.extra)
     _check_steps_once(config, common, "trainer.total_training_steps")
@@ -186,7 +188,11 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
     if config.steps is not None:
         extra.append(f"trainer.total_training_steps={config.steps}")
     extra += [*common, *spec.axis_overrides, f"trainer.experiment_name={sweep}-{spec.name}",
-              f"trainer.default_local_dir={hydra_path(sweep_dir / spec.name / 'checkpoints')}"]
+              f"trainer.default_local_dir={hydra_path(sweep_dir / spec.name / 'checkpoints')}",
+              f"+dataflex_run.dir={hydra_path(sweep_dir / spec.name)}", f"+dataflex_run.sweep={hydra_value(sweep)}",
+              f"+dataflex_run.name={hydra_value(spec.name)}", f"+dataflex_run.seed={spec.seed}"]
+    if spec.mechanism:
+        extra.append(f"+dataflex_run.mechanism_label={spec.mechanism}")
     try:
         return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
     except ConfigError as error:

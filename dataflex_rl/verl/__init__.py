@@ -5,11 +5,15 @@
   entry point of the ``verl.plugins`` group, and ``pyproject.toml`` names this module there
   (``dataflex = "dataflex_rl.verl.trainer"``). So after ``pip install`` of the project,
   ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync +dataflex.mechanism=reweight ...``
-  works unchanged. verl swallows a plugin's import error (logged at DEBUG level); set
+  works unchanged. verl swallows a plugin's import error (logged at DEBUG level); run the doctor, or set
   ``VERL_USE_EXTERNAL_MODULES=dataflex_rl.verl.trainer`` to have verl import it and fail loudly instead.
 - :mod:`dataflex_rl.verl.command`: the ``python -m verl.trainer.main_ppo ...`` command line of an experiment file
   (does not import verl, so sweep drivers stay light).
 - :mod:`dataflex_rl.verl.histograms`: mechanism histograms to verl's W&B run.
+- :mod:`dataflex_rl.verl.loss`: verl's ``ppo_loss`` with per-stage KL and entropy terms, for staged mechanisms.
+- :mod:`dataflex_rl.verl.run_record`: the project's run store, written by the trainer beside verl's loggers.
+- :mod:`dataflex_rl.verl.check`: ``python -m dataflex_rl.verl.check``, the doctor (versions, the plugin's import
+  with its traceback, the entry point, a command's validation).
 
 This package's ``__init__`` imports nothing heavy on purpose: importing :mod:`dataflex_rl.verl.command` must not
 import verl's trainer stack.

@@ -9,10 +9,16 @@ is never read or written: verl's policy loss multiplies it in, so the two compos
 
 A staged mechanism (Lopti, ``dataflex.mechanism=isolate``) hands over its stage masks; ``_update_actor`` then runs
 verl's actor update once per stage, each time with ``advantages`` = the reweighted advantages on the stage's tokens
-and 0 elsewhere, and ``old_log_probs`` untouched between the stages; verl's token-mean loss normalises each stage
-over all response tokens, as the paper's code does. Afterwards the full reweighted advantages are written back, so
-verl's step metrics see them. The actor metrics are the mean over the stages (as in the paper's code), plus
+and 0 elsewhere, the stage's mask in the field ``dataflex_stage_mask``, and ``old_log_probs`` untouched between the
+stages. The actor's loss is :func:`dataflex_rl.verl.loss.staged_ppo_loss` (installed on the workers with verl's
+``set_loss_fn``): verl's ``ppo_loss`` with the KL and entropy terms over the stage's tokens only, every term
+normalised over all response tokens, as the paper's code (``kl_entropy_mask``) does. Afterwards the full reweighted
+advantages are written back, so verl's step metrics see them. Each stage's actor metrics are reported as
+``actor/stage<i>/<name>``; the merged ``actor/<name>`` is their mean (as in the paper's code), plus
 ``actor/update_stages``.
+
+With a ``dataflex_run.dir`` in the config the trainer also writes the project's run store
+(:mod:`dataflex_rl.verl.run_record`), so the analysis reads verl runs like local ones.
 
 Shapes: TransferQueue holds each response field as a jagged nested tensor ``(bs, j)``; the mechanism sees the
 padded ``(bs, L)`` tensors (``L`` = longest response in the batch, padding 0, ``response_mask`` 0 there).
@@ -32,14 +38,17 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_to_nested
 
 from dataflex_rl import keys
 from dataflex_rl.config import ConfigError, to_plain
 from dataflex_rl.mechanism import Mechanism, build_mechanism
-from dataflex_rl.metrics import prob_bucket_stats
+from dataflex_rl.metrics import Histogram, prob_bucket_stats
 from dataflex_rl.verl.histograms import WandbHistogramLogger
+from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function
+from dataflex_rl.verl.run_record import VerlRunRecord, run_place
 
 TRAINER_NAME = "dataflex_sync"
 # The fields the mechanism reads (verl's TransferQueue names); only "advantages" is written back.
@@ -56,7 +65,7 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
     """Validate the ``dataflex`` block of a verl config and build its mechanism (no worker is started).
 
     Raises :class:`ConfigError` with the same message as the local backend for a bad value, and also when the
-    block is missing.
+    block is missing, or when a staged mechanism meets a moving LR schedule or distillation.
     """
     block = config.get("dataflex") if isinstance(config, (DictConfig, Mapping)) else None
     if block is None:
@@ -65,9 +74,39 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
             f"command line, e.g. {EXAMPLE_OVERRIDES}"
         )
     mechanism = build_mechanism(to_plain(block))
-    if type(mechanism).stage_masks is not Mechanism.stage_masks:
+    if is_staged(mechanism):
         check_constant_schedule(config, mechanism)
+        check_no_distillation(config, mechanism)
     return mechanism
+
+
+def is_staged(mechanism: Mechanism) -> bool:
+    """Whether the mechanism splits the policy update in stages (overrides ``Mechanism.stage_masks``)."""
+    return type(mechanism).stage_masks is not Mechanism.stage_masks
+
+
+OPTIM_PREFIX = "actor_rollout_ref.actor.optim"
+# Every optimiser key through which verl 0.9.1 moves the learning rate, and the value that keeps it still.
+# ``warmup_style`` is FSDP's deprecated name of ``lr_scheduler_type``: FSDPOptimizerConfig.__post_init__
+# (verl/workers/config/optimizer.py) copies it over ``lr_scheduler_type`` when it is set, so it wins.
+# ``lr_decay_style`` is Megatron's schedule (McoreOptimizerConfig, default "linear": it decays).
+SCHEDULE_KEYS = ("warmup_style", "lr_scheduler_type", "lr_decay_style")
+WARMUP_KEYS = ("lr_warmup_steps", "lr_warmup_steps_ratio")
+
+
+def moving_schedule_keys(optim: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(key, value)`` of each optimiser setting that moves the learning rate during training."""
+    moving = []
+    if optim.get("warmup_style") is not None:
+        # verl's alias: lr_scheduler_type takes warmup_style's value, so only warmup_style counts.
+        if optim["warmup_style"] != "constant":
+            moving.append(("warmup_style", optim["warmup_style"]))
+    elif optim.get("lr_scheduler_type", "constant") not in ("constant", None):
+        moving.append(("lr_scheduler_type", optim["lr_scheduler_type"]))
+    if optim.get("lr_decay_style", "constant") not in ("constant", None):
+        moving.append(("lr_decay_style", optim["lr_decay_style"]))
+    moving += [(key, optim[key]) for key in WARMUP_KEYS if (optim.get(key) or 0) > 0]
+    return moving
 
 
 def check_constant_schedule(config: DictConfig | Mapping[str, Any], mechanism: Mechanism) -> None:
@@ -77,19 +116,29 @@ def check_constant_schedule(config: DictConfig | Mapping[str, Any], mechanism: M
     per training step: warmup and decay would run that many times too fast.
     """
     optim = to_plain(config).get("actor_rollout_ref", {}).get("actor", {}).get("optim", {}) or {}
-    moving = {
-        "actor_rollout_ref.actor.optim.lr_scheduler_type": optim.get("lr_scheduler_type", "constant") != "constant",
-        "actor_rollout_ref.actor.optim.lr_warmup_steps": (optim.get("lr_warmup_steps") or 0) > 0,
-        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": (optim.get("lr_warmup_steps_ratio") or 0) > 0,
-    }
-    for key, is_moving in moving.items():
-        if is_moving:
-            raise ConfigError(
-                f"{key} = {optim.get(key.rsplit('.', 1)[-1])!r} is not allowed with dataflex.mechanism = "
-                f"{mechanism.config.mechanism!r}: each of its update stages steps verl's LR scheduler, which verl "
-                f"sizes for one update per step; use a constant schedule without warmup (lr_scheduler_type=constant, "
-                f"lr_warmup_steps=0, lr_warmup_steps_ratio=0)"
-            )
+    moving = moving_schedule_keys(optim)
+    if moving:
+        key, value = moving[0]
+        alias = " (verl's deprecated name of lr_scheduler_type, which it overrides)" if key == "warmup_style" else ""
+        raise ConfigError(
+            f"{OPTIM_PREFIX}.{key} = {value!r} is not allowed with dataflex.mechanism = "
+            f"{mechanism.config.mechanism!r}{alias}: each of its update stages steps verl's LR scheduler, which verl "
+            f"sizes for one update per step; use a constant schedule without warmup (lr_scheduler_type=constant, "
+            f"warmup_style=null or constant, lr_decay_style=constant on Megatron, lr_warmup_steps=0, "
+            f"lr_warmup_steps_ratio=0)"
+        )
+
+
+def check_no_distillation(config: DictConfig | Mapping[str, Any], mechanism: Mechanism) -> None:
+    """Refuse a staged mechanism with on-policy distillation: verl then uses its distillation loss, which has no
+    per-stage KL and entropy masks."""
+    distillation = to_plain(config).get("distillation") or {}
+    if isinstance(distillation, Mapping) and distillation.get("enabled"):
+        raise ConfigError(
+            f"distillation.enabled = True is not allowed with dataflex.mechanism = {mechanism.config.mechanism!r}: "
+            f"its staged updates need the dataflex actor loss (per-stage KL and entropy), which replaces verl's "
+            f"distillation loss; turn distillation off or use a single-update mechanism (reweight)"
+        )
 
 
 @dataclasses.dataclass
@@ -107,9 +156,15 @@ class PendingStages:
 
 
 def merge_stage_metrics(per_stage: list[dict[str, Any]]) -> dict[str, float]:
-    """The mean over the stages of each actor metric (a metric missing from a stage is averaged over the others)."""
+    """Each stage's ``actor/...`` metrics as ``actor/stage<i>/...``, and the mean over the stages of every metric
+    under its own name (a metric missing from a stage is averaged over the others), as the paper's code merges."""
     names = dict.fromkeys(name for stage in per_stage for name in stage)
-    return {name: float(np.mean([stage[name] for stage in per_stage if name in stage])) for name in names}
+    merged = {name: float(np.mean([stage[name] for stage in per_stage if name in stage])) for name in names}
+    for index, stage in enumerate(per_stage):
+        merged.update(
+            {keys.stage_metric(index, name): float(value) for name, value in stage.items() if name.startswith("actor/")}
+        )
+    return merged
 
 
 def wandb_enabled(config: DictConfig | Mapping[str, Any]) -> bool:
@@ -125,6 +180,7 @@ class DataflexSyncTrainer(PPOTrainerSync):
     def __init__(self, config: DictConfig) -> None:
         # Validate before verl builds anything, so a bad dataflex block stops the run before any worker starts.
         self.mechanism = mechanism_from_verl_config(config)
+        self.run_place = run_place(config, self.mechanism.config.mechanism)
         self.histogram_logger = WandbHistogramLogger(self.mechanism.config.mechanism) if wandb_enabled(config) else None
         super().__init__(config)
 
@@ -141,7 +197,59 @@ class DataflexSyncTrainer(PPOTrainerSync):
 
     # Set by the advantage step when the mechanism asks for staged updates; taken by the next actor update.
     pending_stages: PendingStages | None = None
+    # The mechanism's histograms of the current step, for the run store (written with the step's metrics).
+    pending_histograms: dict[str, Histogram] = {}
+    # The run store (with a dataflex_run.dir); open from the start of fit to its end.
+    run_record: VerlRunRecord | None = None
+    run_place = None
+    _train_begun = False
 
+    # --- setup and the run store ------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        super()._setup()
+        if is_staged(self.mechanism):
+            self.install_staged_loss()
+
+    def install_staged_loss(self) -> None:
+        """Give the actor workers :func:`staged_ppo_loss` (verl's ``ppo_loss`` plus per-stage KL and entropy),
+        built from the same actor config the workers build their own loss from."""
+        actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+        self.actor_rollout_wg.set_loss_fn(staged_loss_function(actor_config))
+
+    def fit(self, agent_loop_manager: Any) -> None:
+        """verl's ``fit``, with the run store opened before it and closed after it (failed, with the traceback,
+        when it raises)."""
+        if self.run_place is None:
+            return super().fit(agent_loop_manager)
+        alpha = float(self.mechanism.config.actuator.params.get("alpha", 0.0))
+        self.run_record = VerlRunRecord(self.run_place, self.config, self.mechanism.config.mechanism, alpha)
+        self.run_record.start(self.global_steps)
+        try:
+            super().fit(agent_loop_manager)
+        except BaseException as error:
+            self.run_record.finish(error)
+            raise
+        self.run_record.finish()
+
+    def on_train_begin(self) -> None:
+        self._train_begun = True
+        super().on_train_begin()
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation; the one before training (step 0 of a fresh run) goes to the run store here, later
+        ones with their step's metrics."""
+        val_metrics = super()._validate()
+        if self.run_record is not None and not self._train_begun and self.global_steps == 0:
+            self.run_record.log_step(0, val_metrics, {})
+        return val_metrics
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch) -> None:
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        histograms, self.pending_histograms = self.pending_histograms, {}
+        if self.run_record is not None:
+            self.run_record.log_step(global_steps, metrics, histograms)
+
+    # --- the mechanism ------------------------------------------------------------------------------------------
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_advantage(batch, metrics=metrics)
         with marked_timer(MECHANISM_TIMER, self.timing_raw, color="purple"):
@@ -157,13 +265,15 @@ class DataflexSyncTrainer(PPOTrainerSync):
         padded = data.to_padded_tensor()
         fields = {name: padded[name] for name in MECHANISM_FIELDS}
 
-        output = self.mechanism.process(self.global_steps, fields, histograms=self.histogram_logger is not None)
+        want_histograms = self.histogram_logger is not None or self.run_record is not None
+        output = self.mechanism.process(self.global_steps, fields, histograms=want_histograms)
         metrics.update(output.metrics)
         response_mask = fields["response_mask"].bool()
         token_probs = torch.where(response_mask, fields["old_log_probs"].float(), 0.0).exp()
         metrics.update(prob_bucket_stats(token_probs, output.advantages, response_mask))
         if self.histogram_logger is not None:
             self.histogram_logger.log(self.global_steps, output.histograms)
+        self.pending_histograms = dict(output.histograms)
 
         self.pending_stages = None
         if output.stage_masks is not None:
@@ -184,14 +294,14 @@ class DataflexSyncTrainer(PPOTrainerSync):
                 "the actor update got a different batch (or order) than the advantage step that computed its "
                 f"stages: {len(batch.keys)} keys vs {len(stages.keys)}"
             )
-        # The workers read the advantages from TransferQueue by key, so each stage overwrites them there and passes
-        # the same batch handle on, as verl's own _update_actor does.
+        # The workers read the batch from TransferQueue by key, the fields the handle lists; so each stage writes
+        # its advantages and mask there and passes the handle that put returned (it lists the mask field).
         per_stage = []
         for stage_mask in stages.stage_masks:
             stage_advantages = torch.where(stage_mask, stages.advantages, 0.0).to(stages.advantages.dtype)
-            put_advantages(batch, stage_advantages, stages.nested_response_mask)
+            stage_batch = put_stage(batch, stage_advantages, stage_mask, stages.nested_response_mask)
             stage_metrics: dict = {}
-            super()._update_actor(batch, metrics=stage_metrics)
+            super()._update_actor(stage_batch, metrics=stage_metrics)
             per_stage.append(stage_metrics)
         put_advantages(batch, stages.advantages, stages.nested_response_mask)
         metrics.update(merge_stage_metrics(per_stage))
@@ -206,4 +316,19 @@ def put_advantages(batch: KVBatchMeta, advantages: torch.Tensor, nested_response
         keys=batch.keys,
         partition_id=batch.partition_id,
         fields=TensorDict({"advantages": nested}, batch_size=len(batch)),
+    )
+
+
+def put_stage(
+    batch: KVBatchMeta, advantages: torch.Tensor, stage_mask: torch.Tensor, nested_response_mask: torch.Tensor
+) -> KVBatchMeta:
+    """Write one stage's padded ``(bs, L)`` advantages and its mask (field ``dataflex_stage_mask``, in
+    ``response_mask``'s dtype) to TransferQueue; returns the handle listing every stored field."""
+    mask_values = stage_mask.to(nested_response_mask.dtype)
+    fields = {
+        "advantages": response_to_nested(advantages, nested_response_mask),
+        STAGE_MASK_FIELD: response_to_nested(mask_values, nested_response_mask),
+    }
+    return tq.kv_batch_put(
+        keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch))
     )

@@ -4,6 +4,14 @@ The paper code's split (arXiv:2505.12929; ``seperate_prob`` in ``verl/trainer/pp
 AR-Lopti repository), restated: ``first = exp(old_log_probs) < eta`` for ``eta > 0`` and
 ``first = exp(old_log_probs) >= -eta`` for ``eta < 0``; the first update sees ``where(first, A, 0)``, the second
 ``where(first, 0, A)``, with ``A`` the (reweighted) advantages.
+
+Its quantile split (``seperate_portion``, used when ``seperate_prob == 0``), restated::
+
+    real_probs = exp(old_log_probs) * attention_mask;  real_probs = real_probs[real_probs > 0]
+    q = torch.quantile(real_probs, |portion|)
+    first = exp(old_log_probs) < q  (portion > 0)   |   first = exp(old_log_probs) >= q  (portion < 0)
+
+Here ``split: quantile`` with ``eta = portion``.
 """
 
 import math
@@ -179,7 +187,7 @@ def test_isolate_defaults_to_the_lopti_actuator():
     parsed = parse_dataflex_config({"mechanism": "isolate"})
     assert parsed.actuator.name == "lopti"
     assert dict(parsed.actuator.params) == {"alpha": 0.0, "normalize": "mean", "tau": None, "neg_adv_weight": 1.0,
-                                            "eta": 0.5}
+                                            "eta": 0.5, "split": "threshold"}
     assert isinstance(build_mechanism({"mechanism": "isolate"}), IsolateMechanism)
 
 
@@ -230,3 +238,62 @@ def test_preset_files_keep_the_public_block_shape():
     for preset in ("lopti", "ar_lopti"):
         block = OmegaConf.load(f"{CONF_DIR}/dataflex/{preset}.yaml")
         assert set(block) == {"mechanism", "scorer", "actuator", "warmup_step"}
+
+
+# --- quantile split (the paper code's seperate_portion) -------------------------------------------------------------
+def paper_portion_stage_advantages(advantages, old_log_probs, response_mask, portion):
+    """The paper code's ``seperate_portion`` branch (module docstring), on valid tokens."""
+    real_probs = torch.exp(old_log_probs) * response_mask
+    real_probs = real_probs[real_probs > 0]
+    threshold = torch.quantile(real_probs, abs(portion), dim=0, keepdim=True)
+    first = torch.exp(old_log_probs) < threshold if portion > 0 else torch.exp(old_log_probs) >= threshold
+    first = first & response_mask  # their padding has advantage 0; ours is outside both stages
+    return [torch.where(first, advantages, 0.0), torch.where(response_mask & ~first, advantages, 0.0)], threshold
+
+
+def test_hand_derived_quantile_split():
+    # Valid pi = 0.1, 0.5, 0.75, 0.25, 1.0; sorted 0.1, 0.25, 0.5, 0.75, 1.0. eta = 0.5: rank 0.5 * 4 = 2 -> q = 0.5,
+    # so the low group is pi < 0.5 = {0.1, 0.25}. eta = 0.3: rank 1.2 -> q = 0.25 + 0.2 * (0.5 - 0.25) = 0.3.
+    output = build_mechanism(lopti_config(eta=0.5, split="quantile")).process(0, hand_fields())
+    assert torch.equal(output.stage_masks[0], torch.tensor([[True, False, False], [True, False, False]]))
+    assert output.metrics[keys.LOPTI_THRESHOLD] == pytest.approx(0.5)
+    output = build_mechanism(lopti_config(eta=0.3, split="quantile")).process(0, hand_fields())
+    assert output.metrics[keys.LOPTI_THRESHOLD] == pytest.approx(0.3)
+    assert torch.equal(output.stage_masks[0], torch.tensor([[True, False, False], [True, False, False]]))
+    # The threshold split reports |eta| as its threshold.
+    output = build_mechanism(lopti_config(eta=-0.4)).process(0, hand_fields())
+    assert output.metrics[keys.LOPTI_THRESHOLD] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("eta", [0.2, 0.5, 0.8, 1.0, -0.3, -1.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_quantile_split_equals_the_paper_code(eta, seed):
+    fields = random_fields(seed, rows=16, length=33)
+    fields["old_log_probs"][1, :4] = -200.0  # pi underflows to 0: left out of the quantile, as theirs does
+    output = build_mechanism(lopti_config(eta=eta, split="quantile")).process(0, fields)
+    expected, threshold = paper_portion_stage_advantages(
+        fields["advantages"], fields["old_log_probs"], fields["response_mask"], eta)
+    for ours, theirs in zip(stage_advantages(output), expected, strict=True):
+        assert torch.equal(ours, theirs)
+    assert output.metrics[keys.LOPTI_THRESHOLD] == float(threshold)
+
+
+def test_quantile_split_puts_the_share_eta_in_the_low_group():
+    # 1000 distinct probabilities: eta = 0.3 puts 0.3 of the valid tokens first (up to one token).
+    pi = torch.linspace(0.001, 0.999, 1000).reshape(10, 100)
+    fields = {"old_log_probs": pi.log(), "response_mask": torch.ones(10, 100, dtype=torch.bool),
+              "advantages": torch.ones(10, 100)}
+    output = build_mechanism(lopti_config(eta=0.3, split="quantile")).process(0, fields)
+    assert abs(output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] - 0.3) <= 1 / 1000
+
+
+def test_quantile_split_without_valid_tokens_puts_nothing_in_the_low_group():
+    fields = hand_fields()
+    fields["response_mask"] = torch.zeros_like(fields["response_mask"])
+    output = build_mechanism(lopti_config(eta=0.5, split="quantile")).process(0, fields)
+    assert not output.stage_masks[0].any() and not output.stage_masks[1].any()
+
+
+def test_unknown_split_is_refused():
+    with pytest.raises(ConfigError, match="split = 'median' is not allowed; allowed values: 'threshold', 'quantile'"):
+        build_mechanism(lopti_config(split="median"))

@@ -62,3 +62,14 @@ def test_lopti_stages_only_from_warmup_step(tmp_path, sft_cache):
     assert optimizer_steps(run_dir) == 1 + 2  # step 1: one update; step 2: two
     assert frame.loc[1, keys.ACTIVE] == 0.0 and frame.loc[2, keys.ACTIVE] == 1.0
     assert math.isnan(frame.loc[1, keys.LOPTI_LOW_TOKEN_FRAC]) and frame.loc[2, keys.LOPTI_LOW_TOKEN_FRAC] >= 0.0
+
+
+def test_lopti_quantile_split_puts_the_share_eta_first(tmp_path, sft_cache):
+    # split: quantile (the paper code's seperate_portion): eta = 0.25 is the share of valid tokens updated first.
+    run_dir, frame = run_preset(tmp_path, sft_cache, "lopti",
+                                ["+dataflex.actuator.params.split=quantile", "dataflex.actuator.params.eta=0.25"])
+    assert optimizer_steps(run_dir) == STEPS * 2
+    train = frame.loc[1:STEPS]
+    assert (train[keys.LOPTI_LOW_TOKEN_FRAC] - 0.25).abs().max() < 0.05
+    # The threshold is the batch's quantile of pi, not eta itself.
+    assert train[keys.LOPTI_THRESHOLD].between(0.0, 1.0).all() and (train[keys.LOPTI_THRESHOLD] != 0.25).all()

@@ -21,6 +21,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from dataflex_rl import ConfigError, build_mechanism, keys
 from dataflex_rl.verl.histograms import WandbHistogramLogger
+from dataflex_rl.verl.loss import STAGE_MASK_FIELD
 from dataflex_rl.verl.trainer import (
     MECHANISM_TIMER,
     TRAINER_NAME,
@@ -321,9 +322,13 @@ class RecordingActorGroup:
     def __init__(self, queues) -> None:
         self.queues = queues
         self.seen_advantages: list[torch.Tensor] = []
+        self.seen_stage_masks: list[torch.Tensor | None] = []
 
     def update_actor(self, batch: KVBatchMeta) -> dict:
         self.seen_advantages.append(padded(self.queues.current, batch, "advantages"))
+        # The workers read the fields the handle lists (verl's kv_batch_meta2batch_meta selects meta.fields).
+        listed = batch.fields is not None and STAGE_MASK_FIELD in batch.fields
+        self.seen_stage_masks.append(padded(self.queues.current, batch, STAGE_MASK_FIELD) if listed else None)
         call = float(len(self.seen_advantages) - 1)
         return {"metrics": {"pg_loss": [call, call], "grad_norm": [2.0 + call], "mfu": 0.5}}
 
@@ -350,7 +355,7 @@ def test_staged_mechanism_builds_from_the_experiment_command(compose_verl, kk_ov
     assert trainer.mechanism.config.mechanism == "isolate"
     # The experiment's AR settings (alpha = 0.2) stay, so this is AR + Lopti, high-probability tokens first.
     assert dict(trainer.mechanism.config.actuator.params) == {
-        "alpha": 0.2, "normalize": "mean", "tau": None, "neg_adv_weight": 1.0, "eta": -0.4
+        "alpha": 0.2, "normalize": "mean", "tau": None, "neg_adv_weight": 1.0, "eta": -0.4, "split": "threshold"
     }
 
 
@@ -360,7 +365,11 @@ def test_staged_mechanism_builds_from_the_experiment_command(compose_verl, kk_ov
         ("actor_rollout_ref.actor.optim.lr_warmup_steps=10", "lr_warmup_steps = 10"),
         ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "lr_warmup_steps_ratio = 0.1"),
         ("actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "lr_scheduler_type = 'cosine'"),
+        # verl's deprecated alias: FSDPOptimizerConfig copies warmup_style over lr_scheduler_type.
+        ("actor_rollout_ref.actor.optim.warmup_style=cosine", "warmup_style = 'cosine'"),
+        ("+actor_rollout_ref.actor.optim.lr_decay_style=linear", "lr_decay_style = 'linear'"),
     ],
+    ids=["warmup-steps", "warmup-ratio", "scheduler-type", "warmup-style-alias", "megatron-decay-style"],
 )
 def test_staged_mechanism_refuses_a_moving_lr_schedule(compose_verl, kk_overrides, override, key):
     # Each stage steps verl's scheduler once, which verl sizes for one update per step.
@@ -397,11 +406,18 @@ def test_lopti_runs_one_actor_update_per_stage_on_the_stage_tokens(verl_config, 
     assert len(actor.seen_advantages) == 2
     torch.testing.assert_close(actor.seen_advantages[0], torch.where(first, expected, 0.0), rtol=0, atol=0)
     torch.testing.assert_close(actor.seen_advantages[1], torch.where(second, expected, 0.0), rtol=0, atol=0)
+    # Each stage's mask reaches the workers beside its advantages (the staged loss masks KL and entropy with it).
+    assert torch.equal(actor.seen_stage_masks[0].bool(), first)
+    assert torch.equal(actor.seen_stage_masks[1].bool(), second)
     # Afterwards the queue holds the full reweighted advantages again (verl's step metrics read them).
     assert torch.equal(padded(queue, batch, "advantages"), expected)
     # Actor metrics: the mean over the two stages; pg_loss was 0 in the first call and 1 in the second.
     assert metrics["actor/pg_loss"] == pytest.approx(0.5)
     assert metrics["actor/grad_norm"] == pytest.approx(2.5)
+    # ... and each stage's own, under actor/stage<i>/.
+    assert (metrics["actor/stage0/pg_loss"], metrics["actor/stage1/pg_loss"]) == (0.0, 1.0)
+    assert (metrics["actor/stage0/grad_norm"], metrics["actor/stage1/grad_norm"]) == (2.0, 3.0)
+    assert "perf/stage0/mfu/actor" not in metrics and metrics["perf/mfu/actor"] == 0.5
     assert metrics[keys.UPDATE_STAGES] == 2.0
     assert metrics[keys.LOPTI_LOW_TOKEN_FRAC] == pytest.approx(float(low.sum()) / float(valid.sum()))
 
@@ -413,7 +429,9 @@ def test_lopti_before_warmup_and_reweight_run_one_plain_update(verl_config, queu
     queue, batch, metrics, actor = run_step(verl_config, rows, global_steps=2, queues=queues)
     assert len(actor.seen_advantages) == 1
     assert torch.equal(actor.seen_advantages[0], padded(queue, batch, "advantages"))
+    assert actor.seen_stage_masks == [None]  # a plain update: verl's own loss path, no stage mask
     assert metrics[keys.UPDATE_STAGES] == 1.0 and metrics[keys.ACTIVE] == 0.0
+    assert not any(key.startswith("actor/stage") for key in metrics)
     assert keys.LOPTI_LOW_TOKEN_FRAC not in metrics
 
     set_dataflex(verl_config, dataflex_block(alpha=0.5))

@@ -1,0 +1,221 @@
+"""``python -m dataflex_rl.verl.check``: is this environment ready to run ``trainer.v1.trainer_mode=dataflex_sync``?
+
+verl loads its plugins in ``verl/__init__.py`` and logs a plugin's import error at DEBUG level only, so a plugin that
+fails to import shows up later as ``Unknown trainer 'dataflex_sync'``. This doctor checks, in order, and prints
+each result with what to do about a failure:
+
+1. the versions that matter (verl, torch, transformers, vLLM, SGLang, TransferQueue, tensordict, Ray, cachetools),
+   and whether CUDA is visible;
+2. the plugin module imports (its traceback is printed when it does not);
+3. the ``verl.plugins`` entry point names it, and verl resolves ``dataflex_sync`` through it in a fresh process,
+   as ``python -m verl.trainer.main_ppo`` will;
+4. with a command (an experiment and its arguments, as ``python -m dataflex_rl.verl.command`` takes them, or a verl
+   override list after ``--``): verl's config composes with it, and its ``dataflex`` block and the settings the
+   trainer guards (the learning-rate schedule of a staged mechanism, ``dataflex_run``) are valid.
+
+Usage::
+
+    python -m dataflex_rl.verl.check
+    python -m dataflex_rl.verl.check verl_kk_3b model=/models/Qwen2.5-3B-Instruct data_dir=/data/kk \\
+        dataflex.mechanism=isolate dataflex.actuator.name=lopti
+    python -m dataflex_rl.verl.check -- trainer.v1.trainer_mode=dataflex_sync +dataflex.mechanism=reweight ...
+
+Exit status 0 when every check passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+PLUGIN_MODULE = "dataflex_rl.verl.trainer"
+ENTRY_POINT_GROUP = "verl.plugins"
+TRAINER_NAME = "dataflex_sync"
+EXPECTED_VERL = "0.9.1"
+# (label, distribution name) of the packages whose versions decide whether a verl run works.
+DISTRIBUTIONS = (
+    ("verl", "verl"),
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("vllm", "vllm"),
+    ("sglang", "sglang"),
+    ("transfer_queue", "TransferQueue"),
+    ("tensordict", "tensordict"),
+    ("ray", "ray"),
+    ("cachetools", "cachetools"),
+    ("dataflex-rl", "dataflex-rl"),
+)
+# Needed by verl's V1 trainer (besides verl's own requirements); a missing one fails the check.
+REQUIRED = ("verl", "torch", "transformers", "transfer_queue", "tensordict", "ray", "cachetools")
+
+
+class Report:
+    """Collects check results and prints each as it comes."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def ok(self, what: str, detail: str = "") -> None:
+        print(f"ok    {what}" + (f": {detail}" if detail else ""), flush=True)
+
+    def fail(self, what: str, detail: str) -> None:
+        self.failures.append(what)
+        print(f"FAIL  {what}: {detail}", flush=True)
+
+    def note(self, text: str) -> None:
+        print(f"      {text}", flush=True)
+
+
+def distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_versions(report: Report) -> None:
+    """Print the versions (from package metadata: nothing heavy is imported here) and flag missing ones."""
+    for label, distribution in DISTRIBUTIONS:
+        version = distribution_version(distribution)
+        if version is None and label in REQUIRED:
+            report.fail(f"{label} installed", f"not found; install it (pip install {distribution})")
+        elif label == "verl" and version != EXPECTED_VERL:
+            report.fail("verl version", f"{version}; this plugin is written against verl {EXPECTED_VERL}")
+        else:
+            report.ok(f"{label} version", version or "not installed (optional here)")
+
+
+def check_cuda(report: Report) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        report.ok("CUDA", f"{torch.cuda.device_count()} device(s), torch built for CUDA {torch.version.cuda}")
+    else:
+        report.note("CUDA: not available. verl's rollout and FSDP engine need GPUs; the checks below still hold.")
+
+
+def check_plugin_import(report: Report) -> bool:
+    """Import the plugin module the way verl would, but show its traceback."""
+    try:
+        import verl  # noqa: F401  (verl first: its __init__ loads the entry points, as in a real run)
+
+        importlib.import_module(PLUGIN_MODULE)
+    except Exception:  # any import failure is what the user needs to see
+        report.fail(f"import {PLUGIN_MODULE}", "it raised (verl would only log this at DEBUG level):")
+        print(traceback.format_exc(), file=sys.stdout, flush=True)
+        return False
+    report.ok(f"import {PLUGIN_MODULE}")
+    return True
+
+
+def check_entry_point(report: Report) -> None:
+    """The entry point names the module, and a fresh ``import verl`` resolves the trainer through it alone."""
+    found = [entry for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if entry.value == PLUGIN_MODULE]
+    if not found:
+        report.fail(f"entry point {ENTRY_POINT_GROUP}",
+                    f"no entry point names {PLUGIN_MODULE}; install the project (pip install --no-deps -e .)")
+        return
+    report.ok(f"entry point {ENTRY_POINT_GROUP}", f"{found[0].name} = {found[0].value}")
+    policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto")
+    if policy.strip().lower() == "none":
+        report.fail("VERL_USE_EXTERNAL_PLUGINS", "= none: verl loads no plugin; unset it or name 'dataflex' in it")
+    code = (
+        "import logging, sys\n"
+        "from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
+        f"cls = get_trainer_cls({TRAINER_NAME!r})\n"
+        "print(cls.__module__ + '.' + cls.__qualname__)\n"
+    )
+    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
+                            check=False, timeout=600, cwd=Path.home())
+    lines = result.stdout.strip().splitlines()
+    if result.returncode == 0 and lines and lines[-1] == f"{PLUGIN_MODULE}.DataflexSyncTrainer":
+        report.ok(f"verl resolves {TRAINER_NAME}", f"{lines[-1]} (fresh process, entry point only)")
+    else:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
+        report.fail(f"verl resolves {TRAINER_NAME}", f"in a fresh process (from {Path.home()}):\n{tail}")
+
+
+def verl_overrides(arguments: Sequence[str]) -> list[str]:
+    """The verl overrides of a command: after ``--`` as given, else built from an experiment and its arguments."""
+    from dataflex_rl.verl.command import build_verl_command
+
+    if arguments and arguments[0] == "--":
+        return list(arguments[1:])
+    command = build_verl_command(arguments[0], (), list(arguments[1:]))
+    return command[command.index("verl.trainer.main_ppo") + 1 :]
+
+
+def check_command(report: Report, arguments: Sequence[str]) -> None:
+    """Compose verl's config with the command's overrides and validate what the trainer validates at build time."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dataflex_rl.config import ConfigError
+
+    try:
+        overrides = verl_overrides(arguments)
+    except ConfigError as error:
+        report.fail("command", str(error))
+        return
+    import verl
+    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+    from dataflex_rl.verl.run_record import run_place
+    from dataflex_rl.verl.trainer import is_staged, mechanism_from_verl_config
+
+    config_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            config = compose(config_name="ppo_trainer", overrides=overrides)
+        OmegaConf.resolve(config)
+    except Exception as error:  # Hydra's and OmegaConf's errors name the bad override
+        report.fail("verl config composes", f"{type(error).__name__}: {error}")
+        return
+    report.ok("verl config composes", f"{len(overrides)} overrides")
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
+    if mode != TRAINER_NAME:
+        report.fail("trainer.v1.trainer_mode", f"= {mode!r}; the dataflex trainer runs only with {TRAINER_NAME}")
+    elif get_trainer_cls(mode).__module__ != PLUGIN_MODULE:
+        report.fail("trainer.v1.trainer_mode", f"{mode} resolves to {get_trainer_cls(mode)}")
+    try:
+        mechanism = mechanism_from_verl_config(config)
+        place = run_place(config, mechanism.config.mechanism)
+    except ConfigError as error:
+        report.fail("dataflex block", str(error))
+        return
+    params = ", ".join(f"{key}={value}" for key, value in mechanism.config.actuator.params.items())
+    staged = " (staged: one actor update per stage, per-stage KL and entropy)" if is_staged(mechanism) else ""
+    report.ok("dataflex block", f"mechanism={mechanism.config.mechanism}{staged}, actuator="
+                                f"{mechanism.config.actuator.name}({params}), warmup_step={mechanism.warmup_step}")
+    report.ok("run store", f"{place.dir} (sweep {place.sweep}, run {place.name}, seed {place.seed})" if place
+              else "none (no dataflex_run.dir: only verl's own loggers record the run)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dataflex_rl.verl.check", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="an experiment and its arguments, or -- and verl overrides (optional)")
+    options = parser.parse_args(argv)
+    report = Report()
+    check_versions(report)
+    check_cuda(report)
+    if check_plugin_import(report):
+        check_entry_point(report)
+        if options.command:
+            check_command(report, options.command)
+    if report.failures:
+        print(f"\n{len(report.failures)} check(s) failed: {', '.join(report.failures)}", flush=True)
+        return 1
+    print("\nall checks passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

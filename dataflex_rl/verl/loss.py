@@ -1,0 +1,92 @@
+"""verl's actor loss with per-stage KL and entropy terms, for staged mechanisms (Lopti).
+
+verl 0.9.1's ``ppo_loss`` (``verl/workers/utils/losses.py``) aggregates the KL-loss and entropy terms over every
+response token. In a staged update (Lopti's two actor updates per step) that applies the whole KL term in each
+stage, so each token's KL gradient counts once per stage. The paper's code (``kl_entropy_mask`` in
+``verl/workers/actor/dp_actor.py`` of zhyang2226/AR-Lopti) multiplies the per-token KL and entropy by the stage's
+mask and still aggregates over all response tokens::
+
+    kl_loss      = agg_loss(kl_penalty(log_prob, ref_log_prob) * stage_mask, response_mask, loss_agg_mode)
+    entropy_loss = agg_loss(entropy * stage_mask, response_mask, loss_agg_mode)
+
+:func:`staged_ppo_loss` does exactly that without forking verl's loss: it calls verl's ``ppo_loss`` for the policy
+gradient term (with the KL and entropy terms switched off), then adds the two masked terms with verl's own
+``agg_loss`` and ``kl_penalty`` and the same global-batch normalisation (``config.global_batch_info``). The stage
+mask travels as a batch field, :data:`STAGE_MASK_FIELD`, which the trainer writes to TransferQueue before each
+stage. Without that field the call is verl's ``ppo_loss`` unchanged (same objects in, same result out).
+
+The trainer installs it on the actor workers with verl's own ``set_loss_fn`` (as verl installs the critic's loss).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from tensordict import TensorDict
+from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+from verl.utils.metric import Metric
+from verl.workers.utils.losses import ppo_loss
+from verl.workers.utils.padding import no_padding_2_padding
+
+# Jagged (bs, j) like response_mask: 1 on the response tokens the current update stage owns, 0 elsewhere.
+STAGE_MASK_FIELD = "dataflex_stage_mask"
+
+
+class _WithoutRegularisers:
+    """``config`` as ``ppo_loss`` sees it, with the KL loss off (every other attribute is the real config's)."""
+
+    def __init__(self, config: Any) -> None:
+        object.__setattr__(self, "_config", config)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "use_kl_loss":
+            return False
+        return getattr(self._config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._config, name, value)
+
+
+def staged_ppo_loss(config: Any, model_output: Any, data: TensorDict, dp_group: Any = None) -> tuple[Any, dict]:
+    """verl's ``ppo_loss``, with KL and entropy over the stage's tokens when ``data`` holds the stage mask.
+
+    ``config``: the actor's ``ActorConfig``; ``model_output``: ``log_probs`` (and ``entropy`` when verl computes
+    it), nested; ``data``: the micro-batch (nested response fields plus verl's global batch info). Returns
+    ``(loss, metrics)`` with verl's metric names and aggregation types.
+    """
+    if STAGE_MASK_FIELD not in data.keys():
+        return ppo_loss(config, model_output, data, dp_group)
+    without_entropy = {name: value for name, value in model_output.items() if name != "entropy"}
+    policy_loss, metrics = ppo_loss(_WithoutRegularisers(config), without_entropy, data, dp_group)
+    entropy = model_output.get("entropy", None)
+    if entropy is None and not config.use_kl_loss:
+        return policy_loss, metrics
+    aggregation = metrics["actor/pg_loss"].aggregation  # ppo_loss's choice (SUM under global normalisation)
+    fields = ["response_mask", STAGE_MASK_FIELD] + (["ref_log_prob"] if config.use_kl_loss else [])
+    padded = data.select(*fields).to_padded_tensor()
+    response_mask = padded["response_mask"].to(bool)
+    stage_mask = padded[STAGE_MASK_FIELD].to(bool) & response_mask
+    batch_info = config.global_batch_info  # set by the ppo_loss call above
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+        entropy_loss = agg_loss(
+            loss_mat=entropy * stage_mask, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **batch_info
+        )
+        policy_loss = policy_loss - config.entropy_coeff * entropy_loss
+        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=aggregation)
+    if config.use_kl_loss:
+        log_prob = no_padding_2_padding(model_output["log_probs"], data)
+        kld = kl_penalty(logprob=log_prob, ref_logprob=padded["ref_log_prob"], kl_penalty=config.kl_loss_type)
+        kl_loss = agg_loss(
+            loss_mat=kld * stage_mask, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **batch_info
+        )
+        policy_loss = policy_loss + kl_loss * config.kl_loss_coef
+        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=aggregation)
+        metrics["kl_coef"] = config.kl_loss_coef
+    return policy_loss, metrics
+
+
+def staged_loss_function(actor_config: Any) -> partial:
+    """The loss function to hand to ``actor_rollout_wg.set_loss_fn`` (what verl builds with ``ppo_loss``)."""
+    return partial(staged_ppo_loss, config=actor_config)

@@ -1,0 +1,90 @@
+"""The project's decoder against HF: same samples as ``generate`` for the same seed, same per-token outputs and
+gradients as the HF forward over the padded batch, and the fallback for models it does not cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from dataflex_rl.config import ConfigError
+from dataflex_rl.local.config import ModelConfig, TrainerConfig
+from dataflex_rl.local.decoder import supported
+from dataflex_rl.local.model import build_model
+from dataflex_rl.local.sequences import generate, response_token_outputs
+from dataflex_rl.local.trainer import fast_paths
+from dataflex_rl.tasks import build_task
+
+# Prompts of different lengths, so the batch is left-padded; 1-digit and 3-digit operands.
+PROMPTS = ["1+2=", "345+67=", "9+988=", "12+3=", "0+0=", "501+499="]
+
+
+def tiny(architecture: str) -> tuple[torch.nn.Module, object]:
+    task = build_task("arithmetic", {})
+    config = ModelConfig(architecture=architecture, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=64)
+    model, tokenizer = build_model(config, task.alphabet, seed=3)
+    return model.eval(), tokenizer
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, None])
+def test_cached_sampler_draws_the_samples_hf_generate_draws(architecture, temperature):
+    model, tokenizer = tiny(architecture)
+    batches, next_draws = {}, {}
+    for sampler in ("hf", "cached"):
+        torch.manual_seed(11)
+        batches[sampler] = generate(model, tokenizer, PROMPTS, 8, 12, temperature, sampler=sampler)
+        next_draws[sampler] = torch.rand(3)  # the random stream was consumed identically
+    hf, cached = batches["hf"], batches["cached"]
+    assert torch.equal(hf.input_ids, cached.input_ids)
+    assert torch.equal(hf.attention_mask, cached.attention_mask)
+    assert torch.equal(hf.response_mask, cached.response_mask)
+    assert torch.equal(next_draws["hf"], next_draws["cached"])
+    lengths = hf.response_mask.sum(-1)
+    if temperature:
+        # Rows end at different steps (the loop drops finished rows from its cache) and some run to the limit.
+        assert lengths.min() < lengths.max() == 12
+        torch.testing.assert_close(cached.sampling_log_probs, hf.sampling_log_probs, atol=2e-5, rtol=0)
+    else:
+        assert cached.sampling_log_probs is None
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_packed_forward_gives_hf_outputs_and_gradients(architecture):
+    model, tokenizer = tiny(architecture)
+    torch.manual_seed(5)
+    batch = generate(model, tokenizer, PROMPTS, 4, 10, 1.0, sampler="hf")
+    mask = batch.response_mask.bool()
+    assert (~mask).any() and (batch.attention_mask[:, : batch.prompt_length] == 0).any()  # padding on both sides
+    outputs, gradients = {}, {}
+    for packed in (False, True):
+        model.zero_grad()
+        outputs[packed] = response_token_outputs(model, batch, 0.9, with_grad_factor=True, packed=packed)
+        (outputs[packed].log_probs * mask * torch.linspace(-1, 1, mask.shape[1])).sum().backward()
+        gradients[packed] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    for field in ("log_probs", "entropy", "logit_grad_factor"):
+        plain, packed = getattr(outputs[False], field), getattr(outputs[True], field)
+        torch.testing.assert_close(packed[mask], plain[mask], atol=1e-5, rtol=1e-5)
+        assert (packed[~mask] == 0).all()  # padded positions are never computed
+    assert gradients[True].keys() == gradients[False].keys()
+    for name, gradient in gradients[False].items():
+        torch.testing.assert_close(gradients[True][name], gradient, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_models_the_decoder_does_not_cover_keep_the_hf_paths():
+    model, _ = tiny("qwen2")
+    assert supported(model) is None
+    assert fast_paths(model, TrainerConfig()) == ("cached", True)
+    assert fast_paths(model, TrainerConfig(sampler="hf", pack=False)) == ("hf", False)
+    config = Qwen2Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=0)
+    windowed = Qwen2ForCausalLM(config)
+    assert "sliding" in supported(windowed)
+    assert fast_paths(windowed, TrainerConfig()) == ("hf", False)
+
+
+def test_an_unknown_sampler_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"sampler = 'vllm'.*cached.*hf"):
+        TrainerConfig(sampler="vllm")

@@ -11,8 +11,9 @@ the end), the exact bucket gradients (every ``stats.exact_every`` steps) and log
 service process both.
 
 FLOPs count the linear layers (2 per weight per token forward, 6 forward and backward) and the LM head at the
-positions whose logits are used, on valid tokens only; attention scores and elementwise work are not counted, so
-the achieved rate is a lower bound. The matmul rate is this machine's single-thread ``torch.mm`` on the model's
+positions whose logits are used, over the work the step needs: valid tokens only, each distinct prompt once (the
+rollouts of a group share it); attention scores and elementwise work are not counted, so the achieved rate is a
+lower bound. The "before" side does more work for the same FLOPs (padding, repeated prompts). The matmul rate is this machine's single-thread ``torch.mm`` on the model's
 update shapes (forward, input-gradient and weight-gradient products of every linear layer at the update's token
 count), timed between the steps of each round.
 """
@@ -81,15 +82,21 @@ def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
 
 
 def step_flops(batch, shapes: list[tuple[int, int]], vocab: int, hidden: int) -> dict[str, float]:
-    """Useful FLOPs of one step's rollout (each valid token through the model once) and update (forward and
-    backward over the valid tokens that feed a prediction: all but each row's last)."""
+    """FLOPs one step needs with each distinct prompt run once and no padding: rollout (each prompt token once
+    per distinct prompt, each generated token once) and update (forward and backward over the same tokens but
+    each row's last, which feeds no prediction)."""
+    from dataflex_rl.local.decoder import distinct_prompts
+
     per_token = 2 * sum(i * o for i, o in shapes)
-    valid = float(batch.attention_mask.sum())
+    prompt_mask = batch.attention_mask[:, : batch.prompt_length]
+    first, _ = distinct_prompts(batch.input_ids[:, : batch.prompt_length])
+    tokens = float(prompt_mask[first].sum()) + float(batch.response_mask.sum())
     generated = float(batch.response_mask.sum())
     head = 2 * vocab * hidden
-    return {"rollout": per_token * valid + head * generated,
-            "update": 3 * (per_token * (valid - batch.input_ids.shape[0]) + head * generated),
-            "tokens": valid - batch.input_ids.shape[0]}
+    rows = batch.input_ids.shape[0]
+    return {"rollout": per_token * tokens + head * generated,
+            "update": 3 * (per_token * (tokens - rows) + head * generated),
+            "tokens": tokens - rows}
 
 
 def matmul_rate(shapes: list[tuple[int, int]], tokens: int, repeats: int = 3) -> float:

@@ -2,10 +2,11 @@
 
 Two uses, both over the weights of a Qwen2/Llama ``*ForCausalLM`` (gradients flow into them as usual):
 
-- :func:`packed_forward`: the full-sequence forward pass with no work on padded positions. Every valid token of
-  the batch is packed into one ``(T, hidden)`` matrix for the linear layers (where nearly all the FLOPs are); only
-  attention scatters to the padded ``(N, L)`` layout, where it is cheap at these lengths. Tokens whose output
-  nothing reads (each row's last valid token) are left out too.
+- :func:`shared_prefix_forward`: the full-sequence forward pass with no work on padded positions and each
+  distinct prompt computed once (a GRPO group's rollouts share their prompt). The tokens are packed into one
+  ``(T, hidden)`` matrix for the linear layers (where nearly all the FLOPs are); only attention scatters to a
+  padded layout, where it is cheap at these lengths. Tokens whose output nothing reads (each row's last valid
+  token) are left out too.
 - :class:`DecoderWeights.step`: one position of every sequence against a key/value cache, for the KV-cached
   sampler (:mod:`dataflex_rl.local.sampler`).
 
@@ -139,50 +140,85 @@ def padded_length(length: int) -> int:
 
 
 @dataclasses.dataclass
-class PackedHidden:
-    """Final hidden states (after the last norm's input, i.e. before ``norm``/``lm_head``) of the packed tokens.
+class SharedPrefixHidden:
+    """Final hidden states (before the last norm) of a prompt + response batch computed with shared prompts.
 
-    ``hidden``: ``(T, hidden)``; ``flat_index``: ``(T,)`` the position ``row * length + column`` of each packed
-    token, ``length`` being the batch's length rounded up by :func:`padded_length`.
+    ``hidden``: ``(T, hidden)``, the packed tokens of the distinct prompts first (``prompt_index``: their places
+    ``prompt * prompt_length + column``), then the kept response tokens (``response_index``: ``row *
+    response_length + column``); ``inverse (N,)``: each row's distinct prompt. Lengths are rounded up by
+    :func:`padded_length`.
     """
 
     hidden: torch.Tensor
-    flat_index: torch.Tensor
-    length: int
+    prompt_index: torch.Tensor
+    response_index: torch.Tensor
+    inverse: torch.Tensor
+    prompt_length: int
+    response_length: int
 
 
-def packed_forward(weights: DecoderWeights, input_ids: torch.Tensor, keep: torch.Tensor,
-                   attention_mask: torch.Tensor) -> PackedHidden:
-    """Forward pass over the tokens where ``keep (N, L)`` is True, every other position costing nothing.
+def distinct_prompts(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first row of each distinct prompt (U,), inverse (N,))``: rows of a GRPO group share one prompt."""
+    _, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    first = torch.empty(int(inverse.max()) + 1, dtype=torch.long).scatter_(0, inverse.flip(0),
+                                                                          torch.arange(len(inverse)).flip(0))
+    return first, inverse
 
-    Returns the final hidden states before the last norm (see :meth:`DecoderWeights.logits`).
-    ``attention_mask (N, L)`` marks the tokens that exist (left padding is 0); positions count attended tokens
-    only, as HF ``generate`` does. ``keep`` must be a subset of the attention mask that holds every key the kept
-    queries attend to (causal: all valid tokens before a kept one).
+
+def shared_prefix_forward(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                          response_ids: torch.Tensor, response_keep: torch.Tensor) -> SharedPrefixHidden:
+    """Forward pass over each distinct prompt once and the kept response tokens, no padded position computed.
+
+    Exact: a prompt token attends to its prompt only (causal), so its keys and values are the same in every row
+    that shares the prompt; each response token attends to its row's prompt and to its own earlier response tokens.
+    ``prompt_ids``/``prompt_mask`` ``(N, P)`` are left-padded; ``response_keep (N, R)`` marks the response tokens
+    whose output or key is needed (all valid ones but each row's last, which predicts nothing). Positions count
+    attended tokens only, as HF ``generate`` does; gradients flow into ``weights.model`` as usual.
     """
-    rows, length = input_ids.shape
-    flat_index = keep.reshape(-1).nonzero().squeeze(-1)
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0).reshape(-1)[flat_index]
+    first, inverse = distinct_prompts(prompt_ids)
+    prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first].bool()
+    rows, prompts = response_ids.shape[0], prompt_ids.shape[0]
+    prompt_length, response_length = padded_length(prompt_ids.shape[1]), padded_length(response_ids.shape[1])
+    prompt_keep = F.pad(prompt_mask, (0, prompt_length - prompt_mask.shape[1]))
+    response_keep = F.pad(response_keep.bool(), (0, response_length - response_keep.shape[1]))
+    prompt_index = prompt_keep.reshape(-1).nonzero().squeeze(-1)
+    response_index = response_keep.reshape(-1).nonzero().squeeze(-1)
+    prompt_positions = (prompt_keep.long().cumsum(-1) - 1).clamp(min=0).reshape(-1)[prompt_index]
+    response_positions = (prompt_mask.sum(-1)[inverse].unsqueeze(-1) + torch.arange(response_length))
+    positions = torch.cat([prompt_positions, response_positions.reshape(-1)[response_index]])
+    ids = torch.cat([F.pad(prompt_ids, (0, prompt_length - prompt_ids.shape[1])).reshape(-1)[prompt_index],
+                     F.pad(response_ids, (0, response_length - response_ids.shape[1])).reshape(-1)[response_index]])
     cos, sin = weights.rope(positions)
-    x = weights.model.model.embed_tokens(input_ids.reshape(-1)[flat_index])
-    # Attention runs on the padded layout, its length rounded up (see padded_length); the packed tokens' places
-    # in it are ``row * padded + column``.
-    padded = padded_length(length)
-    keep = F.pad(keep, (0, padded - length))
-    flat_index = keep.reshape(-1).nonzero().squeeze(-1)
-    # Queries may attend to kept keys at or before them; a padded query attends to itself only (never a fully
-    # masked row, whose softmax would be NaN and leak into the backward pass).
-    causal = torch.ones(padded, padded, dtype=torch.bool).tril()
-    bias = attention_bias((causal & keep.unsqueeze(1)) | torch.eye(padded, dtype=torch.bool)).unsqueeze(1)
+    x = weights.model.model.embed_tokens(ids)
+    split = len(prompt_index)
+    # A (left-padded) prompt query with no valid key before it attends to itself only: never a fully masked row,
+    # whose softmax would be NaN and leak into the backward pass. Response queries always see the prompt's <bos>.
+    prompt_bias = attention_bias((torch.ones(prompt_length, prompt_length, dtype=torch.bool).tril()
+                                  & prompt_keep.unsqueeze(1)) | torch.eye(prompt_length, dtype=torch.bool))
+    response_causal = torch.ones(response_length, response_length, dtype=torch.bool).tril() & response_keep.unsqueeze(1)
+    response_bias = attention_bias(torch.cat([prompt_keep[inverse].unsqueeze(1).expand(-1, response_length, -1),
+                                              response_causal], dim=-1))
     for layer in weights.layers:
         q, k, v = weights.qkv(layer, x, cos, sin)
-        attended = weights.attend(*(_unpack(t, flat_index, rows, padded) for t in (q, k, v)), bias)
-        attended = attended.transpose(1, 2).reshape(rows * padded, -1).index_select(0, flat_index)
+        prompt_q, prompt_k, prompt_v = (_unpack(t[:split], prompt_index, prompts, prompt_length) for t in (q, k, v))
+        response_q, response_k, response_v = (_unpack(t[split:], response_index, rows, response_length)
+                                              for t in (q, k, v))
+        prompt_out = weights.attend(prompt_q, prompt_k, prompt_v, prompt_bias.unsqueeze(1))
+        response_out = weights.attend(response_q, torch.cat([prompt_k[inverse], response_k], dim=2),
+                                      torch.cat([prompt_v[inverse], response_v], dim=2), response_bias.unsqueeze(1))
+        attended = torch.cat([_pack(prompt_out, prompt_index), _pack(response_out, response_index)])
         x = weights.finish_layer(layer, x, attended)
-    return PackedHidden(hidden=x, flat_index=flat_index, length=padded)
+    return SharedPrefixHidden(hidden=x, prompt_index=prompt_index, response_index=response_index, inverse=inverse,
+                              prompt_length=prompt_length, response_length=response_length)
 
 
 def _unpack(packed: torch.Tensor, flat_index: torch.Tensor, rows: int, length: int) -> torch.Tensor:
-    """``(T, heads, d)`` -> ``(N, heads, L, d)`` with zeros at the positions left out."""
+    """``(T, heads, d)`` -> ``(rows, heads, length, d)`` with zeros at the positions left out."""
     full = packed.new_zeros((rows * length, *packed.shape[1:])).index_copy(0, flat_index, packed)
     return full.view(rows, length, *packed.shape[1:]).transpose(1, 2).contiguous()
+
+
+def _pack(padded: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    """``(rows, heads, length, d)`` -> ``(T, heads * d)`` at ``flat_index``."""
+    rows, heads, length, head_dim = padded.shape
+    return padded.transpose(1, 2).reshape(rows * length, heads * head_dim).index_select(0, flat_index)

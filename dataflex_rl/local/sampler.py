@@ -5,7 +5,8 @@ For the same seed it draws the same tokens as ``model.generate(do_sample=True, t
 probabilities, as HF does, so the random stream is consumed identically; a finished row gets ``<pad>`` and stops
 at the first ``<eos>``; the loop ends when every row has finished or after ``max_new_tokens``. What it saves: HF's
 per-step machinery (cache objects, mask building, logits processors) and the compute of finished rows, which are
-dropped from the batch (their probabilities are a constant row, so the multinomial's stream is unchanged).
+dropped from the batch (their probabilities are a constant row, so the multinomial's stream is unchanged),
+and the repeated prompts of a GRPO group, run once each.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dataflex_rl.local.decoder import DecoderWeights, attention_bias, padded_length
+from dataflex_rl.local.decoder import DecoderWeights, attention_bias, distinct_prompts, padded_length
 
 COMPACT_FRACTION = 0.75  # drop finished rows from the cache once at most this share of its rows is still active
 
@@ -65,24 +66,27 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
 
 def _prefill(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
              cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
-    """Run the prompts, fill the cache's first ``P`` columns; the last position's logits ``(N, vocab)``."""
-    rows, length = prompt_ids.shape
-    keys = padded_length(length)  # attention over the cache's first columns, masked past the prompt
-    valid = torch.zeros(rows, keys, dtype=torch.bool)
-    valid[:, :length] = prompt_mask.bool()
+    """Run each distinct prompt once (a GRPO group's rollouts share it), fill every row's first ``P`` cache
+    columns; the last position's logits ``(N, vocab)``."""
+    first, inverse = distinct_prompts(prompt_ids)
+    prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
+    prompts, length = prompt_ids.shape
+    keys = padded_length(length)  # attention over a padded key length, masked past the prompt
+    valid = F.pad(prompt_mask.bool(), (0, keys - length))
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = weights.rope(positions)
     x = weights.model.model.embed_tokens(prompt_ids)
     causal = torch.ones(length, keys, dtype=torch.bool).tril()
     bias = attention_bias((causal & valid.unsqueeze(1)) | torch.eye(length, keys, dtype=torch.bool)).unsqueeze(1)
     for index, layer in enumerate(weights.layers):
-        q, k, v = weights.qkv(layer, x, cos, sin)  # (N, L, heads, d)
-        cache_k[index, :, :, :length] = k.transpose(1, 2)
-        cache_v[index, :, :, :length] = v.transpose(1, 2)
-        attended = weights.attend(q.transpose(1, 2).contiguous(), cache_k[index, :, :, :keys],
-                                  cache_v[index, :, :, :keys], bias)
-        x = weights.finish_layer(layer, x, attended.transpose(1, 2).reshape(rows, length, -1))
-    return weights.logits(x[:, -1])
+        q, k, v = weights.qkv(layer, x, cos, sin)  # (U, L, heads, d)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        cache_k[index, :, :, :length] = k[inverse]
+        cache_v[index, :, :, :length] = v[inverse]
+        padding = (0, 0, 0, keys - length)
+        attended = weights.attend(q.transpose(1, 2).contiguous(), F.pad(k, padding), F.pad(v, padding), bias)
+        x = weights.finish_layer(layer, x, attended.transpose(1, 2).reshape(prompts, length, -1))
+    return weights.logits(x[:, -1])[inverse]
 
 
 def _decode(weights: DecoderWeights, tokens: torch.Tensor, positions: torch.Tensor, cache_k: torch.Tensor,

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-from dataflex_rl.local.decoder import DecoderWeights, packed_forward
+from dataflex_rl.local.decoder import DecoderWeights, shared_prefix_forward
 from dataflex_rl.local.sampler import sample
 from dataflex_rl.local.tokenizer import Tokenizer
 
@@ -158,8 +158,9 @@ def response_token_outputs(
     """Log-probs (with grad when enabled), entropy and optionally the logit-gradient factor of response tokens.
 
     Logits are divided by the sampling temperature before the softmax, as verl's actor does. ``packed=True``
-    (a model :func:`~dataflex_rl.local.decoder.supported` covers) computes only valid positions: every output is
-    0 where ``response_mask`` is 0; ``False`` runs the HF forward over the padded batch.
+    (a model :func:`~dataflex_rl.local.decoder.supported` covers) computes only valid positions, each distinct
+    prompt once: every output is 0 where ``response_mask`` is 0; ``False`` runs the HF forward over the padded
+    batch.
     """
     if packed:
         return _packed_token_outputs(model, batch, temperature, with_grad_factor)
@@ -180,28 +181,36 @@ def response_token_outputs(
 
 def _packed_token_outputs(model: torch.nn.Module, batch: SequenceBatch, temperature: float,
                           with_grad_factor: bool) -> TokenOutputs:
-    """:func:`response_token_outputs` over valid positions only: the forward skips padding and each row's last
-    token (it predicts nothing), and the LM head runs on the positions that predict a response token."""
-    rows, length = batch.input_ids.shape
-    attention_mask = batch.attention_mask.bool()
-    last_valid = length - 1 - attention_mask.flip(-1).long().argmax(-1)  # column of each row's last valid token
-    keep = attention_mask & (torch.arange(length) != last_valid.unsqueeze(-1))
+    """:func:`response_token_outputs` over valid positions only (:func:`shared_prefix_forward`: each distinct
+    prompt once, no padding, no row's last token); the LM head runs on the positions that predict a response
+    token."""
+    response_mask = batch.response_mask.bool()
+    rows, length = response_mask.shape
+    last_valid = response_mask.long().sum(-1) - 1
+    keep = response_mask & (torch.arange(length) != last_valid.unsqueeze(-1))
     weights = DecoderWeights(model)
-    hidden = packed_forward(weights, batch.input_ids, keep, attention_mask)
-    packed_of = torch.full((rows * hidden.length,), -1, dtype=torch.long)
-    packed_of[hidden.flat_index] = torch.arange(len(hidden.flat_index))
-    target_rows, target_columns = batch.response_mask.bool().nonzero(as_tuple=True)
-    # The token at response column r sits at column P + r and is predicted by the hidden state at P + r - 1.
-    predictors = packed_of[target_rows * hidden.length + batch.prompt_length - 1 + target_columns]
-    logits = weights.logits(hidden.hidden.index_select(0, predictors)).float() / temperature
+    prompt_length = batch.prompt_length
+    forward = shared_prefix_forward(weights, batch.input_ids[:, :prompt_length],
+                                    batch.attention_mask[:, :prompt_length], batch.responses, keep)
+    split = len(forward.prompt_index)
+    prompt_slot = torch.full(((int(forward.inverse.max()) + 1) * forward.prompt_length,), -1, dtype=torch.long)
+    prompt_slot[forward.prompt_index] = torch.arange(split)
+    response_slot = torch.full((rows * forward.response_length,), -1, dtype=torch.long)
+    response_slot[forward.response_index] = torch.arange(split, len(forward.hidden))
+    target_rows, target_columns = response_mask.nonzero(as_tuple=True)
+    # Response token r is predicted by the hidden state before it: the prompt's last token for r = 0, else the
+    # response token r - 1.
+    from_prompt = prompt_slot[forward.inverse[target_rows] * forward.prompt_length + prompt_length - 1]
+    from_response = response_slot[target_rows * forward.response_length + (target_columns - 1).clamp(min=0)]
+    predictors = torch.where(target_columns == 0, from_prompt, from_response)
+    logits = weights.logits(forward.hidden.index_select(0, predictors)).float() / temperature
     log_softmax = F.log_softmax(logits, dim=-1)
     targets = batch.responses[target_rows, target_columns].unsqueeze(-1)
     entropy, factor = _entropy_and_factor(log_softmax, targets, with_grad_factor)
     where = (target_rows, target_columns)
-    shape = batch.response_mask.shape
 
     def scatter(values: torch.Tensor | None) -> torch.Tensor | None:
-        return None if values is None else values.new_zeros(shape).index_put(where, values)
+        return None if values is None else values.new_zeros((rows, length)).index_put(where, values)
 
     return TokenOutputs(log_probs=scatter(log_softmax.gather(-1, targets).squeeze(-1)), entropy=scatter(entropy),
                         logit_grad_factor=scatter(factor))

@@ -95,6 +95,7 @@ class TrainerConfig:
     recompute_old_log_probs: bool = False  # True: a forward pass, as verl; False: the sampler's own scores
     sampler: str = "cached"  # cached: the project's KV-cached loop (HF generate's samples); hf: HF generate
     pack: bool = True  # forward passes skip padded positions (models the fast decoder covers)
+    compile: bool = False  # torch.compile the packed update (persistent cache); off: it does not pay in a run
     lr: float = 1e-4
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0  # None: no clipping (the norm is still logged)
@@ -144,7 +145,7 @@ class TrainerConfig:
         check_non_negative_int("val_seed", self.val_seed)
         check_non_negative_int("save_every", self.save_every)
         check_choice("sampler", self.sampler, SAMPLERS)
-        for name in ("norm_adv_by_std", "recompute_old_log_probs", "pack"):
+        for name in ("norm_adv_by_std", "recompute_old_log_probs", "pack", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} = {getattr(self, name)!r} is not allowed: it must be true or false")
 

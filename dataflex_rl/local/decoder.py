@@ -18,6 +18,10 @@ the HF code paths.
 from __future__ import annotations
 
 import dataclasses
+import os
+import types
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -57,13 +61,35 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+COMPILE_CACHE_DIR = ".cache/torch_compile"  # inductor's persistent cache (TORCHINDUCTOR_CACHE_DIR wins if set)
+_compiled_methods: dict[str, Callable] = {}
+
+
+def compiled_methods() -> dict[str, Callable]:
+    """``torch.compile``'d ``qkv`` and ``finish_layer`` (dynamic shapes: the token count changes every step),
+    created once per process; compiled code is kept in a persistent cache, so later processes load it."""
+    if not _compiled_methods:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(COMPILE_CACHE_DIR).resolve()))
+        for name in ("qkv", "finish_layer"):
+            _compiled_methods[name] = torch.compile(getattr(DecoderWeights, name), dynamic=True)
+    return _compiled_methods
+
+
 @dataclasses.dataclass
 class DecoderWeights:
-    """A view of a supported model's parameters (no copies: the optimiser updates them in place)."""
+    """A view of a supported model's parameters (no copies: the optimiser updates them in place).
+
+    ``compiled``: the per-layer elementwise work (norms, rotary embedding, SwiGLU, residuals) runs fused by
+    ``torch.compile`` (see :func:`compiled_methods`).
+    """
 
     model: torch.nn.Module
+    compiled: bool = False
 
     def __post_init__(self) -> None:
+        if self.compiled:
+            for name, function in compiled_methods().items():
+                setattr(self, name, types.MethodType(function, self))
         config = self.model.config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -177,8 +203,10 @@ def shared_prefix_forward(weights: DecoderWeights, prompt_ids: torch.Tensor, pro
     """
     first, inverse = distinct_prompts(prompt_ids)
     prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first].bool()
-    rows, prompts = response_ids.shape[0], prompt_ids.shape[0]
-    prompt_length, response_length = padded_length(prompt_ids.shape[1]), padded_length(response_ids.shape[1])
+    (rows, queries), (prompts, prompt_queries) = response_ids.shape, prompt_ids.shape
+    # Key lengths are rounded up (see padded_length): the prompt's alone, and prompt + response together.
+    prompt_length = padded_length(prompt_queries)
+    response_length = padded_length(prompt_length + queries) - prompt_length
     prompt_keep = F.pad(prompt_mask, (0, prompt_length - prompt_mask.shape[1]))
     response_keep = F.pad(response_keep.bool(), (0, response_length - response_keep.shape[1]))
     prompt_index = prompt_keep.reshape(-1).nonzero().squeeze(-1)
@@ -193,20 +221,25 @@ def shared_prefix_forward(weights: DecoderWeights, prompt_ids: torch.Tensor, pro
     split = len(prompt_index)
     # A (left-padded) prompt query with no valid key before it attends to itself only: never a fully masked row,
     # whose softmax would be NaN and leak into the backward pass. Response queries always see the prompt's <bos>.
-    prompt_bias = attention_bias((torch.ones(prompt_length, prompt_length, dtype=torch.bool).tril()
-                                  & prompt_keep.unsqueeze(1)) | torch.eye(prompt_length, dtype=torch.bool))
-    response_causal = torch.ones(response_length, response_length, dtype=torch.bool).tril() & response_keep.unsqueeze(1)
-    response_bias = attention_bias(torch.cat([prompt_keep[inverse].unsqueeze(1).expand(-1, response_length, -1),
+    prompt_bias = attention_bias((torch.ones(prompt_queries, prompt_length, dtype=torch.bool).tril()
+                                  & prompt_keep.unsqueeze(1)) | torch.eye(prompt_queries, prompt_length, dtype=torch.bool))
+    response_causal = (torch.ones(queries, response_length, dtype=torch.bool).tril()
+                       & response_keep.unsqueeze(1))
+    response_bias = attention_bias(torch.cat([prompt_keep[inverse].unsqueeze(1).expand(-1, queries, -1),
                                               response_causal], dim=-1))
     for layer in weights.layers:
         q, k, v = weights.qkv(layer, x, cos, sin)
         prompt_q, prompt_k, prompt_v = (_unpack(t[:split], prompt_index, prompts, prompt_length) for t in (q, k, v))
         response_q, response_k, response_v = (_unpack(t[split:], response_index, rows, response_length)
                                               for t in (q, k, v))
-        prompt_out = weights.attend(prompt_q, prompt_k, prompt_v, prompt_bias.unsqueeze(1))
-        response_out = weights.attend(response_q, torch.cat([prompt_k[inverse], response_k], dim=2),
+        # Only real query positions are computed; keys keep the rounded-up length.
+        prompt_out = weights.attend(prompt_q[:, :, :prompt_queries].contiguous(), prompt_k, prompt_v,
+                                    prompt_bias.unsqueeze(1))
+        response_out = weights.attend(response_q[:, :, :queries].contiguous(),
+                                      torch.cat([prompt_k[inverse], response_k], dim=2),
                                       torch.cat([prompt_v[inverse], response_v], dim=2), response_bias.unsqueeze(1))
-        attended = torch.cat([_pack(prompt_out, prompt_index), _pack(response_out, response_index)])
+        attended = torch.cat([_pack(prompt_out, prompt_index, prompt_length),
+                              _pack(response_out, response_index, response_length)])
         x = weights.finish_layer(layer, x, attended)
     return SharedPrefixHidden(hidden=x, prompt_index=prompt_index, response_index=response_index, inverse=inverse,
                               prompt_length=prompt_length, response_length=response_length)
@@ -218,7 +251,8 @@ def _unpack(packed: torch.Tensor, flat_index: torch.Tensor, rows: int, length: i
     return full.view(rows, length, *packed.shape[1:]).transpose(1, 2).contiguous()
 
 
-def _pack(padded: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
-    """``(rows, heads, length, d)`` -> ``(T, heads * d)`` at ``flat_index``."""
-    rows, heads, length, head_dim = padded.shape
+def _pack(padded: torch.Tensor, flat_index: torch.Tensor, length: int) -> torch.Tensor:
+    """``(rows, heads, queries, d)`` -> ``(T, heads * d)`` at ``flat_index`` (``row * length + column``)."""
+    rows, heads, queries, head_dim = padded.shape
+    padded = F.pad(padded, (0, 0, 0, length - queries))
     return padded.transpose(1, 2).reshape(rows * length, heads * head_dim).index_select(0, flat_index)

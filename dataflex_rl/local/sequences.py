@@ -153,17 +153,17 @@ class TokenOutputs:
 
 def response_token_outputs(
     model: torch.nn.Module, batch: SequenceBatch, temperature: float, with_grad_factor: bool = False,
-    packed: bool = False,
+    packed: bool = False, compiled: bool = False,
 ) -> TokenOutputs:
     """Log-probs (with grad when enabled), entropy and optionally the logit-gradient factor of response tokens.
 
     Logits are divided by the sampling temperature before the softmax, as verl's actor does. ``packed=True``
     (a model :func:`~dataflex_rl.local.decoder.supported` covers) computes only valid positions, each distinct
     prompt once: every output is 0 where ``response_mask`` is 0; ``False`` runs the HF forward over the padded
-    batch.
+    batch. ``compiled`` fuses the packed path's per-layer elementwise work with ``torch.compile``.
     """
     if packed:
-        return _packed_token_outputs(model, batch, temperature, with_grad_factor)
+        return _packed_token_outputs(model, batch, temperature, with_grad_factor, compiled)
     logits = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -180,7 +180,7 @@ def response_token_outputs(
 
 
 def _packed_token_outputs(model: torch.nn.Module, batch: SequenceBatch, temperature: float,
-                          with_grad_factor: bool) -> TokenOutputs:
+                          with_grad_factor: bool, compiled: bool = False) -> TokenOutputs:
     """:func:`response_token_outputs` over valid positions only (:func:`shared_prefix_forward`: each distinct
     prompt once, no padding, no row's last token); the LM head runs on the positions that predict a response
     token."""
@@ -188,7 +188,7 @@ def _packed_token_outputs(model: torch.nn.Module, batch: SequenceBatch, temperat
     rows, length = response_mask.shape
     last_valid = response_mask.long().sum(-1) - 1
     keep = response_mask & (torch.arange(length) != last_valid.unsqueeze(-1))
-    weights = DecoderWeights(model)
+    weights = DecoderWeights(model, compiled=compiled)
     prompt_length = batch.prompt_length
     forward = shared_prefix_forward(weights, batch.input_ids[:, :prompt_length],
                                     batch.attention_mask[:, :prompt_length], batch.responses, keep)

@@ -243,7 +243,7 @@ class GRPOTrainer:
                 for rows in self._mini_batches(batch):
                     mini = batch.select(rows)
                     outputs = response_token_outputs(self.model, mini, trainer.temperature, with_grad_factor=first_pass,
-                                                     packed=self.pack)
+                                                     packed=self.pack, compiled=self.pack and trainer.compile)
                     mask = mini.response_mask
                     pg_loss, pg_metrics = self.policy_loss_fn(
                         old_log_prob=old_log_probs[rows], log_prob=outputs.log_probs, advantages=advantages[rows],

@@ -4,18 +4,20 @@ GFLOP/s against this machine's matmul rate on the model's own shapes, all measur
 Held fixed: the default config (``conf/train.yaml``: arithmetic, 32 prompts x 8 rollouts, the tiny model after its
 cached SFT warm start, the default stats and validation schedule, the run store and W&B offline loggers) and one
 thread, except where a row changes it. One trainer serves every side: a lever is switched on the trainer between
-steps (``trainer.sampler``, ``trainer.pack``, the thread count), and the sides take turns within each round, so
-they see the same machine load and the same (slowly training) weights. A "default step" is a plain step plus its
-share of the periodic work of a ``total_steps`` run: validations (at the start, every ``val_every`` steps and at
-the end), the exact bucket gradients (every ``stats.exact_every`` steps) and logging, main thread and W&B's
-service process both.
+steps (``trainer.sampler``, ``trainer.pack``, ``trainer.compile``, the thread count), and the sides take turns
+within each round, so they see the same machine load and the same (slowly training) weights. A "default step" is
+a plain step plus its share of the periodic work of a ``total_steps`` run: validations (at the start, every
+``val_every`` steps and at the end), the exact bucket gradients (every ``stats.exact_every`` steps) and logging,
+main thread and W&B's service process both. The compiled update's first step (compilation, or loading the
+persistent cache) is timed apart and set against what compiling saves over a default run.
 
 FLOPs count the linear layers (2 per weight per token forward, 6 forward and backward) and the LM head at the
 positions whose logits are used, over the work the step needs: valid tokens only, each distinct prompt once (the
 rollouts of a group share it); attention scores and elementwise work are not counted, so the achieved rate is a
-lower bound. The "before" side does more work for the same FLOPs (padding, repeated prompts). The matmul rate is this machine's single-thread ``torch.mm`` on the model's
-update shapes (forward, input-gradient and weight-gradient products of every linear layer at the update's token
-count), timed between the steps of each round.
+lower bound. The "before" side does more work for the same FLOPs (padding, repeated prompts). The matmul rate is
+this machine's single-thread ``torch.mm`` on the model's update shapes (forward, input-gradient and
+weight-gradient products of every linear layer at the update's token count), timed between the steps of each
+round.
 """
 
 from __future__ import annotations
@@ -154,8 +156,8 @@ def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
         exact_pass = trainer.exact_bucket_gradients
         trainer.exact_bucket_gradients = lambda step, *args: exact_pass(every or step, *args)
 
-        def step(sampler: str, pack: bool, threads: int = 1) -> dict[str, float]:
-            trainer.sampler, trainer.pack = sampler, pack
+        def step(sampler: str, pack: bool, threads: int = 1, compiled: bool = False) -> dict[str, float]:
+            trainer.sampler, trainer.pack, trainer.compile = sampler, pack, compiled
             torch.set_num_threads(threads)
             step_number[0] += 1
             metrics = trainer.train_step(step_number[0])
@@ -188,6 +190,11 @@ def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
             }
             for name, side in sides.items():  # warm-up
                 side()
+            # The compiled update's first step compiles (or loads the persistent cache): its extra time, apart.
+            start = time.perf_counter()
+            record("compiled", step(*AFTER, compiled=True))
+            compile_s = time.perf_counter() - start - min(results["after/plain"])
+            sides["after, compiled update"] = lambda: record("compiled", step(*AFTER, compiled=True))
             results.clear()
             cpu_start, logged_start = wandb_service_cpu(), step_number[0]
             for index in range(rounds):
@@ -201,7 +208,8 @@ def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
                     validate(sampler)
                 rates.append(matmul_rate(shapes, int(flops[-1]["tokens"])))
             service_cpu = (wandb_service_cpu() - cpu_start) / max(step_number[0] - logged_start, 1)
-    return {"results": results, "flops": flops, "rates": rates, "service_cpu": service_cpu, "config": config}
+    return {"results": results, "flops": flops, "rates": rates, "service_cpu": service_cpu, "config": config,
+            "compile_s": compile_s}
 
 
 def amortised(config) -> dict[str, float]:
@@ -246,6 +254,7 @@ def rows_from(measured: dict) -> list[Row]:
             min_median(results["sampler only/rollout"])),
         Row("local step", "update: pack=false -> true", "s", min_median(results["before/update"]),
             min_median(results["pack only/update"])),
+        compile_row(results, measured["compile_s"], config.trainer.total_steps),
         Row("local step", "default step: 1 -> 2 threads (both levers on)", "s", min_median(after),
             min_median(two_threads), note="> 1x: one thread is faster"),
         Row("local step", "validation (256 greedy prompts): hf -> cached", "s",
@@ -266,6 +275,16 @@ def rows_from(measured: dict) -> list[Row]:
     note = ", ".join(f"{name} {value / step_total:.1%}" for name, value in parts.items())
     rows.append(Row("local step", "shares of the default step", "s", None, min_median(after), note=note))
     return rows
+
+
+def compile_row(results: dict[str, list[float]], compile_s: float, total_steps: int) -> Row:
+    """The update, eager against ``trainer.compile=true``, and whether compiling pays within a default run."""
+    eager, compiled = min_median(results["after/update"]), min_median(results["compiled/update"])
+    saved = (eager[1] - compiled[1]) * total_steps
+    verdict = "pays" if saved > compile_s else "does not pay"
+    return Row("local step", "update: eager -> trainer.compile=true", "s", eager, compiled,
+               note=f"first step's compile/cache load {compile_s:.0f} s vs {saved:.0f} s saved over "
+                    f"{total_steps} steps: {verdict}")
 
 
 def main(argv=None) -> list[Row]:

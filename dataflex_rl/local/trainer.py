@@ -104,6 +104,7 @@ class GRPOTrainer:
         self.max_new_tokens = trainer.max_new_tokens or task.max_completion_chars + 2
         self.val_problems = task.test_problems(min(trainer.val_size, len(task.test_pool)), seed=trainer.val_seed)
         self.sampler, self.pack = fast_paths(model, trainer)
+        self.compile = self.pack and trainer.compile
         self._last_log_seconds = 0.0
         self._pending_histograms: dict = {}  # the step's histograms, logged with its metrics
 
@@ -243,7 +244,7 @@ class GRPOTrainer:
                 for rows in self._mini_batches(batch):
                     mini = batch.select(rows)
                     outputs = response_token_outputs(self.model, mini, trainer.temperature, with_grad_factor=first_pass,
-                                                     packed=self.pack, compiled=self.pack and trainer.compile)
+                                                     packed=self.pack, compiled=self.compile)
                     mask = mini.response_mask
                     pg_loss, pg_metrics = self.policy_loss_fn(
                         old_log_prob=old_log_probs[rows], log_prob=outputs.log_probs, advantages=advantages[rows],

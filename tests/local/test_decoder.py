@@ -102,3 +102,49 @@ def test_compiled_packed_forward_matches_eager(tmp_path, monkeypatch):
     torch.testing.assert_close(compiled.log_probs[mask], eager.log_probs[mask], atol=1e-5, rtol=1e-5)
     compiled.log_probs.sum().backward()  # the compiled backward runs
     assert all(p.grad is not None for p in model.model.layers[0].parameters())
+
+
+def build_trainer(overrides: list[str]):
+    from omegaconf import OmegaConf
+
+    from dataflex_rl import build_mechanism
+    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.local.sft import warm_start
+    from dataflex_rl.local.trainer import GRPOTrainer
+    from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
+
+    from .conftest import compose_train
+
+    resolved = OmegaConf.to_container(compose_train(overrides), resolve=True)
+    config = parse_train_config(resolved)
+    task = build_task(config.task.name, config.task.params)
+    model, tokenizer, _ = warm_start(config.model, config.task, config.sft, task)
+    identity = RunIdentity.for_config(resolved, sweep="t", run="t", backend="local", mechanism="reweight",
+                                      alpha=0.5, seed=config.seed)
+    loggers = build_loggers(config.logger, RunStore(config.run_dir), identity, resolved)
+    trainer = GRPOTrainer(config, task, model, tokenizer, build_mechanism(config.dataflex), loggers,
+                          f"{config.run_dir}/checkpoints")
+    return trainer, loggers
+
+
+def test_fast_paths_train_as_the_hf_paths_do(tmp_path, sft_cache):
+    from dataflex_rl import keys
+
+    from .conftest import tiny_overrides
+
+    steps = {}
+    for name, switches in {"hf": ["trainer.sampler=hf", "trainer.pack=false"], "fast": []}.items():
+        trainer, loggers = build_trainer(tiny_overrides(tmp_path / name, sft_cache) + switches
+                                         + ["trainer.prompts_per_step=8"])
+        assert (trainer.sampler, trainer.pack) == (("hf", False) if switches else ("cached", True))
+        with loggers:
+            steps[name] = [trainer.train_step(step) for step in (1, 2)]
+            steps[name].append({"weights": torch.cat([p.detach().flatten() for p in trainer.model.parameters()])})
+    for hf, fast in zip(steps["hf"][:-1], steps["fast"][:-1]):
+        # The same samples (so the same rewards and lengths) and the same update, to float rounding.
+        for key in (keys.SCORE_MEAN, keys.RESPONSE_LENGTH_MEAN, keys.TRAIN_ACCURACY):
+            assert fast[key] == hf[key], key
+        for key in (keys.PG_LOSS, keys.GRAD_NORM, keys.ENTROPY):
+            assert fast[key] == pytest.approx(hf[key], rel=1e-4, abs=1e-6), key
+    assert steps["hf"][0][keys.GRAD_NORM] > 0  # the updates did something
+    torch.testing.assert_close(steps["fast"][-1]["weights"], steps["hf"][-1]["weights"], atol=1e-5, rtol=1e-4)

@@ -1,15 +1,14 @@
 """Benchmark: load and aggregate 200 runs x 2000 steps x 20 metrics from parquet run stores.
 
-    python benchmarks/bench_analysis.py [--runs 200] [--steps 2000] [--metrics 20] [--repeats 3]
+    python -m benchmarks.bench_analysis [--runs 200] [--steps 2000] [--metrics 20] [--rounds 3]
 
-Writes the fixture sweep into a temporary folder first (not timed), then times, best of ``--repeats``:
+Writes the fixture sweep into a temporary folder first (not timed), then, each side warmed up once and the sides
+taking turns in every round (min / median over the rounds):
 
-- ``load``: :func:`analysis.load.load_sweep` (run table + long table of ``runs x steps x metrics`` rows);
-- ``aggregate``: per-run summaries of every metric, per-alpha statistics with bootstrap CIs and paired deltas;
-- a straightforward pandas loader (``read_parquet`` + ``melt`` + ``concat`` per run) beside the project's loader.
-
-Prints each time, the speed-up over the straightforward loader and the total against the 2 s target as a ratio
-(``<= 1.00`` meets it).
+- ``load_sweep``: :func:`analysis.load.load_sweep` (run table + long table of ``runs x steps x metrics`` rows)
+  against a straightforward pandas loader (``read_parquet`` + ``melt`` + ``concat`` per run), same files;
+- ``load + aggregate``: load plus per-run summaries of every metric, per-alpha statistics and paired deltas,
+  against the 2 s target (a figure for a quiet machine; a loaded one misses it by its load).
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis import aggregate, load
 from analysis.testing import write_fake_run
+from benchmarks.common import Row, format_table, interleaved, min_median
 
 TARGET_SECONDS = 2.0
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -69,43 +67,47 @@ def aggregate_everything(data: load.SweepData) -> pd.DataFrame:
     return statistics.merge(deltas, on=["alpha", "metric"], how="left", suffixes=("", "_delta"))
 
 
-def best_time(function: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """Smallest wall time of ``repeats`` calls, and the last result."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = function()
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Run the benchmark and return the measured seconds (``load``, ``aggregate``, ``straightforward_load``)."""
+def main(argv: list[str] | None = None) -> list[Row]:
+    """Run the benchmark and return its table rows."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--metrics", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
     arguments = parser.parse_args(argv)
+    results: dict[str, object] = {}
+
+    def timed_load() -> None:
+        results["data"] = load.load_sweep(sweep_dir, histograms=False)
+
+    def load_and_aggregate() -> None:
+        start = time.perf_counter()
+        data = load.load_sweep(sweep_dir, histograms=False)
+        results["load_s"] = time.perf_counter() - start
+        results["aggregate"] = aggregate_everything(data)
+
     with tempfile.TemporaryDirectory() as temporary:
         start = time.perf_counter()
         sweep_dir = write_fixture(Path(temporary), arguments.runs, arguments.steps, arguments.metrics)
         print(f"fixture: {arguments.runs} runs x {arguments.steps} steps x {arguments.metrics} metrics "
               f"written in {time.perf_counter() - start:.1f} s (not timed)")
-        load_time, data = best_time(lambda: load.load_sweep(sweep_dir, histograms=False), arguments.repeats)
-        aggregate_time, result = best_time(lambda: aggregate_everything(data), arguments.repeats)
-        naive_time, naive = best_time(lambda: straightforward_load(sweep_dir), 1)
+        times = interleaved({"straightforward": lambda: results.__setitem__("naive", straightforward_load(sweep_dir)),
+                             "load_sweep": timed_load, "load + aggregate": load_and_aggregate},
+                            rounds=arguments.rounds)
     rows = arguments.runs * arguments.steps * arguments.metrics
-    assert len(data.metrics) == rows == len(naive), (len(data.metrics), rows, len(naive))
-    assert len(result) == len(ALPHAS[: arguments.runs]) * arguments.metrics
-    total = load_time + aggregate_time
-    print(f"long table: {len(data.metrics):,} rows, {data.metrics.memory_usage(deep=False).sum() / 2**20:.0f} MiB")
-    print(f"load_sweep:            {load_time:6.3f} s")
-    print(f"straightforward load:  {naive_time:6.3f} s  (load_sweep is {naive_time / load_time:.1f}x faster)")
-    print(f"aggregate:             {aggregate_time:6.3f} s")
-    print(f"load + aggregate:      {total:6.3f} s  target {TARGET_SECONDS:.1f} s  ratio {total / TARGET_SECONDS:.2f} "
-          f"({'meets' if total <= TARGET_SECONDS else 'misses'} the target)")
-    return {"load": load_time, "aggregate": aggregate_time, "straightforward_load": naive_time}
+    assert len(results["data"].metrics) == rows == len(results["naive"]), rows
+    assert len(results["aggregate"]) == len(ALPHAS[: arguments.runs]) * arguments.metrics
+    total = min_median(times["load + aggregate"])
+    shape = f"{arguments.runs} runs x {arguments.steps} steps x {arguments.metrics} metrics"
+    table = [
+        Row("analysis", f"load: straightforward pandas -> load_sweep ({shape})", "s",
+            min_median(times["straightforward"]), min_median(times["load_sweep"])),
+        Row("analysis", "load + aggregate (bootstrap CIs, paired deltas)", "s", None, total,
+            ratio=total[1] / TARGET_SECONDS,
+            note=f"ratio = median / the {TARGET_SECONDS:.0f} s target ({'meets' if total[1] <= TARGET_SECONDS else 'misses'} it)"),
+    ]
+    print(format_table(table))
+    return table
 
 
 if __name__ == "__main__":

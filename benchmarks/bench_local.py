@@ -1,107 +1,304 @@
-"""Local backend: where a training step's time goes, and rollout throughput against bare ``model.generate``.
+"""Local backend: the default training step as users run it, each speed lever before/after, and the achieved
+GFLOP/s against this machine's matmul rate on the model's own shapes, all measured in this one process.
 
-Targets (issue: local backend): mechanism plus its statistics <= 2% of a step, logging <= 1% of a step, rollout
-tokens/s >= 0.95x of bare ``model.generate`` on the same model and batch. Everything is measured in this process,
-side by side; the step shares come from a short real run of the default trainer config (32 prompts x 8 rollouts).
+Held fixed: the default config (``conf/train.yaml``: arithmetic, 32 prompts x 8 rollouts, the tiny model after its
+cached SFT warm start, the default stats and validation schedule, the run store and W&B offline loggers) and one
+thread, except where a row changes it. One trainer serves every side: a lever is switched on the trainer between
+steps (``trainer.sampler``, ``trainer.pack``, ``trainer.compile``, the thread count), and the sides take turns
+within each round, so they see the same machine load and the same (slowly training) weights. A "default step" is
+a plain step plus its share of the periodic work of a ``total_steps`` run: validations (at the start, every
+``val_every`` steps and at the end), the exact bucket gradients (every ``stats.exact_every`` steps) and logging,
+main thread and W&B's service process both. The compiled update's first step (compilation, or loading the
+persistent cache) is timed apart and set against what compiling saves over a default run.
+
+FLOPs count the linear layers (2 per weight per token forward, 6 forward and backward) and the LM head at the
+positions whose logits are used, over the work the step needs: valid tokens only, each distinct prompt once (the
+rollouts of a group share it); attention scores and elementwise work are not counted, so the achieved rate is a
+lower bound. The "before" side does more work for the same FLOPs (padding, repeated prompts). The matmul rate is
+this machine's single-thread ``torch.mm`` on the model's update shapes (forward, input-gradient and
+weight-gradient products of every linear layer at the update's token count), timed between the steps of each
+round.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import Row, interleaved, min_median
 
-def step_shares(steps: int, threads: int) -> dict[str, float]:
+BEFORE = ("hf", False)  # HF generate, HF forward over the padded batch: the trainer before its own decoder
+AFTER = ("cached", True)  # the defaults: KV-cached sampler, packed forward
+
+
+def build_trainer(run_dir: Path, overrides: list[str]):
+    """The default run's trainer, built as ``dataflex_rl.train`` builds it (loggers entered by the caller)."""
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
-    from dataflex_rl import keys
-    from dataflex_rl.tracking import load_metrics
-    from dataflex_rl.train import CONF_DIR, run
-
-    with tempfile.TemporaryDirectory() as directory:
-        run_dir = Path(directory) / "run"
-        overrides = [f"run_dir={run_dir}", "sft.steps=0", f"trainer.total_steps={steps}", "trainer.val_every=0",
-                     "trainer.val_size=32", "trainer.save_every=0", "stats.exact_every=0",
-                     "logger.wandb.mode=offline", "logger.hist_every=10", f"threads={threads}"]
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides)
-        if run(cfg) != 0:
-            raise RuntimeError("benchmark run failed")
-        frame = load_metrics(run_dir)
-    frame = frame[frame.step >= 2]  # the first step pays one-off warm-up costs
-    step = frame[keys.TIMING_STEP].sum()
-    return {
-        "step_s": float(frame[keys.TIMING_STEP].mean()),
-        "mechanism_share": float(frame[keys.TIMING_MECHANISM].sum() / step),
-        "log_share": float(frame[keys.TIMING_LOG].sum() / step),
-        "gen_share": float(frame[keys.TIMING_GEN].sum() / step),
-        "update_share": float(frame[keys.TIMING_UPDATE].sum() / step),
-    }
-
-
-def rollout_ratio(repeats: int, threads: int) -> dict[str, float]:
-    from dataflex_rl.local.config import ModelConfig
-    from dataflex_rl.local.model import build_model
-    from dataflex_rl.local.sequences import encode_prompts, generate
+    from dataflex_rl import build_mechanism
+    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.local.sft import warm_start
+    from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tasks import build_task
+    from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
+    from dataflex_rl.train import CONF_DIR
 
-    torch.set_num_threads(threads)
-    task = build_task("arithmetic", {})
-    model, tokenizer = build_model(ModelConfig(), task.alphabet, seed=0)
-    model.eval()
-    prompts = [problem.prompt for problem in task.train_problems(32, seed=0)]
-    max_new = task.max_completion_chars + 2
-    ids, mask = encode_prompts(tokenizer, prompts)
-    ids, mask = ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"run_dir={run_dir}", *overrides])
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    config = parse_train_config(resolved)
+    task = build_task(config.task.name, config.task.params)
+    model, tokenizer, _ = warm_start(config.model, config.task, config.sft, task)
+    identity = RunIdentity.for_config(resolved, sweep="bench", run="bench", backend="local", mechanism="reweight",
+                                      alpha=float(config.alpha or 0.0), seed=config.seed)
+    loggers = build_loggers(config.logger, RunStore(run_dir), identity, resolved)
+    trainer = GRPOTrainer(config, task, model, tokenizer, build_mechanism(config.dataflex), loggers,
+                          run_dir / "checkpoints")
+    return trainer, loggers
 
-    def ours() -> int:
-        torch.manual_seed(0)
-        return int(generate(model, tokenizer, prompts, 8, max_new, 1.0).response_mask.sum())
 
-    def bare() -> int:
-        torch.manual_seed(0)
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=True,
-                                 temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
-        responses = out[:, ids.shape[1]:]
-        return int(((responses == tokenizer.eos_token_id).long().cumsum(1) - (responses == tokenizer.eos_token_id).long()
-                    == 0).sum())
+class StepProbe:
+    """Wraps a trainer's ``rollout`` to keep the last batch, whose token counts give the step's FLOPs."""
 
-    rates: dict[str, list[float]] = {"ours": [], "bare": []}
-    ours(), bare()
-    for _ in range(repeats):  # interleaved, so noise hits both alike
-        for name, function in (("bare", bare), ("ours", ours)):
+    def __init__(self, trainer) -> None:
+        self.batch = None
+        original = trainer.rollout
+
+        def rollout(step):
+            result = original(step)
+            self.batch = result.batch
+            return result
+
+        trainer.rollout = rollout
+
+
+def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """``(in, out)`` of every linear layer of the decoder layers (the LM head is counted apart)."""
+    return [(module.in_features, module.out_features) for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name != "lm_head"]
+
+
+def step_flops(batch, shapes: list[tuple[int, int]], vocab: int, hidden: int) -> dict[str, float]:
+    """FLOPs one step needs with each distinct prompt run once and no padding: rollout (each prompt token once
+    per distinct prompt, each generated token once) and update (forward and backward over the same tokens but
+    each row's last, which feeds no prediction)."""
+    from dataflex_rl.local.decoder import distinct_prompts
+
+    per_token = 2 * sum(i * o for i, o in shapes)
+    prompt_mask = batch.attention_mask[:, : batch.prompt_length]
+    first, _ = distinct_prompts(batch.input_ids[:, : batch.prompt_length])
+    tokens = float(prompt_mask[first].sum()) + float(batch.response_mask.sum())
+    generated = float(batch.response_mask.sum())
+    head = 2 * vocab * hidden
+    rows = batch.input_ids.shape[0]
+    return {"rollout": per_token * tokens + head * generated,
+            "update": 3 * (per_token * (tokens - rows) + head * generated),
+            "tokens": tokens - rows}
+
+
+def matmul_rate(shapes: list[tuple[int, int]], tokens: int, repeats: int = 3) -> float:
+    """GFLOP/s of single-thread ``torch.mm`` over the update's products of every linear layer (best of repeats)."""
+    generator = torch.Generator().manual_seed(0)
+    products = []
+    for fan_in, fan_out in shapes:
+        x = torch.randn(tokens, fan_in, generator=generator)
+        weight = torch.randn(fan_out, fan_in, generator=generator)
+        grad = torch.randn(tokens, fan_out, generator=generator)
+        products += [(x, weight.t()), (grad, weight), (grad.t(), x)]
+    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in products)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for a, b in products:
+            torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return flops / best / 1e9
+
+
+def wandb_service_cpu() -> float:
+    """CPU seconds used so far by this process's children (W&B's service process)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
+    """Every timing of this benchmark, side by side in one process (see the module docstring)."""
+    from dataflex_rl import keys
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="bench-local-") as directory:
+        trainer, loggers = build_trainer(Path(directory) / "run", overrides)
+        probe = StepProbe(trainer)
+        config = trainer.config
+        shapes = linear_shapes(trainer.model)
+        vocab, hidden = trainer.model.config.vocab_size, trainer.model.config.hidden_size
+        every = config.stats.exact_every
+        results: dict[str, list[float]] = {}
+        flops: list[dict[str, float]] = []
+        rates: list[float] = []
+        step_number = [0]
+
+        # Every measured step runs the exact bucket gradients (as the step numbered exact_every would); the step
+        # keeps its own number otherwise (histograms every hist_every steps, as in a run).
+        exact_pass = trainer.exact_bucket_gradients
+        trainer.exact_bucket_gradients = lambda step, *args: exact_pass(every or step, *args)
+
+        def step(sampler: str, pack: bool, threads: int = 1, compiled: bool = False) -> dict[str, float]:
+            trainer.sampler, trainer.pack, trainer.compile = sampler, pack, compiled
+            torch.set_num_threads(threads)
+            step_number[0] += 1
+            metrics = trainer.train_step(step_number[0])
+            log_start = time.perf_counter()
+            trainer.log(step_number[0], metrics)
+            metrics["log"] = time.perf_counter() - log_start
+            torch.set_num_threads(1)
+            return metrics
+
+        def record(name: str, metrics: dict[str, float]) -> None:
+            exact = metrics.get(keys.TIMING_EXACT_GRAD, 0.0)
+            for part, value in (("plain", metrics[keys.TIMING_STEP] - exact), ("exact", exact),
+                                ("rollout", metrics[keys.TIMING_GEN]), ("update", metrics[keys.TIMING_UPDATE]),
+                                ("mechanism", metrics[keys.TIMING_MECHANISM]), ("log", metrics["log"])):
+                results.setdefault(f"{name}/{part}", []).append(value)
+
+        def validate(sampler: str) -> None:
+            trainer.sampler = sampler
             start = time.perf_counter()
-            tokens = function()
-            rates[name].append(tokens / (time.perf_counter() - start))
-    ours_rate, bare_rate = statistics.median(rates["ours"]), statistics.median(rates["bare"])
-    return {"ours_tokens_per_s": ours_rate, "bare_tokens_per_s": bare_rate, "ratio": ours_rate / bare_rate}
+            trainer.validate()
+            results.setdefault(f"validate/{sampler}", []).append(time.perf_counter() - start)
+
+        with loggers:
+            sides = {
+                "before": lambda: record("before", step(*BEFORE)),
+                "after": lambda: record("after", step(*AFTER)),
+                "sampler only": lambda: record("sampler only", step("cached", False)),
+                "pack only": lambda: record("pack only", step("hf", True)),
+                "after, 2 threads": lambda: record("after, 2 threads", step(*AFTER, threads=2)),
+            }
+            for name, side in sides.items():  # warm-up
+                side()
+            # The compiled update's first step compiles (or loads the persistent cache): its extra time, apart.
+            start = time.perf_counter()
+            record("compiled", step(*AFTER, compiled=True))
+            compile_s = time.perf_counter() - start - min(results["after/plain"])
+            sides["after, compiled update"] = lambda: record("compiled", step(*AFTER, compiled=True))
+            results.clear()
+            cpu_start, logged_start = wandb_service_cpu(), step_number[0]
+            for index in range(rounds):
+                order = list(sides) if index % 2 == 0 else list(sides)[::-1]
+                for name in order:
+                    for _ in range(steps_per_side):
+                        sides[name]()
+                    if name == "after":
+                        flops.append(step_flops(probe.batch, shapes, vocab, hidden))
+                for sampler in (("hf", "cached") if index % 2 == 0 else ("cached", "hf")):
+                    validate(sampler)
+                rates.append(matmul_rate(shapes, int(flops[-1]["tokens"])))
+            service_cpu = (wandb_service_cpu() - cpu_start) / max(step_number[0] - logged_start, 1)
+    return {"results": results, "flops": flops, "rates": rates, "service_cpu": service_cpu, "config": config,
+            "compile_s": compile_s}
 
 
-def main(argv=None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2)
+def amortised(config) -> dict[str, float]:
+    """Validations and exact-gradient passes per step of a ``total_steps`` run at the config's schedule."""
+    total = max(config.trainer.total_steps, 1)
+    every = config.trainer.val_every
+    validations = 1 + (total // every if every else 0) + (1 if not every or total % every else 0)
+    exact = total // config.stats.exact_every if config.stats.exact_every else 0
+    return {"validate": validations / total, "exact": exact / total}
+
+
+def default_steps(measured: dict, name: str, sampler: str) -> list[float]:
+    """Per round: a plain step plus its share of validation, exact gradients and logging (W&B service included)."""
+    results, share = measured["results"], amortised(measured["config"])
+    count = len(results[f"{name}/plain"])
+    per_round = count // len(results[f"validate/{sampler}"])
+    validate = [value for value in results[f"validate/{sampler}"] for _ in range(per_round)]
+    return [results[f"{name}/plain"][i] + share["exact"] * results[f"{name}/exact"][i] + results[f"{name}/log"][i]
+            + share["validate"] * validate[i] + measured["service_cpu"] for i in range(count)]
+
+
+def rows_from(measured: dict) -> list[Row]:
+    results, config = measured["results"], measured["config"]
+    before, after = default_steps(measured, "before", "hf"), default_steps(measured, "after", "cached")
+    two_threads = default_steps(measured, "after, 2 threads", "cached")
+    share = amortised(config)
+    # Useful FLOPs of each round's step (validation and exact passes add a few percent; left out).
+    useful = [f["rollout"] + f["update"] for f in measured["flops"]]
+    per_round = len(after) // len(useful)
+    rate = measured["rates"]
+
+    def achieved(steps: list[float]) -> list[float]:
+        return [useful[i // per_round] / seconds / 1e9 for i, seconds in enumerate(steps)]
+
+    def of_rate(steps: list[float]) -> list[float]:
+        return [value / rate[i // per_round] for i, value in enumerate(achieved(steps))]
+
+    rows = [
+        Row("local step", "default step (before: HF generate + padded HF forward)", "s", min_median(before),
+            min_median(after), note="goal: >= 1.5x faster (ratio <= 0.67x)"),
+        Row("local step", "rollout: sampler=hf -> cached", "s", min_median(results["before/rollout"]),
+            min_median(results["sampler only/rollout"])),
+        Row("local step", "update: pack=false -> true", "s", min_median(results["before/update"]),
+            min_median(results["pack only/update"])),
+        compile_row(results, measured["compile_s"], config.trainer.total_steps),
+        Row("local step", "default step: 1 -> 2 threads (both levers on)", "s", min_median(after),
+            min_median(two_threads), note="> 1x: one thread is faster"),
+        Row("local step", "validation (256 greedy prompts): hf -> cached", "s",
+            min_median(results["validate/hf"]), min_median(results["validate/cached"]),
+            note=f"{share['validate']:.3f} per step"),
+        Row("local step", "achieved GFLOP/s (useful FLOPs / default step)", "GFLOP/s", min_median(achieved(before)),
+            min_median(achieved(after)), note=f"1-thread matmul on the model's shapes: "
+            f"{min(rate):.1f} / {sorted(rate)[len(rate) // 2]:.1f} GFLOP/s"),
+        Row("local step", "achieved share of that matmul rate (same round)", "", min_median(of_rate(before)),
+            min_median(of_rate(after)), note="goal: >= 0.55"),
+    ]
+    step_total = sum(after)
+    parts = {"rollout": sum(results["after/rollout"]), "update": sum(results["after/update"]),
+             "mechanism + statistics": sum(results["after/mechanism"]),
+             "exact gradients (amortised)": share["exact"] * sum(results["after/exact"]),
+             "logging (main thread + W&B service)": sum(results["after/log"])
+             + measured["service_cpu"] * len(after)}
+    note = ", ".join(f"{name} {value / step_total:.1%}" for name, value in parts.items())
+    rows.append(Row("local step", "shares of the default step", "s", None, min_median(after), note=note))
+    return rows
+
+
+def compile_row(results: dict[str, list[float]], compile_s: float, total_steps: int) -> Row:
+    """The update, eager against ``trainer.compile=true``, and whether compiling pays within a default run."""
+    eager, compiled = min_median(results["after/update"]), min_median(results["compiled/update"])
+    saved = (eager[1] - compiled[1]) * total_steps
+    verdict = "pays" if saved > compile_s else "does not pay"
+    return Row("local step", "update: eager -> trainer.compile=true", "s", eager, compiled,
+               note=f"first step's compile/cache load {compile_s:.0f} s vs {saved:.0f} s saved over "
+                    f"{total_steps} steps: {verdict}")
+
+
+def main(argv=None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps-per-side", type=int, default=1)
+    parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     args = parser.parse_args(argv)
-    shares = step_shares(args.steps, args.threads)
-    print(f"local training step (32 prompts x 8 rollouts, {args.threads} threads): {shares['step_s'] * 1e3:.0f} ms/step")
-    print(f"  rollout {shares['gen_share']:6.1%}   update {shares['update_share']:6.1%}")
-    print(f"  mechanism + statistics {shares['mechanism_share']:6.2%} of a step (target <= 2%: "
-          f"{'OK' if shares['mechanism_share'] <= 0.02 else 'over target'})")
-    print(f"  logging                {shares['log_share']:6.2%} of a step (target <= 1%: "
-          f"{'OK' if shares['log_share'] <= 0.01 else 'over target'})")
-    rollout = rollout_ratio(args.repeats, args.threads)
-    print(f"rollout throughput: ours {rollout['ours_tokens_per_s']:.0f} tokens/s, bare model.generate "
-          f"{rollout['bare_tokens_per_s']:.0f} tokens/s, ratio {rollout['ratio']:.3f}x (target >= 0.95x: "
-          f"{'OK' if rollout['ratio'] >= 0.95 else 'under target'})")
-    return {**shares, **rollout}
+    measured = measure(args.rounds, args.steps_per_side, args.override)
+    rows = rows_from(measured)
+    from benchmarks.common import format_table
+
+    print(format_table(rows))
+    return rows
 
 
 if __name__ == "__main__":

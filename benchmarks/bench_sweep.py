@@ -1,12 +1,12 @@
-"""Parallel efficiency of the sweep driver: two runs one after the other versus the same two runs at once.
+"""Sweep throughput: the same runs one at a time (``jobs=1``) against ``jobs=cores`` at once, one thread per run.
 
-- sequential: two 1-run sweeps (``jobs=1``, so each run gets every core as threads) run one after the other;
-  ``t_sequential`` is the sum of their times;
-- parallel: one sweep holding both runs with ``jobs=2`` (each run ``cores // 2`` threads); ``t_parallel``.
-
-``speedup = t_sequential / t_parallel`` and ``efficiency = speedup / 2`` (1.0: two runs cost the time of one;
-target >= 0.8 on 2 cores). Each sweep is timed whole, driver included, in this process after a warm-up sweep that
-builds the SFT cache and imports everything, so no side pays a one-off cost. Real runs of the local trainer.
+Only the number of runs at once changes: both sides run the same ``cores`` runs (alphas differ, seed 1) of the
+default training config (``conf/train.yaml``: 32 prompts x 8 rollouts, default validation and statistics, W&B
+offline) with ``steps`` RL steps each and ``threads=1``, through the real sweep driver, timed whole (driver,
+process start-up, runs). A warm-up sweep builds the SFT cache and warms imports and the page cache first; the
+sides take turns in each round. Reported: RL steps per hour (all runs' steps over the sweep's wall time), default
+400-step runs per hour (steps per hour / 400, start-up amortised as in the short runs) and the parallel
+efficiency, speed-up / jobs, which is at most 1 when both sides use the same threads per run.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import Row, format_table, min_median
 from sweeps.cli import main as sweep_main
 from sweeps.config import available_cores
 
+DEFAULT_RUN_STEPS = 400
 
-def run_sweep(root: Path, name: str, alphas: str, jobs: int, steps: int, extra: str, add_baseline: bool) -> float:
+
+def run_sweep(root: Path, name: str, alphas: str, jobs: int, steps: int) -> float:
     """Seconds for one whole sweep (driver and runs), its output silenced."""
-    argv = [f"alpha={alphas}", "seeds=1", f"jobs={jobs}", f"steps={steps}", f"root={root}", f"name={name}",
-            f"add_baseline={str(add_baseline).lower()}", "report=false", extra]
+    argv = [f"alpha={alphas}", "seeds=1", f"jobs={jobs}", "threads=1", f"steps={steps}", f"root={root}",
+            f"name={name}", "add_baseline=false", "report=false"]
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         code = sweep_main(argv)
@@ -35,41 +38,40 @@ def run_sweep(root: Path, name: str, alphas: str, jobs: int, steps: int, extra: 
     return elapsed
 
 
-def main(argv=None) -> dict[str, float]:
+def main(argv=None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20, help="RL steps per run")
-    parser.add_argument("--repeats", type=int, default=2, help="rounds; each figure keeps its best round")
+    parser.add_argument("--steps", type=int, default=15, help="RL steps per run")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="folder for the sweeps (default: a temp folder)")
     args = parser.parse_args(argv)
-
+    cores = available_cores()
+    alphas = ",".join(f"{0.1 * index:.1f}" for index in range(cores))
+    times: dict[int, list[float]] = {1: [], cores: []}
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:
         root = args.out or Path(scratch)
-        overrides = ["trainer.val_every=5", "trainer.prompts_per_step=8", "trainer.rollouts_per_prompt=4",
-                     "trainer.val_size=32", "trainer.save_every=10", "sft.steps=20", "logger.wandb.mode=disabled",
-                     "stats.exact_every=0", f"sft.cache_dir={root / 'sft-cache'}"]
-        extra = "extra=[" + " ".join(overrides) + "]"
-        run_sweep(root, "warmup", "0.25", 1, 1, extra, add_baseline=False)  # SFT cache, imports, page cache
-        # Interleave the rounds so machine noise hits both sides alike; keep each side's best round.
-        rounds: dict[str, list[float]] = {"a": [], "b": [], "parallel": []}
-        for index in range(args.repeats):
-            rounds["a"].append(run_sweep(root, f"sequential-a-{index}", "0.0", 1, args.steps, extra, False))
-            rounds["b"].append(run_sweep(root, f"sequential-b-{index}", "0.5", 1, args.steps, extra, False))
-            rounds["parallel"].append(run_sweep(root, f"parallel-{index}", "0.0,0.5", 2, args.steps, extra, False))
-    sequential = [min(rounds["a"]), min(rounds["b"])]
-    parallel = min(rounds["parallel"])
-    t_sequential = sum(sequential)
-    speedup = t_sequential / parallel
-    efficiency = speedup / 2
-    cores = available_cores()
-    print(f"sweep parallel efficiency, 2 real runs of {args.steps} steps, {cores} cores, best of {args.repeats}:")
-    print(f"  sequential (jobs=1, {cores} threads each)  {sequential[0]:7.1f} s + {sequential[1]:7.1f} s = "
-          f"{t_sequential:7.1f} s")
-    print(f"  parallel   (jobs=2, {max(1, cores // 2)} thread(s) each) {parallel:7.1f} s")
-    print(f"  speedup {speedup:.2f}x, efficiency {efficiency:.2f} (target >= 0.80)")
-    if efficiency > 1:
-        print("  (above 1: a lone run gained nothing from its extra threads at this model size, so two 1-thread "
-              "runs side by side beat two multi-thread runs in a row)")
-    return {"t_sequential_s": t_sequential, "t_parallel_s": parallel, "speedup": speedup, "efficiency": efficiency}
+        run_sweep(root, "warmup", "0.5", 1, 1)  # SFT cache (the default one), imports, page cache
+        for index in range(args.rounds):
+            for jobs in ((1, cores) if index % 2 == 0 else (cores, 1)):
+                times[jobs].append(run_sweep(root, f"jobs{jobs}-{index}", alphas, jobs, args.steps))
+    total_steps = cores * args.steps
+
+    def per_hour(seconds: list[float]) -> list[float]:
+        return [total_steps * 3600 / value for value in seconds]
+
+    one, many = per_hour(times[1]), per_hour(times[cores])
+    efficiency = [m / o / cores for m, o in zip(sorted(many), sorted(one))]
+    note = f"{cores} runs of {args.steps} steps, 1 thread each"
+    rows = [
+        Row("sweep", f"RL steps per hour: jobs=1 -> jobs={cores}", "steps/h", min_median(one), min_median(many),
+            note=note),
+        Row("sweep", f"default {DEFAULT_RUN_STEPS}-step runs per hour: jobs=1 -> jobs={cores}", "runs/h",
+            min_median([value / DEFAULT_RUN_STEPS for value in one]),
+            min_median([value / DEFAULT_RUN_STEPS for value in many]), note="extrapolated from the short runs"),
+        Row("sweep", "parallel efficiency (speed-up / jobs)", "", None, min_median(efficiency),
+            note="<= 1 by construction; rounds paired by rank"),
+    ]
+    print(format_table(rows))
+    return rows
 
 
 if __name__ == "__main__":

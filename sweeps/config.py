@@ -47,6 +47,12 @@ _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0", "")
 
 
+# Threads of a lone run (one run live; the SFT warm start). Measured by benchmarks/bench_local.py ("threads"
+# row): a default step at 2 threads took longer than at 1 on the 2-core development machine, busy or quiet, as
+# the model's matmuls are too small to split; threads=N overrides it.
+SINGLE_RUN_THREADS = 1
+
+
 def available_cores() -> int:
     """CPU cores this process may use (its affinity mask, which containers and ``taskset`` shrink)."""
     try:

@@ -27,7 +27,7 @@ from typing import Any, Self
 
 from dataflex_rl.config import ConfigError
 from sweeps.commands import PlannedRun, check_gpu_available, plan_runs, plan_warm_starts
-from sweeps.config import SweepConfig, available_cores
+from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import RunSpec, expand_grid, grid_description
 from sweeps.launchers import Job, Launcher, Outcome, build_launcher, write_log_header
 from sweeps.manifest import Manifest, utc_now
@@ -76,17 +76,19 @@ def default_name(config: SweepConfig, prefix: str = "sweep") -> str:
 def concurrency(config: SweepConfig, runs: int) -> tuple[int, int | None]:
     """(runs at once, torch threads per run).
 
-    local: ``jobs`` (default: the core count, at most the number of runs) and ``max(1, cores // jobs)`` threads,
-    so parallel runs never oversubscribe the cores; slurm: ``jobs`` (default: all runs) as the array parallelism
-    and ``slurm.cpus_per_task`` threads; ray: ``jobs`` (default: all runs) and ``threads`` (default: the run's own);
-    verl runs set no thread count. ``threads=N`` always wins.
+    local: ``jobs`` (default: the core count, at most the number of runs); ray: ``jobs`` (default: all runs).
+    Threads per run default to 1 whenever more than one run can be live (several 1-thread runs side by side beat
+    multi-thread runs on this model size, and never oversubscribe), and to :data:`SINGLE_RUN_THREADS` (measured by
+    ``benchmarks/bench_local.py``) for a lone run. slurm: ``jobs`` (default: all runs) as the array parallelism and
+    ``slurm.cpus_per_task`` threads (each job owns its CPUs); verl runs set no thread count. ``threads=N`` always
+    wins.
     """
-    if config.launcher == "local":
-        jobs = config.jobs or max(1, min(available_cores(), runs))
-        threads: int | None = config.threads or max(1, available_cores() // jobs)
-    else:
+    if config.launcher == "slurm":
         jobs = config.jobs or max(1, runs)
-        threads = config.threads or (config.slurm.cpus_per_task if config.launcher == "slurm" else None)
+        threads: int | None = config.threads or config.slurm.cpus_per_task
+    else:
+        jobs = config.jobs or max(1, min(available_cores(), runs) if config.launcher == "local" else runs)
+        threads = config.threads or (1 if jobs > 1 else SINGLE_RUN_THREADS)
     if config.backend == "verl":
         threads = None
     return jobs, threads
@@ -100,8 +102,8 @@ def plan_sweep(config: SweepConfig, name: str | None = None) -> SweepPlan:
     jobs, threads = concurrency(config, len(specs))
     if config.backend == "verl" and config.launcher == "local" and not config.dry_run:
         check_gpu_available()
-    # The warm start runs alone, before the runs: on the local launcher it may use every core.
-    warm_threads = config.threads or (available_cores() if config.launcher == "local" else threads)
+    # The warm start runs alone, before the runs: a lone run's thread count.
+    warm_threads = config.threads or (SINGLE_RUN_THREADS if config.launcher == "local" else threads)
     return SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads,
                      warm_starts=plan_warm_starts(config, specs, sweep_dir, warm_threads),
                      runs=plan_runs(config, specs, name, sweep_dir, threads))
@@ -374,6 +376,16 @@ def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> N
                       "-" if accuracy is None else f"{accuracy:.3f}",
                       "-" if not wall else f"{wall:.1f} s")
     console.print(table)
+    console.print(f"{plan.jobs} run(s) at once, {thread_note(plan)}", highlight=False)
+
+
+def thread_note(plan: SweepPlan) -> str:
+    """How many threads each run used and where that number came from."""
+    if plan.threads is None:
+        return "threads per run left to the backend"
+    origin = "threads=" if plan.config.threads else (
+        "slurm.cpus_per_task" if plan.config.launcher == "slurm" else "default")
+    return f"{plan.threads} thread(s) per run ({origin})"
 
 
 def write_report(sweep_dir: Path) -> tuple[int, str]:
@@ -451,7 +463,7 @@ def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int
             return EXIT_REFUSED
         skipped = len(plan.runs) - len(to_launch)
         print(f"sweep {plan.name}: {len(plan.runs)} run(s) ({skipped} already completed), {plan.jobs} at once, "
-              f"{plan.threads or 'default'} thread(s) each; folder {plan.sweep_dir}", flush=True)
+              f"{thread_note(plan)}; folder {plan.sweep_dir}", flush=True)
         try:
             if to_launch and plan.warm_starts:
                 print("SFT warm start (once, shared by every run)", flush=True)

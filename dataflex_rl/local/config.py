@@ -31,6 +31,7 @@ KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl's kl_pen
 # What the trainer can hand an advantage estimator: estimators needing more (values, baselines) are refused.
 ESTIMATOR_INPUTS = frozenset({"token_level_rewards", "response_mask", "index", "config", "epsilon",
                               "norm_adv_by_std_in_grpo"})
+SAMPLERS = ("cached", "hf")
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -92,6 +93,9 @@ class TrainerConfig:
     temperature: float = 1.0
     max_new_tokens: int | None = None  # None: the task's longest answer plus slack
     recompute_old_log_probs: bool = False  # True: a forward pass, as verl; False: the sampler's own scores
+    sampler: str = "cached"  # cached: the project's KV-cached loop (HF generate's samples); hf: HF generate
+    pack: bool = True  # forward passes skip padded positions (models the fast decoder covers)
+    compile: bool = False  # torch.compile the packed update (persistent cache); off: it does not pay in a run
     lr: float = 1e-4
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0  # None: no clipping (the norm is still logged)
@@ -140,7 +144,8 @@ class TrainerConfig:
         check_int_at_least("val_size", self.val_size, 1)
         check_non_negative_int("val_seed", self.val_seed)
         check_non_negative_int("save_every", self.save_every)
-        for name in ("norm_adv_by_std", "recompute_old_log_probs"):
+        check_choice("sampler", self.sampler, SAMPLERS)
+        for name in ("norm_adv_by_std", "recompute_old_log_probs", "pack", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} = {getattr(self, name)!r} is not allowed: it must be true or false")
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
+from dataflex_rl.local.decoder import DecoderWeights, shared_prefix_forward
+from dataflex_rl.local.sampler import sample
 from dataflex_rl.local.tokenizer import Tokenizer
 
 
@@ -77,15 +79,22 @@ def generate(
     repeats: int,
     max_new_tokens: int,
     temperature: float | None,
+    sampler: str = "hf",
 ) -> SequenceBatch:
-    """Sample ``repeats`` responses per prompt with HF ``generate`` (KV cache); ``temperature=None`` is greedy.
+    """Sample ``repeats`` responses per prompt; ``temperature=None`` is greedy.
 
-    The log-probs of the sampled tokens come from the scores ``generate`` computed anyway (logits divided by the
-    temperature; no top-k/top-p), which equal a fresh forward pass of the same weights to float rounding.
+    ``sampler="cached"``: the project's KV-cached loop (:mod:`dataflex_rl.local.sampler`, same samples as HF for
+    the same seed); ``"hf"``: HF ``generate``. The log-probs of the sampled tokens come from the scores the sampler
+    computed anyway (logits divided by the temperature; no top-k/top-p), which equal a fresh forward pass of the
+    same weights to float rounding.
     """
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)
     prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
+    if sampler == "cached":
+        responses, sampling_log_probs = sample(DecoderWeights(model), prompt_ids, prompt_mask, max_new_tokens,
+                                               temperature, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        return _sequence_batch(prompt_ids, prompt_mask, responses, sampling_log_probs, tokenizer, len(prompts), repeats)
     # An explicit config: a checkpoint's own generation defaults (repetition penalty, top-p, ...) would make the
     # samples and their scores follow another distribution than the softmax(logits / T) the loss uses.
     generation_config = GenerationConfig(
@@ -102,21 +111,27 @@ def generate(
         return_dict_in_generate=True,
     )
     output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
-    prompt_length = prompt_ids.shape[1]
-    responses = output.sequences[:, prompt_length:]
-    response_mask = response_mask_from(responses, tokenizer.eos_token_id)
+    responses = output.sequences[:, prompt_ids.shape[1]:]
     sampling_log_probs = None
     if temperature:
         scores = torch.stack(output.scores, dim=1).float()  # (N, R, vocab), already divided by the temperature
         sampling_log_probs = F.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    return _sequence_batch(prompt_ids, prompt_mask, responses, sampling_log_probs, tokenizer, len(prompts), repeats)
+
+
+def _sequence_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+                    sampling_log_probs: torch.Tensor | None, tokenizer: Tokenizer, prompts: int,
+                    repeats: int) -> SequenceBatch:
+    response_mask = response_mask_from(responses, tokenizer.eos_token_id)
+    if sampling_log_probs is not None:
         # where, not a product: a pad position after <eos> may score -inf, and -inf * 0 is NaN.
         sampling_log_probs = torch.where(response_mask.bool(), sampling_log_probs, 0.0)
     return SequenceBatch(
-        input_ids=output.sequences,
+        input_ids=torch.cat([prompt_ids, responses], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
         response_mask=response_mask,
-        prompt_length=prompt_length,
-        group_index=np.repeat(np.arange(len(prompts)), repeats),
+        prompt_length=prompt_ids.shape[1],
+        group_index=np.repeat(np.arange(prompts), repeats),
         sampling_log_probs=sampling_log_probs,
     )
 
@@ -137,12 +152,18 @@ class TokenOutputs:
 
 
 def response_token_outputs(
-    model: torch.nn.Module, batch: SequenceBatch, temperature: float, with_grad_factor: bool = False
+    model: torch.nn.Module, batch: SequenceBatch, temperature: float, with_grad_factor: bool = False,
+    packed: bool = False, compiled: bool = False,
 ) -> TokenOutputs:
     """Log-probs (with grad when enabled), entropy and optionally the logit-gradient factor of response tokens.
 
-    Logits are divided by the sampling temperature before the softmax, as verl's actor does.
+    Logits are divided by the sampling temperature before the softmax, as verl's actor does. ``packed=True``
+    (a model :func:`~dataflex_rl.local.decoder.supported` covers) computes only valid positions, each distinct
+    prompt once: every output is 0 where ``response_mask`` is 0; ``False`` runs the HF forward over the padded
+    batch. ``compiled`` fuses the packed path's per-layer elementwise work with ``torch.compile``.
     """
+    if packed:
+        return _packed_token_outputs(model, batch, temperature, with_grad_factor, compiled)
     logits = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -154,6 +175,49 @@ def response_token_outputs(
     log_softmax = F.log_softmax(logits, dim=-1)
     targets = batch.responses.unsqueeze(-1)
     log_probs = log_softmax.gather(-1, targets).squeeze(-1)
+    entropy, factor = _entropy_and_factor(log_softmax, targets, with_grad_factor)
+    return TokenOutputs(log_probs=log_probs, entropy=entropy, logit_grad_factor=factor)
+
+
+def _packed_token_outputs(model: torch.nn.Module, batch: SequenceBatch, temperature: float,
+                          with_grad_factor: bool, compiled: bool = False) -> TokenOutputs:
+    """:func:`response_token_outputs` over valid positions only (:func:`shared_prefix_forward`: each distinct
+    prompt once, no padding, no row's last token); the LM head runs on the positions that predict a response
+    token."""
+    response_mask = batch.response_mask.bool()
+    rows, length = response_mask.shape
+    last_valid = response_mask.long().sum(-1) - 1
+    keep = response_mask & (torch.arange(length) != last_valid.unsqueeze(-1))
+    weights = DecoderWeights(model, compiled=compiled)
+    prompt_length = batch.prompt_length
+    forward = shared_prefix_forward(weights, batch.input_ids[:, :prompt_length],
+                                    batch.attention_mask[:, :prompt_length], batch.responses, keep)
+    split = len(forward.prompt_index)
+    prompt_slot = torch.full(((int(forward.inverse.max()) + 1) * forward.prompt_length,), -1, dtype=torch.long)
+    prompt_slot[forward.prompt_index] = torch.arange(split)
+    response_slot = torch.full((rows * forward.response_length,), -1, dtype=torch.long)
+    response_slot[forward.response_index] = torch.arange(split, len(forward.hidden))
+    target_rows, target_columns = response_mask.nonzero(as_tuple=True)
+    # Response token r is predicted by the hidden state before it: the prompt's last token for r = 0, else the
+    # response token r - 1.
+    from_prompt = prompt_slot[forward.inverse[target_rows] * forward.prompt_length + prompt_length - 1]
+    from_response = response_slot[target_rows * forward.response_length + (target_columns - 1).clamp(min=0)]
+    predictors = torch.where(target_columns == 0, from_prompt, from_response)
+    logits = weights.logits(forward.hidden.index_select(0, predictors)).float() / temperature
+    log_softmax = F.log_softmax(logits, dim=-1)
+    targets = batch.responses[target_rows, target_columns].unsqueeze(-1)
+    entropy, factor = _entropy_and_factor(log_softmax, targets, with_grad_factor)
+    where = (target_rows, target_columns)
+
+    def scatter(values: torch.Tensor | None) -> torch.Tensor | None:
+        return None if values is None else values.new_zeros((rows, length)).index_put(where, values)
+
+    return TokenOutputs(log_probs=scatter(log_softmax.gather(-1, targets).squeeze(-1)), entropy=scatter(entropy),
+                        logit_grad_factor=scatter(factor))
+
+
+def _entropy_and_factor(log_softmax: torch.Tensor, targets: torch.Tensor, with_grad_factor: bool):
+    """Entropy of each distribution and (optionally) the logit-gradient factor of its target, without grad."""
     with torch.no_grad():
         probs = log_softmax.exp()
         entropy = -(probs * log_softmax).sum(-1)
@@ -163,4 +227,4 @@ def response_token_outputs(
             squares = (probs * probs).sum(-1)
             # |e_y - p|^2 = (1 - p_y)^2 + sum_{j != y} p_j^2 = 1 - 2 p_y + sum_j p_j^2
             factor = (1.0 - 2.0 * sampled + squares).clamp(min=0.0).sqrt()
-    return TokenOutputs(log_probs=log_probs, entropy=entropy, logit_grad_factor=factor)
+    return entropy, factor

@@ -28,6 +28,7 @@ from verl.workers.config.actor import ActorConfig
 
 from dataflex_rl import keys, metrics as mechanism_metrics
 from dataflex_rl.local.config import TrainConfig
+from dataflex_rl.local.decoder import supported as decoder_supported
 from dataflex_rl.local.progress import progress_bar
 from dataflex_rl.local.sequences import SequenceBatch, decode_responses, generate, response_token_outputs
 from dataflex_rl.local.tokenizer import Tokenizer
@@ -52,6 +53,17 @@ class Rollout:
 def step_seed(seed: int, step: int) -> int:
     """The RNG seed of one step: resuming at step ``s`` replays exactly what an uninterrupted run does."""
     return (seed * 1_000_003 + step) % (2**31 - 1)
+
+
+def fast_paths(model: torch.nn.Module, trainer) -> tuple[str, bool]:
+    """``(sampler, pack)`` the trainer uses: the configured ones, falling back to HF ``generate`` and HF's padded
+    forward (with a log line saying why) for a model the project's decoder does not cover."""
+    reason = decoder_supported(model)
+    if reason is None:
+        return trainer.sampler, trainer.pack
+    if trainer.sampler != "hf" or trainer.pack:
+        log.info("HF generate and HF's padded forward for this model: the fast decoder does not cover %s", reason)
+    return "hf", False
 
 
 class GRPOTrainer:
@@ -92,6 +104,8 @@ class GRPOTrainer:
         self.advantage_fn = core_algos.get_adv_estimator_fn(trainer.adv_estimator)
         self.max_new_tokens = trainer.max_new_tokens or task.max_completion_chars + 2
         self.val_problems = task.test_problems(min(trainer.val_size, len(task.test_pool)), seed=trainer.val_seed)
+        self.sampler, self.pack = fast_paths(model, trainer)
+        self.compile = self.pack and trainer.compile
         self._last_log_seconds = 0.0
         self._pending_histograms: dict = {}  # the step's histograms, logged with its metrics
 
@@ -158,7 +172,7 @@ class GRPOTrainer:
         problems = self.task.train_problems(trainer.prompts_per_step, seed=step_seed(self.config.seed, step))
         self.model.eval()
         batch = generate(self.model, self.tokenizer, [p.prompt for p in problems], trainer.rollouts_per_prompt,
-                         self.max_new_tokens, trainer.temperature)
+                         self.max_new_tokens, trainer.temperature, sampler=self.sampler)
         per_sequence = [problem for problem in problems for _ in range(trainer.rollouts_per_prompt)]
         return Rollout(batch, per_sequence, decode_responses(self.tokenizer, batch))
 
@@ -199,10 +213,11 @@ class GRPOTrainer:
         if batch.sampling_log_probs is not None and not self.trainer.recompute_old_log_probs:
             old = batch.sampling_log_probs
         else:
-            old = response_token_outputs(self.model, batch, self.trainer.temperature).log_probs
+            old = response_token_outputs(self.model, batch, self.trainer.temperature, packed=self.pack).log_probs
         reference = None
         if self.reference is not None:
-            reference = response_token_outputs(self.reference, batch, self.trainer.temperature).log_probs
+            reference = response_token_outputs(self.reference, batch, self.trainer.temperature,
+                                               packed=self.pack).log_probs
         return old, reference
 
     def reweight(self, step: int, batch: SequenceBatch, old_log_probs: torch.Tensor,
@@ -229,7 +244,8 @@ class GRPOTrainer:
                 first_pass = stage_index == 0 and epoch == 0
                 for rows in self._mini_batches(batch):
                     mini = batch.select(rows)
-                    outputs = response_token_outputs(self.model, mini, trainer.temperature, with_grad_factor=first_pass)
+                    outputs = response_token_outputs(self.model, mini, trainer.temperature, with_grad_factor=first_pass,
+                                                     packed=self.pack, compiled=self.compile)
                     mask = mini.response_mask
                     pg_loss, pg_metrics = self.policy_loss_fn(
                         old_log_prob=old_log_probs[rows], log_prob=outputs.log_probs, advantages=advantages[rows],
@@ -296,7 +312,7 @@ class GRPOTrainer:
         token_probs = old_log_probs[rows].exp()
         parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.model.eval()
-        outputs = response_token_outputs(self.model, mini, self.trainer.temperature)
+        outputs = response_token_outputs(self.model, mini, self.trainer.temperature, packed=self.pack)
         norms = {}
         for low, high, label in mechanism_metrics.bucket_edges(self.config.stats.bucket_edges):
             in_bucket = mask & (token_probs >= low) & ((token_probs <= high) if high == 1.0 else (token_probs < high))
@@ -320,7 +336,8 @@ class GRPOTrainer:
         correct_by_difficulty: dict[int, list[bool]] = defaultdict(list)
         for start in range(0, len(self.val_problems), VAL_CHUNK):
             problems = self.val_problems[start:start + VAL_CHUNK]
-            batch = generate(self.model, self.tokenizer, [p.prompt for p in problems], 1, self.max_new_tokens, None)
+            batch = generate(self.model, self.tokenizer, [p.prompt for p in problems], 1, self.max_new_tokens, None,
+                             sampler=self.sampler)
             for problem, completion in zip(problems, decode_responses(self.tokenizer, batch)):
                 correct_by_difficulty[problem.difficulty].append(self.task.is_correct(problem, completion))
         all_correct = [value for values in correct_by_difficulty.values() for value in values]

@@ -91,15 +91,17 @@ def test_bad_sweep_values_are_refused_naming_them(argv, named):
     assert named in str(caught.value)
 
 
-def test_concurrency_splits_cores_between_parallel_runs(monkeypatch):
+def test_concurrency_never_oversubscribes_and_a_lone_run_gets_the_measured_default(monkeypatch):
     monkeypatch.setattr(driver, "available_cores", lambda: 8)
-    assert concurrency(config_of(), runs=6) == (6, 1)  # jobs = min(cores, runs), threads = 8 // 6
-    assert concurrency(config_of("jobs=2"), runs=6) == (2, 4)
-    assert concurrency(config_of("jobs=3"), runs=6) == (3, 2)
-    assert concurrency(config_of("jobs=2", "threads=1"), runs=6) == (2, 1)
-    assert concurrency(config_of(), runs=2) == (2, 4)  # never more jobs than runs
+    assert concurrency(config_of(), runs=6) == (6, 1)  # jobs = min(cores, runs), one thread each
+    assert concurrency(config_of("jobs=2"), runs=6) == (2, 1)  # more than one run live: 1 thread
+    assert concurrency(config_of("jobs=3", "threads=2"), runs=6) == (3, 2)  # threads=N wins
+    assert concurrency(config_of(), runs=2) == (2, 1)  # never more jobs than runs
+    assert concurrency(config_of("jobs=1"), runs=6) == (1, driver.SINGLE_RUN_THREADS)
+    assert concurrency(config_of(), runs=1) == (1, driver.SINGLE_RUN_THREADS)
     assert concurrency(config_of("launcher=slurm", "slurm.cpus_per_task=16"), runs=6) == (6, 16)
-    assert concurrency(config_of("launcher=ray"), runs=6) == (6, None)
+    assert concurrency(config_of("launcher=ray"), runs=6) == (6, 1)
+    assert concurrency(config_of("backend=verl", "launcher=ray"), runs=6) == (6, None)
 
 
 def test_default_name_is_stable_for_the_same_grid_and_differs_otherwise():

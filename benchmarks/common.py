@@ -1,0 +1,80 @@
+"""What every benchmark here shares: interleaved timing rounds and the one table ``make bench`` prints.
+
+A benchmark changes one thing per row, says what it holds fixed, warms up both sides, runs the sides in turn in
+each round (so machine noise hits them alike) and reports min and median over the rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of the table: ``before`` and ``after`` as (min, median) in ``unit``; ``ratio`` is after / before
+    of the medians unless the row gives its own."""
+
+    benchmark: str
+    measure: str
+    unit: str
+    before: tuple[float, float] | None
+    after: tuple[float, float]
+    ratio: float | None = None
+    note: str = ""
+
+    @property
+    def shown_ratio(self) -> float | None:
+        if self.ratio is not None:
+            return self.ratio
+        if self.before is None or not self.before[1]:
+            return None
+        return self.after[1] / self.before[1]
+
+
+def min_median(samples: list[float]) -> tuple[float, float]:
+    return min(samples), statistics.median(samples)
+
+
+def interleaved(sides: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of each side per round: every side runs ``warmup`` times first, then once per round, in turn
+    (the order alternates between rounds, so neither side always runs right after the other)."""
+    names = list(sides)
+    for _ in range(warmup):
+        for name in names:
+            sides[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in (names if index % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _cell(value: tuple[float, float] | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    low, middle = value
+    return f"{_number(low)} / {_number(middle)} {unit}"
+
+
+def _number(value: float) -> str:
+    if value == 0 or abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def format_table(rows: list[Row]) -> str:
+    """The markdown table: benchmark, what is measured, before and after as min / median, ratio, notes."""
+    header = ["benchmark", "measure", "before (min / median)", "after (min / median)", "ratio", "note"]
+    lines = [header, ["---"] * len(header)]
+    for row in rows:
+        ratio = row.shown_ratio
+        lines.append([row.benchmark, row.measure, _cell(row.before, row.unit), _cell(row.after, row.unit),
+                      "-" if ratio is None else f"{ratio:.2f}x", row.note])
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)

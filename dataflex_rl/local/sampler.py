@@ -1,0 +1,105 @@
+"""A KV-cached sampling loop over :class:`~dataflex_rl.local.decoder.DecoderWeights`: HF ``generate``'s samples.
+
+For the same seed it draws the same tokens as ``model.generate(do_sample=True, top_k=0, top_p=1, temperature=T)``
+(or greedy): every step scores ``logits / T`` and calls ``torch.multinomial`` once on the full ``(N, vocab)``
+probabilities, as HF does, so the random stream is consumed identically; a finished row gets ``<pad>`` and stops
+at the first ``<eos>``; the loop ends when every row has finished or after ``max_new_tokens``. What it saves: HF's
+per-step machinery (cache objects, mask building, logits processors) and the compute of finished rows, which are
+dropped from the batch (their probabilities are a constant row, so the multinomial's stream is unchanged),
+and the repeated prompts of a GRPO group, run once each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dataflex_rl.local.decoder import DecoderWeights, attention_bias, distinct_prompts, padded_length
+
+COMPACT_FRACTION = 0.75  # drop finished rows from the cache once at most this share of its rows is still active
+
+
+@torch.no_grad()
+def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+           temperature: float | None, eos_token_id: int, pad_token_id: int
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(responses (N, R), log_probs (N, R) | None)`` for left-padded prompts ``(N, P)``; ``temperature=None``
+    is greedy. ``log_probs`` are the sampled tokens' log-softmax of ``logits / T`` (0 after a row's end)."""
+    rows, prompt_length = prompt_ids.shape
+    total = padded_length(prompt_length + max_new_tokens)  # columns past the end stay masked
+    layers = len(weights.layers)
+    cache_k = torch.zeros(layers, rows, weights.num_kv_heads, total, weights.head_dim)
+    cache_v = torch.zeros_like(cache_k)
+    key_valid = torch.zeros(rows, total, dtype=torch.bool)
+    key_valid[:, :prompt_length] = prompt_mask.bool()
+    logits = _prefill(weights, prompt_ids, prompt_mask, cache_k, cache_v)
+    positions = prompt_mask.long().sum(-1)  # the next token's position: attended tokens so far
+    active = torch.arange(rows)  # cache row i holds sequence active[i]
+    responses, log_probs = [], []
+    finished = torch.zeros(rows, dtype=torch.bool)
+    vocab = logits.shape[-1]
+    for step in range(max_new_tokens):
+        scores = torch.zeros(rows, vocab)
+        scores[:, pad_token_id] = 1.0  # finished rows: any fixed distribution (their draw is discarded)
+        scores[active] = logits / temperature if temperature else logits
+        if temperature:
+            tokens = torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            log_probs.append(torch.where(finished, 0.0, F.log_softmax(scores, dim=-1).gather(
+                -1, tokens.unsqueeze(-1)).squeeze(-1)))
+        else:
+            tokens = scores.argmax(-1)
+        tokens = torch.where(finished, pad_token_id, tokens)
+        responses.append(tokens)
+        finished = finished | (tokens == eos_token_id)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            break
+        column = prompt_length + step
+        key_valid[:, column] = True
+        still = ~finished[active]
+        if int(still.sum()) <= COMPACT_FRACTION * len(active):
+            active, cache_k, cache_v = active[still], cache_k[:, still], cache_v[:, still]
+        logits = _decode(weights, tokens[active], positions[active] + step, cache_k, cache_v, column,
+                         key_valid[active])
+    response_ids = torch.stack(responses, dim=1)
+    return response_ids, (torch.stack(log_probs, dim=1) if temperature else None)
+
+
+def _prefill(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+             cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+    """Run each distinct prompt once (a GRPO group's rollouts share it), fill every row's first ``P`` cache
+    columns; the last position's logits ``(N, vocab)``."""
+    first, inverse = distinct_prompts(prompt_ids)
+    prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
+    prompts, length = prompt_ids.shape
+    keys = padded_length(length)  # attention over a padded key length, masked past the prompt
+    valid = F.pad(prompt_mask.bool(), (0, keys - length))
+    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    cos, sin = weights.rope(positions)
+    x = weights.model.model.embed_tokens(prompt_ids)
+    causal = torch.ones(length, keys, dtype=torch.bool).tril()
+    bias = attention_bias((causal & valid.unsqueeze(1)) | torch.eye(length, keys, dtype=torch.bool)).unsqueeze(1)
+    for index, layer in enumerate(weights.layers):
+        q, k, v = weights.qkv(layer, x, cos, sin)  # (U, L, heads, d)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        cache_k[index, :, :, :length] = k[inverse]
+        cache_v[index, :, :, :length] = v[inverse]
+        padding = (0, 0, 0, keys - length)
+        attended = weights.attend(q.transpose(1, 2).contiguous(), F.pad(k, padding), F.pad(v, padding), bias)
+        x = weights.finish_layer(layer, x, attended.transpose(1, 2).reshape(prompts, length, -1))
+    return weights.logits(x[:, -1])[inverse]
+
+
+def _decode(weights: DecoderWeights, tokens: torch.Tensor, positions: torch.Tensor, cache_k: torch.Tensor,
+            cache_v: torch.Tensor, column: int, key_valid: torch.Tensor) -> torch.Tensor:
+    """One new token per cached row at cache column ``column``; its logits ``(n, vocab)``. ``key_valid (n, C)``
+    marks the cache columns a row attends to (its prompt and every token generated so far)."""
+    cos, sin = weights.rope(positions)
+    x = weights.model.model.embed_tokens(tokens)
+    bias = attention_bias(key_valid)[:, None, None, :]
+    for index, layer in enumerate(weights.layers):
+        q, k, v = weights.qkv(layer, x, cos, sin)  # (n, heads, d)
+        cache_k[index, :, :, column] = k
+        cache_v[index, :, :, column] = v
+        attended = weights.attend(q.unsqueeze(2), cache_k[index], cache_v[index], bias)
+        x = weights.finish_layer(layer, x, attended.reshape(len(tokens), -1))
+    return weights.logits(x)

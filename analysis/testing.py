@@ -9,7 +9,6 @@ Nothing here imports torch or the training backends.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,12 +33,6 @@ FAKE_BUCKETS: tuple[tuple[float, float], ...] = ((0.0, 0.25), (0.25, 0.5), (0.5,
 def run_name(sweep: str, alpha: float, seed: int) -> str:
     """The run name the project uses: ``<sweep>-a<alpha>-s<seed>`` (alpha in ``%g`` form)."""
     return f"{sweep}-a{alpha:g}-s{seed}"
-
-
-def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=2, default=str))
-    os.replace(temporary, path)
 
 
 def write_fake_run(
@@ -258,6 +251,6 @@ def write_fake_sweep(
             )
             manifest_runs.append({"run": name, "state": state, "alpha": alpha, "seed": seed})
     if write_manifest:
-        _write_json(sweep_dir / "sweep.json", {"sweep": sweep, "grid": {"alpha": list(alphas), "seed": list(seeds)},
-                                               "runs": manifest_runs})
+        grid = {"alpha": list(alphas), "seed": list(seeds)}
+        run_store.atomic_write_json(sweep_dir / "sweep.json", {"sweep": sweep, "grid": grid, "runs": manifest_runs})
     return sweep_dir

@@ -16,6 +16,7 @@ import pytest
 from dataflex_rl import keys
 from dataflex_rl.local import trainer as trainer_module
 from dataflex_rl.tracking import RunStore, load_metrics, read_status
+from dataflex_rl.train import main as train_main
 from dataflex_rl.train import run
 
 from .conftest import REPO, compose_train, run_cli, tiny_overrides
@@ -86,8 +87,7 @@ def test_a_corrupt_metrics_file_is_recorded_as_failed_and_a_repaired_retry_works
     overrides = interrupted_run(run_dir, sft_cache, steps=2)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
     (run_dir / "metrics.jsonl").write_text(lines[0] + "garbage\n" + "".join(lines[1:]))
-    result = run_cli(overrides)
-    assert result.returncode == 1
+    assert run(compose_train(overrides)) == 1
     status = read_status(run_dir)
     assert status["state"] == "failed", status
     assert "metrics.jsonl: line 2 is not a run-store record" in status["error"] and status["traceback"]
@@ -129,11 +129,14 @@ def test_a_corrupt_checkpoint_is_named(tmp_path, sft_cache):
     ("override", "message"),
     [("trainer.lrr=0.1", "trainer.lrr"), ("task=nope", "nope"), ("dataflex.actuator.params.alpha=2", "alpha = 2")],
 )
-def test_hydra_level_refusals_exit_2_and_create_nothing(tmp_path, sft_cache, override, message):
+def test_hydra_level_refusals_exit_2_and_create_nothing(tmp_path, sft_cache, override, message, monkeypatch, capsys):
     run_dir = tmp_path / "run"
-    result = run_cli(tiny_overrides(run_dir, sft_cache) + [override])
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert message in result.stderr
+    # The command-line entry point in this process (the CLI itself is run by the resume test above).
+    monkeypatch.setattr(sys, "argv", ["dataflex_rl.train", *tiny_overrides(run_dir, sft_cache), override])
+    with pytest.raises(SystemExit) as exited:
+        train_main()
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
     assert not run_dir.exists()
 
 

@@ -52,16 +52,26 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def real_queue():
-    """A local Ray (2 CPUs, no dashboard, loopback) with TransferQueue's controller and one storage unit."""
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(num_cpus=2, include_dashboard=False, address="local", _node_ip_address="127.0.0.1",
-                 log_to_driver=False, configure_logging=False)
-    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
-    yield tq
-    tq.close()
-    if started_ray:
-        ray.shutdown()
+    """A local Ray (2 CPUs, no dashboard, loopback) with TransferQueue's controller and one storage unit.
+
+    ``RAY_AUTH_MODE=disabled`` for the fixture's life: a local ``ray.init`` otherwise turns on Ray's token
+    authentication, writes ``~/.ray/auth_token`` (which then switches it on for every later ``ray start`` of the
+    user) and sets ``RAY_AUTH_MODE=token`` in this process for the tests that follow. Nothing listens beyond
+    127.0.0.1.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        started_ray = not ray.is_initialized()
+        if started_ray:
+            ray.init(num_cpus=2, include_dashboard=False, address="local", _node_ip_address="127.0.0.1",
+                     log_to_driver=False, configure_logging=False)
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        try:
+            yield tq
+        finally:
+            tq.close()
+            if started_ray:
+                ray.shutdown()
 
 
 def put_batch(rows: list[dict], partition: str) -> KVBatchMeta:

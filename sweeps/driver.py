@@ -31,6 +31,7 @@ from sweeps.config import SweepConfig, available_cores
 from sweeps.grid import RunSpec, expand_grid, grid_description
 from sweeps.launchers import Job, Launcher, Outcome, build_launcher, write_log_header
 from sweeps.manifest import Manifest, utc_now
+from sweeps.progress import SweepView
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
@@ -167,8 +168,10 @@ class SweepRunner:
     :meth:`run_all` early (the Optuna driver prunes this way).
     """
 
-    def __init__(self, plan: SweepPlan, launcher: Launcher, manifest: Manifest, quiet: bool = False) -> None:
+    def __init__(self, plan: SweepPlan, launcher: Launcher, manifest: Manifest, quiet: bool = False,
+                 view: SweepView | None = None) -> None:
         self.plan = plan
+        self.view = view
         self.launcher = launcher
         self.manifest = manifest
         self.quiet = quiet
@@ -248,6 +251,9 @@ class SweepRunner:
             self._entry(job.run, warm_start=warm_start, state="running", start=utc_now(), end=None, exit_code=None,
                         error=None, launch=job.info, attempts=int(entry.get("attempts", 0)) + 1)
             self.say(f"started {job.run.name}  (log: {job.run.log_path})")
+            if self.view is not None:
+                self.view.started(job.run.name, job.run.command, None if warm_start else job.run.run_dir,
+                                  job.run.log_path, warm_start=warm_start)
         self.manifest.save()
         return jobs
 
@@ -267,6 +273,8 @@ class SweepRunner:
                     error=error, wall_time_s=round(wall, 3))
         self.manifest.save()
         self.say(f"{state} {job.run.name}" + (f": {error}" if error else ""))
+        if self.view is not None:
+            self.view.finished(job.run.name, state)
         return state
 
     def run_all(self, runs: Sequence[PlannedRun], warm_start: bool = False,
@@ -296,6 +304,8 @@ class SweepRunner:
             if on_poll is not None and active and on_poll(active):
                 self._stop(active, warm_start, states, reason="stopped by the driver")
                 return states
+            if self.view is not None:
+                self.view.refresh()
             time.sleep(self.plan.config.poll_s)
         return states
 
@@ -427,6 +437,27 @@ def run_sweep(config: SweepConfig, argv: Sequence[str] = ()) -> int:
         lock.release()
 
 
+def _run_planned(plan: SweepPlan, runner: SweepRunner, to_launch: list[PlannedRun]) -> int:
+    """The warm start, then the runs; returns the exit status (0, EXIT_FAILED or 128 + signal)."""
+    exit_code = 0
+    try:
+        if to_launch and plan.warm_starts:
+            print("SFT warm start (once, shared by every run)", flush=True)
+            states = runner.run_all(plan.warm_starts, warm_start=True)
+            if any(state != "completed" for state in states.values()):
+                failed = [name for name, state in states.items() if state != "completed"]
+                print(f"error: the SFT warm start failed; see {plan.sweep_dir / 'logs' / (failed[0] + '.log')}",
+                      file=sys.stderr)
+                exit_code = EXIT_FAILED
+                to_launch = []
+        states = runner.run_all(to_launch)
+        if any(state != "completed" for state in states.values()):
+            exit_code = EXIT_FAILED
+    except SweepStopped as stopped:
+        exit_code = 128 + stopped.signum
+    return exit_code
+
+
 def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int:
     config = plan.config
     manifest = Manifest(plan.sweep_dir, plan.header())
@@ -442,21 +473,9 @@ def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int
         skipped = len(plan.runs) - len(to_launch)
         print(f"sweep {plan.name}: {len(plan.runs)} run(s) ({skipped} already completed), {plan.jobs} at once, "
               f"{plan.threads or 'default'} thread(s) each; folder {plan.sweep_dir}", flush=True)
-        try:
-            if to_launch and plan.warm_starts:
-                print("SFT warm start (once, shared by every run)", flush=True)
-                states = runner.run_all(plan.warm_starts, warm_start=True)
-                if any(state != "completed" for state in states.values()):
-                    failed = [name for name, state in states.items() if state != "completed"]
-                    print(f"error: the SFT warm start failed; see {plan.sweep_dir / 'logs' / (failed[0] + '.log')}",
-                          file=sys.stderr)
-                    exit_code = EXIT_FAILED
-                    to_launch = []
-            states = runner.run_all(to_launch)
-            if any(state != "completed" for state in states.values()):
-                exit_code = EXIT_FAILED
-        except SweepStopped as stopped:
-            exit_code = 128 + stopped.signum
+        runner.view = SweepView(total=len(plan.runs), done_before=skipped, jobs=plan.jobs)
+        with runner.view:
+            exit_code = _run_planned(plan, runner, to_launch)
     manifest.data["state"] = ("interrupted" if exit_code > 128 else "failed" if exit_code else "completed")
     invocation.update(end=utc_now(), exit_code=exit_code)
     manifest.save()

@@ -35,11 +35,12 @@ from analysis.aggregate import (
     aggregate_runs,
     default_baseline,
     default_group_keys,
+    metric_direction,
     paired_differences,
     run_summaries,
 )
 from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
-from analysis.tables import TABLE_STYLES, comparison_table, to_markdown, write_table
+from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,53 @@ class _Document:
         self.add(f"![{title}]({file_name})", "")
 
 
+SUMMARY_METRIC = keys.VAL_ACCURACY
+
+
+def summary_columns(metric: str, final_window: int) -> tuple[str, str]:
+    """Titles of the summary table's two value columns: ``metric`` after SFT and at the end of training."""
+    return f"{metric} after SFT (step 0)", f"{metric} final (mean of the last {final_window})"
+
+
+def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
+                  metric: str = SUMMARY_METRIC) -> ComparisonTable | None:
+    """The sweep's headline table, one row per group: ``metric`` after SFT (each run's step-0 evaluation, of the
+    shared warm start), its final-window mean with interval (n) and the paired delta against the baseline. It heads
+    ``report.md`` and is what the sweep driver prints at the end, so the two never disagree. None when no included
+    run logged ``metric``."""
+    if metric not in set(data.metric_names):
+        return None
+    group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
+    metrics = data.metrics
+    extra_keys = [k for k in group_keys if k not in IDENTITY_COLUMNS]
+    if extra_keys:
+        metrics = add_run_columns(metrics, data.runs, extra_keys)
+    after_title, final_title = summary_columns(metric, options.final_window)
+    final = run_summaries(metrics, metrics=[metric], final_window=options.final_window)
+    # the step-0 value as a one-point summary of its own, so both columns go through the same aggregation
+    at_start = metrics[(metrics["metric"].astype(str) == metric).to_numpy() & (metrics["step"] == 0).to_numpy()]
+    after_sft = run_summaries(at_start, final_window=1) if len(at_start) else final.iloc[:0]
+    summaries = pd.concat([after_sft.assign(metric=after_title), final.assign(metric=final_title)],
+                          ignore_index=True)
+    statistics = {"confidence": options.confidence, "n_bootstrap": options.n_bootstrap,
+                  "random_state": options.random_state}
+    baseline = default_baseline(final, group_keys)
+    # the renamed columns keep the metric's direction (which group is best, which delta is an improvement)
+    direction = metric_direction(metric)
+    minimize, maximize = ([final_title], []) if direction < 0 else ([], [final_title] if direction > 0 else [])
+    deltas = None if baseline is None else paired_differences(
+        summaries[summaries["metric"] == final_title], group_keys=group_keys, baseline=baseline, minimize=minimize,
+        **statistics)
+    aggregates = aggregate_runs(summaries, group_keys=group_keys, **statistics)
+    present = [title for title in (after_title, final_title) if title in set(aggregates["metric"])]
+    table = comparison_table(aggregates, deltas=deltas, metrics=present, group_keys=group_keys, style=options.style,
+                             minimize=minimize, maximize=maximize,
+                             caption=f"{metric} after SFT and at the end of training, per group")
+    if after_title in table.best:  # the shared warm start has no best group
+        table.best[after_title] = False
+    return table
+
+
 def _runs_overview(data: SweepData, group_keys: Sequence[str]) -> pd.DataFrame:
     runs = data.runs
     included = runs[runs["included"]]
@@ -146,6 +194,10 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
     )
     data.runs.to_csv(out_dir / "runs.csv", index=False)
 
+    headline = summary_table(data, options)
+    if headline is not None:
+        document.add("## Summary", "", to_markdown(headline), "",
+                     "The sweep driver prints this same table at the end of a sweep.", "")
     document.add("## Runs", "")
     overview = _runs_overview(data, group_keys)
     document.add(to_markdown_frame(overview) if not overview.empty else "No completed runs.", "")

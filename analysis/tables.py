@@ -14,7 +14,7 @@ import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -177,6 +177,19 @@ def to_html(table: ComparisonTable) -> str:
     if table.caption:
         styler = styler.set_caption(table.caption)
     return styler.to_html()
+
+
+def to_rich(table: ComparisonTable) -> Any:
+    """A :class:`rich.table.Table` with the same cells (best cells bold, numbers right-aligned), for terminals."""
+    from rich.table import Table
+
+    rendered = Table(title=table.caption or None, title_justify="left")
+    for column in table.cells.columns:
+        rendered.add_column(str(column), justify="right", no_wrap=True)
+    for row in range(len(table.cells)):
+        rendered.add_row(*[f"[bold]{text}[/bold]" if flag else str(text) for text, flag in zip(
+            table.cells.iloc[row], table.best.iloc[row], strict=True)])
+    return rendered
 
 
 def write_table(

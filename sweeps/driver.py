@@ -352,11 +352,11 @@ def run_store_alpha(run_dir: Path) -> float | None:
 
 
 def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> None:
-    """A rich table: run, alpha, seed, (other axes), state, final validation accuracy, wall time."""
+    """Two rich tables: each run's state and wall time, then the report's own per-group summary
+    (:func:`analysis.report.summary_table`: accuracy after SFT, final-window mean and interval, paired delta), so the
+    terminal and ``report.md`` show the same numbers."""
     from rich.console import Console
     from rich.table import Table
-
-    from dataflex_rl import keys
 
     console = console or Console()
     extra_columns = []
@@ -374,22 +374,35 @@ def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> N
     for title, _ in extra_columns:
         table.add_column(title)
     table.add_column("state")
-    table.add_column(keys.VAL_ACCURACY, justify="right")
     table.add_column("wall time", justify="right")
     colours = {"completed": "green", "failed": "red", "interrupted": "yellow"}
     for run in plan.runs:
         entry = manifest.previous(run.name) or {}
         spec: RunSpec = run.spec
         state = entry.get("state", "pending")
-        accuracy = final_metric(run.run_dir, keys.VAL_ACCURACY)
         wall = entry.get("wall_time_s")
         alpha = spec.alpha if spec.alpha is not None else run_store_alpha(run.run_dir)  # a preset's own alpha
         table.add_row(run.name, "" if alpha is None else f"{alpha:g}", str(spec.seed),
                       *[getter(spec) for _, getter in extra_columns],
                       f"[{colours.get(state, 'white')}]{state}[/]",
-                      "-" if accuracy is None else f"{accuracy:.3f}",
                       "-" if not wall else f"{wall:.1f} s")
     console.print(table)
+    print_group_summary(plan.sweep_dir, console)
+
+
+def print_group_summary(sweep_dir: Path, console: Any) -> None:
+    """The report's per-group summary table of the sweep's completed runs (nothing when there is none yet)."""
+    try:
+        from analysis.load import load_sweep
+        from analysis.report import summary_table
+        from analysis.tables import to_rich
+
+        summary = summary_table(load_sweep(sweep_dir, histograms=False))
+    except Exception as error:  # noqa: BLE001  (a summary problem must not hide the runs' states)
+        console.print(f"summary table skipped: {type(error).__name__}: {error}", highlight=False)
+        return
+    if summary is not None:
+        console.print(to_rich(summary))
 
 
 def write_report(sweep_dir: Path) -> tuple[int, str]:

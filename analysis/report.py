@@ -5,7 +5,7 @@ Writes into ``runs/<sweep>/report/`` (or ``--out``):
 - ``report.md``: runs per group, excluded runs with their state and error, the comparison tables (final-window mean
   and time-averaged AUC, with paired deltas against the baseline) and the figures as relative PNG links;
 - ``table_final_window.{md,csv,tex,html}``, ``table_auc.{md,csv,tex,html}`` (CSV = the numbers behind the table);
-- ``fig_*.png``; ``runs.csv`` (the run table, config columns included).
+- ``fig_*.png`` (200 dpi) and ``fig_*.pdf`` (vector); ``runs.csv`` (the run table, config columns included).
 
 Sections whose data the sweep lacks (no histograms, no gradient statistics, ...) are skipped with a line saying so;
 a figure that cannot be drawn leaves its error in the report instead of stopping it; failed or unfinished runs are
@@ -71,9 +71,8 @@ def _slug(text: str) -> str:
 
 
 def _save(figure: Figure, out_dir: Path, name: str) -> str:
-    path = out_dir / f"fig_{name}.png"
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    return path.name
+    """``fig_<name>.png`` (200 dpi) and ``fig_<name>.pdf`` (vector, for a paper); returns the PNG's name."""
+    return plots.save_figure(figure, out_dir / f"fig_{name}")[0].name
 
 
 class _Document:
@@ -98,7 +97,8 @@ class _Document:
             self.add(f"_Could not draw this figure: {type(exc).__name__}: {exc}_", "")
             return
         self.figures.append(file_name)
-        self.add(f"![{title}]({file_name})", "")
+        self.add(f"![{title}]({file_name})", "", f"Vector version: [{Path(file_name).stem}.pdf]"
+                 f"({Path(file_name).stem}.pdf).", "")
 
 
 SUMMARY_METRIC = keys.VAL_ACCURACY
@@ -273,6 +273,18 @@ def _table_sections(
                                                   minimize=set(options.thresholds))), "")
 
 
+SMOOTHING = 0.9  # EMA factor of per-step curves in the report (W&B's default range); sparse curves are not smoothed
+SMOOTH_MIN_POINTS = 50
+
+
+def curve_smoothing(long: pd.DataFrame, metric: str) -> float | None:
+    """:data:`SMOOTHING` for a metric logged at least :data:`SMOOTH_MIN_POINTS` times per run (per-step training
+    statistics), None for sparse ones (validation accuracy every N steps), whose every point is a measurement."""
+    rows = long[long["metric"].astype(str) == metric]
+    points = rows.groupby(rows["run"].astype(str))["step"].size()
+    return SMOOTHING if len(points) and points.median() >= SMOOTH_MIN_POINTS else None
+
+
 def _figure_sections(
     document: _Document, data: SweepData, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
     group_keys: Sequence[str], options: ReportOptions,
@@ -281,14 +293,19 @@ def _figure_sections(
     random_state = options.random_state
     curve_metrics = list(dict.fromkeys([*(m for m, _ in CURVE_METRICS), *table_metrics]))
     titles = dict(CURVE_METRICS)
+    duplicates = plots.identical_metrics(data.metrics, [m for m in curve_metrics if m in available])
     for metric in curve_metrics:
-        title = titles.get(metric, metric)
+        title = titles.get(metric, plots.metric_label(metric))
         if metric not in available:
             document.add(f"### {title}", "", f"Skipped: `{metric}` is not logged.", "")
             continue
+        if metric in duplicates:
+            document.add(f"### {title}", "", f"Not drawn: `{metric}` equals `{duplicates[metric]}` at every step of "
+                         "every run (drawn once above).", "")
+            continue
         document.figure(title, f"curve_{_slug(metric)}", lambda figure, m=metric: plots.plot_curves(
             data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
-            random_state=random_state))
+            random_state=random_state, smoothing=curve_smoothing(data.metrics, m)))
 
     final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
     if summaries is not None and final_metric is not None and "alpha" in group_keys:
@@ -314,7 +331,7 @@ def _figure_sections(
         document.add("### Advantage-weight histograms over training", "",
                      f"Skipped: no `{keys.HIST_WEIGHT}` histograms in the run store.", "")
     if keys.HIST_TOKEN_PROB in histogram_names:
-        document.figure("Token-probability histogram (last step)", "hist_token_prob",
+        document.figure("Token-probability histogram (last step, log count axis)", "hist_token_prob",
                         lambda figure: plots.plot_histogram(data.histograms, keys.HIST_TOKEN_PROB,
                                                             group_keys=group_keys, ax=figure.add_subplot()))
     else:
@@ -338,7 +355,8 @@ def _figure_sections(
         document.figure("Low-probability token share over training", "low_prob_share",
                         lambda figure: plots.plot_low_prob_share(
                             data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
-                            confidence=options.confidence, random_state=random_state))
+                            confidence=options.confidence, random_state=random_state,
+                            smoothing=curve_smoothing(data.metrics, keys.TOKEN_PROB_LOW_FRAC)))
     else:
         document.add("### Low-probability token share over training", "",
                      f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")

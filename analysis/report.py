@@ -2,7 +2,7 @@
 
 Writes into ``runs/<sweep>/report/`` (or ``--out``):
 
-- ``report.md``: runs per group, excluded runs with their state and error, the comparison tables (final-window mean
+- ``report.md`` (and ``report.html``, the same page for a browser): the summary table, runs per group, excluded runs with their state and error, the comparison tables (final-window mean
   and time-averaged AUC, with paired deltas against the baseline) and the figures as relative PNG links;
 - ``table_final_window.{md,csv,tex,html}``, ``table_auc.{md,csv,tex,html}`` (CSV = the numbers behind the table);
 - ``fig_*.png`` (200 dpi) and ``fig_*.pdf`` (vector); ``runs.csv`` (the run table, config columns included).
@@ -39,6 +39,7 @@ from analysis.aggregate import (
     paired_differences,
     run_summaries,
 )
+from analysis.html_report import write_report_html
 from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
 from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
@@ -228,6 +229,7 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
 
     report_path = out_dir / "report.md"
     report_path.write_text("\n".join(document.lines).rstrip() + "\n")
+    write_report_html(report_path)
     return report_path
 
 

@@ -39,6 +39,7 @@ from analysis.aggregate import (
     paired_differences,
     run_summaries,
 )
+from analysis.export import write_sweep_tables
 from analysis.html_report import write_report_html
 from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
 from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
@@ -368,9 +369,12 @@ def build_report(
     sweep_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
     options: ReportOptions = ReportOptions(),
 ) -> Path:
-    """Load ``sweep_dir`` and write its report into ``out_dir`` (default ``<sweep_dir>/report``); return
-    ``report.md``."""
+    """Load ``sweep_dir``, write its sweep-level ``metrics.parquet`` and ``runs.parquet`` (:mod:`analysis.export`)
+    and its report into ``out_dir`` (default ``<sweep_dir>/report``); return ``report.md``."""
     data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete)
+    # the sweep-level tables hold the completed runs' metrics; a single run folder keeps its own files
+    if not options.include_incomplete and not (Path(sweep_dir) / "meta.json").is_file():
+        write_sweep_tables(data, sweep_dir)
     return write_report(data, Path(out_dir) if out_dir is not None else Path(sweep_dir) / "report", options)
 
 

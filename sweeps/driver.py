@@ -420,6 +420,17 @@ def write_report(sweep_dir: Path) -> tuple[int, str]:
     return 0, f"report: {sweep_dir / 'report' / 'report.md'}"
 
 
+def write_exports(sweep_dir: Path) -> str:
+    """``analysis.export`` on the sweep folder (the report writes them too); returns a line saying what happened."""
+    try:
+        from analysis.export import export_sweep
+
+        paths = export_sweep(sweep_dir)
+    except Exception as error:  # noqa: BLE001  (an export problem must not hide the runs' results)
+        return f"sweep tables skipped: {type(error).__name__}: {error}"
+    return f"sweep tables: {paths['metrics']} and {paths['runs']}"
+
+
 def run_sweep(config: SweepConfig, argv: Sequence[str] = ()) -> int:
     """The whole sweep; returns the exit status (0 all completed, 1 a run failed, 2 refused, 128+n stopped)."""
     try:
@@ -499,6 +510,8 @@ def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int
         print(message, flush=True)
         if status and not exit_code:
             exit_code = EXIT_FAILED
+    elif exit_code <= 128:
+        print(write_exports(plan.sweep_dir), flush=True)
     print(f"sweep folder: {plan.sweep_dir}  (sweep.json, logs/, one run store per run)", flush=True)
     return exit_code
 

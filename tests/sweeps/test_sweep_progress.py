@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 
 from sweeps.progress import MetricsTail, SFTLogTail, SweepView, format_duration, planned_total_steps
@@ -154,3 +155,7 @@ def test_plain_view_without_a_terminal_prints_one_line_per_event(tmp_path):
     assert any(line.startswith("progress: 1/2 done, 0 running, 0 failed, ETA") for line in lines)
     assert "progress: 2/2 done, 0 running, 0 failed" in result.stdout
     assert any(line.strip().startswith("SFT warm start: step ") for line in lines)
+    # report=false: the sweep-level table is still written at the end
+    metrics = pd.read_parquet(tmp_path / "runs" / "live" / "metrics.parquet")
+    assert set(metrics["run"]) == {"a0.0-s1", "a0.5-s1"} and set(metrics["alpha"]) == {0.0, 0.5}
+    assert metrics[metrics["metric"] == "val/accuracy"]["value"].max() == 0.51

@@ -164,7 +164,7 @@ def _styler(table: ComparisonTable) -> pd.io.formats.style.Styler:
     return table.cells.style.hide(axis="index").apply(bold, axis=None)
 
 
-LATEX_MAX_WIDTH = 60  # characters of cell text per tabular: about one column of a two-column paper at \small
+LATEX_MAX_WIDTH = 46  # characters of cell text per tabular: one column of a two-column 10pt paper at \small
 LATEX_HEADER_LINE = 18  # header text wraps into lines of at most this many characters
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}

@@ -290,7 +290,9 @@ def to_rich(table: ComparisonTable) -> Any:
 
     rendered = Table(title=table.caption or None, title_justify="left")
     for column in table.cells.columns:
-        rendered.add_column(str(column), justify="right", no_wrap=True)
+        # a cell is never narrower than its longest value (no number broken over two lines); headers may wrap
+        widest = max((len(str(text)) for text in table.cells[column]), default=1)
+        rendered.add_column(str(column), justify="right", min_width=widest)
     for row in range(len(table.cells)):
         rendered.add_row(*[f"[bold]{text}[/bold]" if flag else str(text) for text, flag in zip(
             table.cells.iloc[row], table.best.iloc[row], strict=True)])

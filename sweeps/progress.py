@@ -266,8 +266,10 @@ class SweepView:
         running = sum(not run.warm_start for run in self.active.values())
         text = (f"{self.done}/{self.total} done, " if done else "") + f"{running} running, {self.failed} failed"
         eta = self.eta_seconds()
-        if eta is not None:
+        if eta is not None and eta >= 1:
             text += f", ETA {format_duration(eta)}" + ("" if self.walls else " (from step rates)")
+        elif eta is not None:
+            text += ", finishing"
         return text
 
     def eta_seconds(self) -> float | None:

@@ -159,8 +159,10 @@ class ActiveRun:
 
 
 def format_duration(seconds: float) -> str:
-    """``45s``, ``12m05s``, ``3h07m``."""
-    seconds = max(0, int(round(seconds)))
+    """``<1s``, ``45s``, ``12m05s``, ``3h07m``."""
+    if seconds < 1:
+        return "<1s"
+    seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
@@ -266,10 +268,10 @@ class SweepView:
         running = sum(not run.warm_start for run in self.active.values())
         text = (f"{self.done}/{self.total} done, " if done else "") + f"{running} running, {self.failed} failed"
         eta = self.eta_seconds()
-        if eta is not None and eta >= 1:
-            text += f", ETA {format_duration(eta)}" + ("" if self.walls else " (from step rates)")
-        elif eta is not None:
+        if eta is not None and self._at_the_end():
             text += ", finishing"
+        elif eta is not None:
+            text += f", ETA {format_duration(eta)}" + ("" if self.walls else " (from step rates)")
         return text
 
     def eta_seconds(self) -> float | None:
@@ -290,6 +292,12 @@ class SweepView:
         left = sum(wall * (1.0 - run.fraction) if run.fraction else max(0.0, wall - (now - run.started))
                    for run in runs)
         return (left + queued * wall) / max(1, min(self.jobs, max(1, queued + len(runs))))
+
+    def _at_the_end(self) -> bool:
+        """No run left to start and every active one has logged its last step (it is writing its files)."""
+        runs = [run for run in self.active.values() if not run.warm_start]
+        queued = self.total - self.done - self.failed - len(runs)
+        return queued <= 0 and all(run.fraction == 1.0 for run in runs)
 
     def _run_info(self, run: ActiveRun) -> str:
         if run.warm_start:

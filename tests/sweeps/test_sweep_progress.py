@@ -91,7 +91,7 @@ def test_eta_from_finished_runs_then_from_step_rates(tmp_path):
 
 
 def test_format_duration():
-    assert [format_duration(s) for s in (45, 725, 11220)] == ["45s", "12m05s", "3h07m"]
+    assert [format_duration(s) for s in (0.4, 45, 725, 11220)] == ["<1s", "45s", "12m05s", "3h07m"]
 
 
 def driver_argv(tmp_path: Path, *more: str) -> list[str]:
@@ -159,3 +159,16 @@ def test_plain_view_without_a_terminal_prints_one_line_per_event(tmp_path):
     metrics = pd.read_parquet(tmp_path / "runs" / "live" / "metrics.parquet")
     assert set(metrics["run"]) == {"a0.0-s1", "a0.5-s1"} and set(metrics["alpha"]) == {0.0, 0.5}
     assert metrics[metrics["metric"] == "val/accuracy"]["value"].max() == 0.51
+
+
+def test_the_last_run_past_its_last_step_is_finishing_not_eta_zero(tmp_path):
+    clock = Clock()
+    view = SweepView(total=1, console=Console(file=io.StringIO()), clock=clock)
+    view.started("a", ["trainer.total_steps=2"], tmp_path, tmp_path / "a.log")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    clock.now = 10.0
+    view.refresh()
+    assert view.counts() == "0/1 done, 1 running, 0 failed, ETA 10s (from step rates)"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    view.refresh()
+    assert view.counts() == "0/1 done, 1 running, 0 failed, finishing"

@@ -7,7 +7,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
-# ALPHA unset: 0.0,0.25,0.5, or each preset's own alpha when MECH names presets.
+# `make help` lists the "#>" lines below.
+#> ALPHA     alpha values, e.g. 0.0,0.25,0.5 (default that, or each preset's own alpha with MECH; 0 is always added)
+#> SEEDS     seeds (default 1,2)
+#> MECH      mechanism presets as an axis, e.g. ar,lopti,ar_lopti (conf/dataflex/; the baseline is added)
+#> ETA       eta values as an axis (presets whose actuator has an eta)
+#> STEPS     RL steps per run (default 400)
+#> JOBS      runs at once (default: the core count)
+#> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
+#> BACKEND   local (CPU trainer, default) | verl (GPUs)
+#> LAUNCHER  local (processes here, default) | slurm (submitit job array) | ray (Ray Jobs to RAY_ADDRESS)
+#> DRY_RUN   DRY_RUN=1 prints every command line and starts nothing
+#> EXTRA     training overrides for every run, e.g. EXTRA="task=knights_knaves trainer.lr=3e-4"
+#> ARGS      make train: Hydra overrides of one run
 ALPHA ?=
 SEEDS ?=
 BACKEND ?= local
@@ -27,10 +39,13 @@ LR ?=
 
 .DEFAULT_GOAL := help
 
-.PHONY: help install test test-full bench sweep tune report train clean
+.PHONY: help install test test-full bench sweep tune report notebook train clean
 
-help: ## List the targets
+help: ## List the targets and variables
+	@echo "Targets:"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-11s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "Variables (make sweep ALPHA=0.0,0.5 SEEDS=1,2,3 ...):"
+	@awk '/^#> / {name = $$2; sub(/^#> [A-Z_]+ +/, ""); printf "  \033[36m%-11s\033[0m %s\n", name, $$0}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +79,11 @@ tune: $(STAMP) ## Optuna search over alpha, ~15 min (LR=1 adds trainer.lr; DRY_R
 
 report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep
 	$(PY) -m analysis.report runs/$(SWEEP)
+
+notebook: $(STAMP) ## Open notebooks/alpha_sweep.ipynb in JupyterLab on the last sweep (or SWEEP=name)
+	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q -e '.[notebook]'
+	sweep_dir="$$($(PY) -c "from analysis.load import resolve_sweep_dir as r; print(r($(if $(SWEEP),'runs/$(SWEEP)',None)))")" \
+		&& echo "notebook on $$sweep_dir" && DATAFLEX_SWEEP_DIR="$$sweep_dir" $(PY) -m jupyterlab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/alpha_sweep.ipynb
 
 train: $(STAMP) ## One training run on the local CPU backend (ARGS="hydra overrides")
 	$(PY) -m dataflex_rl.train $(ARGS)

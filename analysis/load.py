@@ -713,6 +713,13 @@ def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
     os.replace(temporary, path)
 
 
+def load_wandb_offline(root: str | os.PathLike[str], **options: Any) -> SweepData:
+    """Offline W&B run files under ``root`` -> :class:`SweepData` (see :mod:`analysis.wandb_offline`)."""
+    from analysis.wandb_offline import load_wandb_offline as load_offline  # imports this module
+
+    return load_offline(root, **options)
+
+
 def load_wandb(
     entity: str,
     project: str,

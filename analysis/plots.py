@@ -1,7 +1,10 @@
 """Matplotlib figures of a sweep. Every helper takes ``ax=None`` (a new figure then) and returns the ``Axes``.
 
 Nothing here calls ``plt.show`` or picks a backend, so the helpers run under Agg (scripts, tests, the report) as well
-as inline in a notebook. Colours follow the sorted order of the groups (viridis), the same in every figure.
+as inline in a notebook. Shared styling: groups get a colour-blind-safe palette (:data:`PALETTE`) in their sorted
+order (the same colour in every figure, each with at least 3:1 contrast on white), titles and axis labels are readable
+names with units (:func:`metric_label`), per-step curves can be EMA-smoothed with the raw curve faint behind
+(``smoothing``), histograms keep the bin edges the run store logged, and :func:`save_figure` writes PNG and PDF.
 """
 
 from __future__ import annotations
@@ -32,6 +35,35 @@ GRAD_BUCKET_PATTERN = re.compile(
 # backend) and the logit-gradient bound ``mean |A w| (1 - pi)`` (both backends).
 GRAD_BUCKET_STATS: tuple[str, ...] = ("logit_grad_norm_share", "param_grad_share", "logit_grad_bound")
 
+# Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies. Only
+# its colours with at least 3:1 contrast on white (WCAG 2.1 for graphics) are kept: blue, vermillion, bluish green,
+# reddish purple, black; orange (2.2:1), sky blue (2.3:1) and yellow (1.3:1) are too pale. Paul Tol's dark wine and
+# indigo follow for sweeps with more groups.
+PALETTE: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#000000", "#882255", "#332288")
+# Readable names (with units) of the metrics the report draws; any other key is shown as it is.
+METRIC_LABELS: dict[str, str] = {
+    keys.VAL_ACCURACY: "Validation accuracy (fraction correct)",
+    keys.SCORE_MEAN: "Mean reward per response",
+    keys.TRAIN_ACCURACY: "Training accuracy (fraction correct)",
+    keys.RESPONSE_LENGTH_MEAN: "Response length (tokens)",
+    keys.TOKEN_PROB_LOW_FRAC: "Share of tokens with \u03c0 < 0.5",
+    keys.TOKEN_PROB_MEAN: "Mean token probability \u03c0",
+    keys.GRAD_NORM: "Gradient norm before clipping",
+    keys.HIST_WEIGHT: "Advantage weight w",
+    keys.HIST_TOKEN_PROB: "Token probability \u03c0",
+}
+GRAD_STAT_LABELS: dict[str, str] = {
+    "logit_grad_norm_share": "Share of the logit-gradient norm",
+    "param_grad_share": "Share of the parameter-gradient norm",
+    "logit_grad_bound": "Logit-gradient bound mean |A w| (1 - \u03c0)",
+}
+STEP_LABEL = "RL step"
+
+
+def metric_label(metric: str) -> str:
+    """A readable name with units for a metric key (the key itself when none is known)."""
+    return METRIC_LABELS.get(metric, metric)
+
 
 def _axes(ax: Axes | None) -> Axes:
     if ax is not None:
@@ -50,10 +82,56 @@ def group_label(group_keys: Sequence[str], values: Sequence[Any]) -> str:
 
 
 def group_colors(groups: Sequence[Any]) -> dict[Any, Any]:
-    """One viridis colour per group, in the given order."""
-    colormap = plt.get_cmap("viridis")
-    count = max(len(groups) - 1, 1)
-    return {group: colormap(0.9 * index / count) for index, group in enumerate(groups)}
+    """One :data:`PALETTE` colour per group, in the given order (cycling past seven groups)."""
+    return {group: PALETTE[index % len(PALETTE)] for index, group in enumerate(groups)}
+
+
+def ema(values: np.ndarray, smoothing: float) -> np.ndarray:
+    """Debiased exponential moving average ``(n,)`` -> ``(n,)``, as W&B and TensorBoard smooth curves:
+    ``s_t = smoothing * s_(t-1) + (1 - smoothing) * x_t`` from ``s_0 = 0``, divided by ``1 - smoothing^(t+1)``
+    (so the start is not pulled towards 0). NaNs are skipped (the average carries over them)."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing={smoothing!r} must be in [0, 1)")
+    values = np.asarray(values, dtype=np.float64)
+    smoothed = np.full(values.shape, np.nan)
+    state, weight = 0.0, 0.0
+    for index, value in enumerate(values):
+        if np.isfinite(value):
+            state = smoothing * state + (1.0 - smoothing) * value
+            weight = smoothing * weight + (1.0 - smoothing)
+        if weight > 0:
+            smoothed[index] = state / weight
+    return smoothed
+
+
+def save_figure(figure: Any, stem: str | Any, dpi: int = 200) -> list[Any]:
+    """Write ``<stem>.png`` (``dpi``) and ``<stem>.pdf`` (vector); return both paths."""
+    from pathlib import Path
+
+    stem = Path(stem)
+    paths = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")]
+    figure.savefig(paths[0], dpi=dpi, bbox_inches="tight")
+    figure.savefig(paths[1], bbox_inches="tight")
+    return paths
+
+
+def identical_metrics(long: pd.DataFrame, metrics: Sequence[str]) -> dict[str, str]:
+    """``{metric: earlier metric}`` for each of ``metrics`` whose (run, step, value) rows equal those of an earlier
+    one in the list (e.g. ``train/accuracy`` and the reward on a 0/1-reward task), so a report draws it once."""
+    series: dict[str, pd.Series] = {}
+    duplicates: dict[str, str] = {}
+    for metric in metrics:
+        rows = long[long["metric"].astype(str) == metric]
+        if rows.empty:
+            continue
+        values = rows.set_index([rows["run"].astype(str), rows["step"]])["value"].sort_index()
+        same = next((name for name, other in series.items() if len(other) == len(values)
+                     and other.index.equals(values.index) and np.allclose(other.to_numpy(), values.to_numpy())), None)
+        if same is not None:
+            duplicates[metric] = same
+        else:
+            series[metric] = values
+    return duplicates
 
 
 def _sorted_groups(frame: pd.DataFrame, group_keys: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -86,10 +164,15 @@ def plot_curves(
     n_bootstrap: int = 1000,
     random_state: RandomState = 0,
     band: bool = True,
+    smoothing: float | None = None,
+    title: str | None = None,
 ) -> Axes:
     """Mean curve of ``metric`` per group over steps, with a bootstrap ``confidence`` band (one line per group).
 
     Curves are aligned as in :func:`analysis.aggregate.align_curves` (forward fill within each run, no extrapolation).
+    ``smoothing`` (in [0, 1), e.g. 0.9): the mean curve is drawn EMA-smoothed (:func:`ema`) over the raw mean, which
+    stays faint behind it with its band; the smoothed line is ``ax.lines[2 * i + 1]`` for group ``i``, the raw one
+    ``ax.lines[2 * i]``. ``title``: default the metric's readable name.
     """
     ax = _axes(ax)
     curves = aggregate_curves(long, metric, group_keys=group_keys, step_grid=step_grid, confidence=confidence,
@@ -99,13 +182,20 @@ def plot_curves(
     for group in groups:
         rows = _rows_of(curves, group_keys, group)
         label = group_label(group_keys, group) + f" (n={int(rows['n'].max())})"
-        ax.plot(rows["step"], rows["mean"], color=colors[group], label=label)
+        if smoothing:
+            ax.plot(rows["step"], rows["mean"], color=colors[group], alpha=0.3, linewidth=0.8)
+            ax.plot(rows["step"], ema(rows["mean"].to_numpy(), smoothing), color=colors[group], linewidth=1.8,
+                    label=label)
+        else:
+            ax.plot(rows["step"], rows["mean"], color=colors[group], linewidth=1.8, label=label)
         if band:
-            ax.fill_between(rows["step"], rows["ci_low"], rows["ci_high"], color=colors[group], alpha=0.2,
-                            linewidth=0)
-    ax.set_xlabel("step")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} (mean, {confidence:.0%} CI)")
+            ax.fill_between(rows["step"], rows["ci_low"], rows["ci_high"], color=colors[group],
+                            alpha=0.12 if smoothing else 0.2, linewidth=0)
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel(metric_label(metric))
+    detail = f"mean over seeds, {confidence:.0%} CI" + (f", EMA {smoothing:g}" if smoothing else "")
+    ax.set_title(f"{title or metric_label(metric)}\n({detail})", fontsize="medium")
+    ax.grid(alpha=0.3, linewidth=0.5)
     ax.legend(fontsize="small")
     return ax
 
@@ -215,33 +305,69 @@ def _common_edges(rows: pd.DataFrame, bins: int) -> np.ndarray:
     return np.linspace(low, high if high > low else low + 1.0, bins + 1)
 
 
-def histogram_matrix(
-    histograms: pd.DataFrame, name: str, bins: int = 50, edges: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Histograms ``name`` of the given rows -> ``(steps (s,), edges (bins+1,), fractions (s, bins))``.
+def shared_edges(rows: pd.DataFrame) -> np.ndarray | None:
+    """The bin edges every histogram in ``rows`` was logged with, or None when they differ (the run store's
+    histograms use fixed edges, ``dataflex_rl.metrics``, so they normally agree)."""
+    first = np.asarray(rows["edges"].iloc[0], dtype=np.float64)
+    for edges in rows["edges"]:
+        if len(edges) != len(first) or not np.allclose(edges, first, rtol=0.0, atol=1e-12):
+            return None
+    return first
 
-    Every (run, step) histogram is rebinned onto ``edges`` (default ``bins`` equal bins spanning all its edges), turned
-    into fractions (rows sum to 1) and averaged over runs at each step.
+
+def _target_edges(rows: pd.DataFrame, bins: int | None, edges: np.ndarray | None) -> np.ndarray:
+    """Explicit ``edges``; else the logged edges (``bins`` None) when shared; else ``bins`` (default 50) equal bins."""
+    if edges is not None:
+        return np.asarray(edges, dtype=np.float64)
+    logged = shared_edges(rows) if bins is None else None
+    return logged if logged is not None else _common_edges(rows, bins or 50)
+
+
+def _counts_on(run_edges: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """A run's counts on ``edges``: as logged when its edges are these, else rebinned (:func:`rebin_histogram`)."""
+    if len(run_edges) == len(edges) and np.allclose(run_edges, edges, rtol=0.0, atol=1e-12):
+        return np.asarray(counts, dtype=np.float64)
+    return rebin_histogram(run_edges, counts, edges)
+
+
+def histogram_matrix(
+    histograms: pd.DataFrame, name: str, bins: int | None = None, edges: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Histograms ``name`` of the given rows -> ``(steps (s,), edges (k+1,), fractions (s, k))``.
+
+    Bins: ``edges`` if given; else the edges the histograms were logged with (``bins=None``, when they all share
+    them: no rebinning, so a spike sits in exactly one bin); else ``bins`` equal bins spanning all edges. Each
+    (run, step) histogram becomes fractions (rows sum to 1), averaged over runs at each step.
     """
     rows = histograms[histograms["name"].astype(str) == name]
     if rows.empty:
         raise KeyError(f"histogram name={name!r} is not in the table; available: "
                        f"{sorted(histograms['name'].astype(str).unique())}")
-    edges = _common_edges(rows, bins) if edges is None else np.asarray(edges, dtype=np.float64)
-    bins = edges.size - 1
+    edges = _target_edges(rows, bins, edges)
     steps = np.sort(rows["step"].unique())
     index = {int(step): i for i, step in enumerate(steps)}
-    totals = np.zeros((steps.size, bins))
+    totals = np.zeros((steps.size, edges.size - 1))
     runs_per_step = np.zeros(steps.size)
     for step, run_edges, counts in zip(rows["step"], rows["edges"], rows["counts"], strict=True):
-        rebinned = rebin_histogram(run_edges, counts, edges)
-        mass = rebinned.sum()
+        on_edges = _counts_on(run_edges, counts, edges)
+        mass = on_edges.sum()
         if mass > 0:
-            totals[index[int(step)]] += rebinned / mass
+            totals[index[int(step)]] += on_edges / mass
             runs_per_step[index[int(step)]] += 1
     with np.errstate(invalid="ignore", divide="ignore"):
         fractions = totals / runs_per_step[:, None]
     return steps, edges, fractions
+
+
+def occupied_range(edges: np.ndarray, fractions: np.ndarray, margin: int = 1) -> tuple[float, float]:
+    """``(low, high)`` value range of the bins holding any mass in ``fractions`` ``(s, k)``, ``margin`` empty bins
+    added on each side (the heatmap's y-axis is cropped to it); the full range when nothing is occupied."""
+    occupied = np.flatnonzero(np.nansum(np.asarray(fractions), axis=0) > 0)
+    if occupied.size == 0:
+        return float(edges[0]), float(edges[-1])
+    first = max(int(occupied[0]) - margin, 0)
+    last = min(int(occupied[-1]) + 1 + margin, edges.size - 1)
+    return float(edges[first]), float(edges[last])
 
 
 def plot_histogram_heatmap(
@@ -249,24 +375,28 @@ def plot_histogram_heatmap(
     name: str,
     *,
     ax: Axes | None = None,
-    bins: int = 50,
+    bins: int | None = None,
     vmax: float | None = None,
     colorbar: bool = True,
     edges: np.ndarray | None = None,
+    crop: bool = True,
 ) -> Axes:
     """Heatmap of histogram ``name`` over training (x step, y value, colour = fraction of tokens), averaged over
-    the runs in ``histograms`` (filter it to one group first). ``edges``: value bins (default ``bins`` equal bins
-    over the data). The mesh is ``ax.collections[0]``."""
+    the runs in ``histograms`` (filter it to one group first). Bins as in :func:`histogram_matrix` (default: the
+    logged edges). ``crop``: the y-axis spans only the occupied bins (:func:`occupied_range`). The mesh is
+    ``ax.collections[0]``."""
     ax = _axes(ax)
     steps, edges, fractions = histogram_matrix(histograms, name, bins, edges)
     step_edges = _cell_edges(steps.astype(np.float64))
     # A square-root colour scale keeps spread-out distributions visible beside a single spike (alpha = 0: all 1).
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
     mesh = ax.pcolormesh(step_edges, edges, fractions.T, shading="flat", cmap="magma", norm=norm)
+    if crop:
+        ax.set_ylim(*occupied_range(edges, fractions))
     if colorbar:
-        ax.figure.colorbar(mesh, ax=ax, label="fraction (sqrt scale)")
-    ax.set_xlabel("step")
-    ax.set_ylabel(name.rsplit("/", 1)[-1])
+        ax.figure.colorbar(mesh, ax=ax, label="share of tokens (sqrt scale)")
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel(metric_label(name))
     return ax
 
 
@@ -284,10 +414,11 @@ def plot_histogram_heatmaps(
     *,
     group_keys: Sequence[str] = ("alpha",),
     axes: Sequence[Axes] | None = None,
-    bins: int = 50,
+    bins: int | None = None,
+    crop: bool = True,
 ) -> np.ndarray:
-    """One :func:`plot_histogram_heatmap` per group on a shared colour scale (one colour bar); returns the axes
-    ``(n_groups,)``."""
+    """One :func:`plot_histogram_heatmap` per group on a shared colour scale (one colour bar) and a shared y-range
+    (cropped to the bins any group occupies); returns the axes ``(n_groups,)``."""
     rows = histograms[histograms["name"].astype(str) == name]
     if rows.empty:
         raise KeyError(f"histogram name={name!r} is not in the table; available: "
@@ -299,17 +430,20 @@ def plot_histogram_heatmaps(
         axes = created[0]
     if len(axes) != len(groups):
         raise ValueError(f"got {len(axes)} axes for {len(groups)} groups of {list(group_keys)}")
-    edges = _common_edges(rows, bins)
+    edges = _target_edges(rows, bins, None)
+    matrices = [histogram_matrix(_rows_of(rows, group_keys, g), name, edges=edges)[2] for g in groups]
     with np.errstate(invalid="ignore"):
-        peaks = [np.nanmax(histogram_matrix(_rows_of(rows, group_keys, g), name, edges=edges)[2], initial=0.0)
-                 for g in groups]
-    vmax = max(float(peak) for peak in peaks) or None
+        vmax = max(float(np.nanmax(m, initial=0.0)) for m in matrices) or None
     for ax, group in zip(axes, groups, strict=True):
         plot_histogram_heatmap(_rows_of(rows, group_keys, group), name, ax=ax, vmax=vmax, colorbar=False,
-                               edges=edges)
+                               edges=edges, crop=False)
         ax.set_title(group_label(group_keys, group))
+    if crop:
+        low, high = occupied_range(edges, np.vstack(matrices))
+        for ax in axes:
+            ax.set_ylim(low, high)
     axes = np.asarray(axes)
-    axes[0].figure.colorbar(axes[-1].collections[0], ax=list(axes), label="fraction (sqrt scale)")
+    axes[0].figure.colorbar(axes[-1].collections[0], ax=list(axes), label="share of tokens (sqrt scale)")
     for ax in axes[1:]:
         ax.set_ylabel("")
     return axes
@@ -322,10 +456,13 @@ def plot_histogram(
     step: int | None = None,
     group_keys: Sequence[str] = ("alpha",),
     ax: Axes | None = None,
-    bins: int = 50,
+    bins: int | None = None,
+    log: bool = True,
 ) -> Axes:
-    """Histogram ``name`` at ``step`` (default: each group's last logged step) averaged over runs, one line per
-    group (e.g. the token-probability distribution at the end of training)."""
+    """Histogram ``name`` at ``step`` (default: each group's last logged step), mean count per run, one outline per
+    group overlaid (e.g. the token-probability distribution at the end of training). Bins as in
+    :func:`histogram_matrix` (default: the logged edges). ``log``: a log count axis, so a spike at 1 does not hide
+    the low-probability tail."""
     ax = _axes(ax)
     rows = histograms[histograms["name"].astype(str) == name]
     if rows.empty:
@@ -333,22 +470,25 @@ def plot_histogram(
                        f"{sorted(histograms['name'].astype(str).unique())}")
     groups = _sorted_groups(rows, group_keys)
     colors = group_colors(groups)
-    edges = _common_edges(rows, bins)
+    edges = _target_edges(rows, bins, None)
+    steps_shown = set()
     for group in groups:
         part = _rows_of(rows, group_keys, group)
         chosen = int(part["step"].max()) if step is None else step
         part = part[part["step"] == chosen]
         if part.empty:
             continue
-        fractions = np.zeros(bins)
-        for run_edges, counts in zip(part["edges"], part["counts"], strict=True):
-            rebinned = rebin_histogram(run_edges, counts, edges)
-            fractions += rebinned / max(rebinned.sum(), 1e-12)
-        ax.stairs(fractions / len(part), edges, color=colors[group],
+        steps_shown.add(chosen)
+        counts = sum(_counts_on(e, c, edges) for e, c in zip(part["edges"], part["counts"], strict=True))
+        ax.stairs(counts / len(part), edges, color=colors[group], linewidth=1.6,
                   label=f"{group_label(group_keys, group)} (step {chosen})")
-    ax.set_xlabel(name.rsplit("/", 1)[-1])
-    ax.set_ylabel("fraction")
-    ax.set_title(name)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel(metric_label(name))
+    ax.set_ylabel("tokens per run" + (" (log scale)" if log else ""))
+    when = f"step {steps_shown.pop()}" if len(steps_shown) == 1 else "each group's last step"
+    ax.set_title(f"{metric_label(name)} at {when}", fontsize="medium")
+    ax.grid(alpha=0.3, linewidth=0.5, which="major")
     ax.legend(fontsize="small")
     return ax
 
@@ -406,9 +546,12 @@ def plot_grad_by_bucket(
                yerr=np.clip(np.vstack([center - low, high - center]), 0.0, None), capsize=2,
                label=group_label(group_keys, group))
     ax.set_xticks(positions, [f"[{b[1]:.2f}, {b[2]:.2f})" for b in buckets])
-    ax.set_xlabel("token probability bucket")
-    ax.set_ylabel(f"{stat} ({value})")
-    ax.set_title(f"{keys.GRAD_BY_PROB_PREFIX}/*/{stat}")
+    ax.set_xlabel("token probability \u03c0 bucket")
+    summary = {"auc": "time-averaged over training", "final_window": f"mean of the last {final_window} steps"}
+    ax.set_ylabel(GRAD_STAT_LABELS.get(stat, stat))
+    ax.set_title(f"{GRAD_STAT_LABELS.get(stat, stat)} by token probability\n"
+                 f"({summary.get(value, value)}, mean over seeds, {confidence:.0%} CI)", fontsize="medium")
+    ax.grid(axis="y", alpha=0.3, linewidth=0.5)
     ax.legend(fontsize="small")
     return ax
 

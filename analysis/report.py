@@ -2,12 +2,13 @@
 
 Writes into ``runs/<sweep>/report/`` (or ``--out``):
 
-- ``report.md``: runs per group, excluded runs with their state and error, the comparison tables (final-window mean
-  and time-averaged AUC, with paired deltas against the baseline), what each comparison could detect (MDE, seeds
-  needed for a target difference), the split of each group's variance into evaluation and training noise, the seed
-  plan of a planned sweep, and the figures as relative PNG links;
+- ``report.md`` (and ``report.html``, the same page for a browser): the summary table, runs per group, excluded runs
+  with their state and error, the comparison tables (final-window mean and time-averaged AUC, with paired deltas
+  against the baseline), what each comparison could detect (MDE, seeds needed for a target difference), the split of
+  each group's variance into evaluation and training noise, the seed plan of a planned sweep, and the figures as
+  relative PNG links;
 - ``table_final_window.{md,csv,tex,html}``, ``table_auc.{md,csv,tex,html}`` (CSV = the numbers behind the table);
-- ``fig_*.png``; ``runs.csv`` (the run table, config columns included).
+- ``fig_*.png`` (200 dpi) and ``fig_*.pdf`` (vector); ``runs.csv`` (the run table, config columns included).
 
 Sections whose data the sweep lacks (no histograms, no gradient statistics, ...) are skipped with a line saying so;
 a figure that cannot be drawn leaves its error in the report instead of stopping it; failed or unfinished runs are
@@ -41,12 +42,15 @@ from analysis.aggregate import (
     aggregate_runs,
     default_baseline,
     default_group_keys,
+    metric_direction,
     paired_differences,
     run_summaries,
 )
+from analysis.export import write_sweep_tables
+from analysis.html_report import write_report_html
 from analysis.power import plan_section, power_section, variance_section
 from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
-from analysis.tables import TABLE_STYLES, comparison_table, to_markdown, write_table
+from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
 
 logger = logging.getLogger(__name__)
@@ -78,9 +82,8 @@ def _slug(text: str) -> str:
 
 
 def _save(figure: Figure, out_dir: Path, name: str) -> str:
-    path = out_dir / f"fig_{name}.png"
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    return path.name
+    """``fig_<name>.png`` (200 dpi) and ``fig_<name>.pdf`` (vector, for a paper); returns the PNG's name."""
+    return plots.save_figure(figure, out_dir / f"fig_{name}")[0].name
 
 
 class _Document:
@@ -105,7 +108,55 @@ class _Document:
             self.add(f"_Could not draw this figure: {type(exc).__name__}: {exc}_", "")
             return
         self.figures.append(file_name)
-        self.add(f"![{title}]({file_name})", "")
+        self.add(f"![{title}]({file_name})", "", f"Vector version: [{Path(file_name).stem}.pdf]"
+                 f"({Path(file_name).stem}.pdf).", "")
+
+
+SUMMARY_METRIC = keys.VAL_ACCURACY
+
+
+def summary_columns(metric: str, final_window: int) -> tuple[str, str]:
+    """Titles of the summary table's two value columns: ``metric`` after SFT and at the end of training."""
+    return f"{metric} after SFT (step 0)", f"{metric} final (mean of the last {final_window})"
+
+
+def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
+                  metric: str = SUMMARY_METRIC) -> ComparisonTable | None:
+    """The sweep's headline table, one row per group: ``metric`` after SFT (each run's step-0 evaluation, of the
+    shared warm start), its final-window mean with interval (n) and the paired delta against the baseline. It heads
+    ``report.md`` and is what the sweep driver prints at the end, so the two never disagree. None when no included
+    run logged ``metric``."""
+    if metric not in set(data.metric_names):
+        return None
+    group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
+    metrics = data.metrics
+    extra_keys = [k for k in group_keys if k not in IDENTITY_COLUMNS]
+    if extra_keys:
+        metrics = add_run_columns(metrics, data.runs, extra_keys)
+    after_title, final_title = summary_columns(metric, options.final_window)
+    final = run_summaries(metrics, metrics=[metric], final_window=options.final_window)
+    # the step-0 value as a one-point summary of its own, so both columns go through the same aggregation
+    at_start = metrics[(metrics["metric"].astype(str) == metric).to_numpy() & (metrics["step"] == 0).to_numpy()]
+    after_sft = run_summaries(at_start, final_window=1) if len(at_start) else final.iloc[:0]
+    summaries = pd.concat([after_sft.assign(metric=after_title), final.assign(metric=final_title)],
+                          ignore_index=True)
+    statistics = {"confidence": options.confidence, "n_bootstrap": options.n_bootstrap,
+                  "random_state": options.random_state}
+    baseline = default_baseline(final, group_keys)
+    # the renamed columns keep the metric's direction (which group is best, which delta is an improvement)
+    direction = metric_direction(metric)
+    minimize, maximize = ([final_title], []) if direction < 0 else ([], [final_title] if direction > 0 else [])
+    deltas = None if baseline is None else paired_differences(
+        summaries[summaries["metric"] == final_title], group_keys=group_keys, baseline=baseline, minimize=minimize,
+        **statistics)
+    aggregates = aggregate_runs(summaries, group_keys=group_keys, **statistics)
+    present = [title for title in (after_title, final_title) if title in set(aggregates["metric"])]
+    table = comparison_table(aggregates, deltas=deltas, metrics=present, group_keys=group_keys, style=options.style,
+                             minimize=minimize, maximize=maximize,
+                             caption=f"{metric} after SFT and at the end of training, per group")
+    if after_title in table.best:  # the shared warm start has no best group
+        table.best[after_title] = False
+    return table
 
 
 def _runs_overview(data: SweepData, group_keys: Sequence[str]) -> pd.DataFrame:
@@ -163,6 +214,10 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
     )
     data.runs.to_csv(out_dir / "runs.csv", index=False)
 
+    headline = summary_table(data, options)
+    if headline is not None:
+        document.add("## Summary", "", to_markdown(headline), "",
+                     "The sweep driver prints this same table at the end of a sweep.", "")
     document.add("## Runs", "")
     overview = _runs_overview(data, group_keys)
     document.add(to_markdown_frame(overview) if not overview.empty else "No completed runs.", "")
@@ -200,6 +255,7 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
 
     report_path = out_dir / "report.md"
     report_path.write_text("\n".join(document.lines).rstrip() + "\n")
+    write_report_html(report_path)
     return report_path
 
 
@@ -245,6 +301,18 @@ def _table_sections(
                                                   minimize=set(options.thresholds))), "")
 
 
+SMOOTHING = 0.9  # EMA factor of per-step curves in the report (W&B's default range); sparse curves are not smoothed
+SMOOTH_MIN_POINTS = 50
+
+
+def curve_smoothing(long: pd.DataFrame, metric: str) -> float | None:
+    """:data:`SMOOTHING` for a metric logged at least :data:`SMOOTH_MIN_POINTS` times per run (per-step training
+    statistics), None for sparse ones (validation accuracy every N steps), whose every point is a measurement."""
+    rows = long[long["metric"].astype(str) == metric]
+    points = rows.groupby(rows["run"].astype(str))["step"].size()
+    return SMOOTHING if len(points) and points.median() >= SMOOTH_MIN_POINTS else None
+
+
 def _figure_sections(
     document: _Document, data: SweepData, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
     group_keys: Sequence[str], options: ReportOptions,
@@ -253,14 +321,19 @@ def _figure_sections(
     random_state = options.random_state
     curve_metrics = list(dict.fromkeys([*(m for m, _ in CURVE_METRICS), *table_metrics]))
     titles = dict(CURVE_METRICS)
+    duplicates = plots.identical_metrics(data.metrics, [m for m in curve_metrics if m in available])
     for metric in curve_metrics:
-        title = titles.get(metric, metric)
+        title = titles.get(metric, plots.metric_label(metric))
         if metric not in available:
             document.add(f"### {title}", "", f"Skipped: `{metric}` is not logged.", "")
             continue
+        if metric in duplicates:
+            document.add(f"### {title}", "", f"Not drawn: `{metric}` equals `{duplicates[metric]}` at every step of "
+                         "every run (drawn once above).", "")
+            continue
         document.figure(title, f"curve_{_slug(metric)}", lambda figure, m=metric: plots.plot_curves(
             data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
-            random_state=random_state))
+            random_state=random_state, smoothing=curve_smoothing(data.metrics, m)))
 
     final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
     if summaries is not None and final_metric is not None and "alpha" in group_keys:
@@ -289,7 +362,7 @@ def _figure_sections(
         document.add("### Advantage-weight histograms over training", "",
                      f"Skipped: no `{keys.HIST_WEIGHT}` histograms in the run store.", "")
     if keys.HIST_TOKEN_PROB in histogram_names:
-        document.figure("Token-probability histogram (last step)", "hist_token_prob",
+        document.figure("Token-probability histogram (last step, log count axis)", "hist_token_prob",
                         lambda figure: plots.plot_histogram(data.histograms, keys.HIST_TOKEN_PROB,
                                                             group_keys=group_keys, ax=figure.add_subplot()))
     else:
@@ -313,7 +386,8 @@ def _figure_sections(
         document.figure("Low-probability token share over training", "low_prob_share",
                         lambda figure: plots.plot_low_prob_share(
                             data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
-                            confidence=options.confidence, random_state=random_state))
+                            confidence=options.confidence, random_state=random_state,
+                            smoothing=curve_smoothing(data.metrics, keys.TOKEN_PROB_LOW_FRAC)))
     else:
         document.add("### Low-probability token share over training", "",
                      f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")
@@ -329,9 +403,12 @@ def build_report(
     sweep_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
     options: ReportOptions = ReportOptions(),
 ) -> Path:
-    """Load ``sweep_dir`` and write its report into ``out_dir`` (default ``<sweep_dir>/report``); return
-    ``report.md``."""
+    """Load ``sweep_dir``, write its sweep-level ``metrics.parquet`` and ``runs.parquet`` (:mod:`analysis.export`)
+    and its report into ``out_dir`` (default ``<sweep_dir>/report``); return ``report.md``."""
     data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete, require_runs=True)
+    # the sweep-level tables hold the completed runs' metrics; a single run folder keeps its own files
+    if not options.include_incomplete and not (Path(sweep_dir) / "meta.json").is_file():
+        write_sweep_tables(data, sweep_dir)
     return write_report(data, Path(out_dir) if out_dir is not None else Path(sweep_dir) / "report", options)
 
 

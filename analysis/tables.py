@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -184,20 +185,139 @@ def _styler(table: ComparisonTable) -> pd.io.formats.style.Styler:
     return table.cells.style.hide(axis="index").apply(bold, axis=None)
 
 
-def to_latex(table: ComparisonTable) -> str:
-    """LaTeX ``tabular`` (booktabs rules, best cells ``\\bfseries``) through pandas Styler; needs ``\\usepackage{booktabs}``."""
-    styler = _styler(table).format(escape="latex").format_index(escape="latex", axis=1)
-    text = styler.to_latex(convert_css=True, hrules=True, caption=table.caption or None,
-                           column_format="l" * table.cells.shape[1])
-    return text.replace("±", r"$\pm$").replace("Δ", r"$\Delta$")
+LATEX_MAX_WIDTH = 46  # characters of cell text per tabular: one column of a two-column 10pt paper at \small
+LATEX_HEADER_LINE = 18  # header text wraps into lines of at most this many characters
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_LATEX_SYMBOLS = {"±": r"$\pm$", "Δ": r"$\Delta$", "π": r"$\pi$", "α": r"$\alpha$"}
+_NUMERIC_CELL = re.compile(r"^[-+]?(\d|\.\d|nan$|n/a|baseline$|inf)")
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped and ±, Δ, π, α as math symbols."""
+    escaped = "".join(_LATEX_SPECIAL.get(char, char) for char in str(text))
+    for symbol, command in _LATEX_SYMBOLS.items():
+        escaped = escaped.replace(symbol, command)
+    return escaped
+
+
+def _key_columns(table: ComparisonTable) -> list[str]:
+    """The group-key columns of a table (the leading columns that are also columns of its numbers)."""
+    keys = []
+    for column in table.cells.columns:
+        if column == "metric" or column not in table.numbers.columns:
+            break
+        keys.append(column)
+    return keys
+
+
+def _header_lines(text: str, width: int = LATEX_HEADER_LINE) -> list[str]:
+    lines: list[str] = []
+    for word in str(text).split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def _column_width(table: ComparisonTable, column: str) -> int:
+    header = max(len(line) for line in _header_lines(column))
+    cells = max((len(str(text)) for text in table.cells[column]), default=0)
+    return max(header, cells) + 2
+
+
+def latex_column_groups(table: ComparisonTable, max_width: int = LATEX_MAX_WIDTH) -> list[list[str]]:
+    """The value columns split into groups that fit ``max_width`` characters beside the group keys (each group
+    becomes its own ``tabular``, the keys repeated); a column wider than that gets a group of its own."""
+    keys = _key_columns(table)
+    budget = max_width - sum(_column_width(table, key) for key in keys)
+    groups: list[list[str]] = []
+    used = 0
+    for column in [c for c in table.cells.columns if c not in keys]:
+        width = _column_width(table, column)
+        if groups and used + width <= budget:
+            groups[-1].append(column)
+            used += width
+        else:
+            groups.append([column])
+            used = width
+    return groups or [[]]
+
+
+def _latex_tabular(table: ComparisonTable, columns: Sequence[str]) -> list[str]:
+    cells = table.cells[list(columns)]
+    numeric = [all(_NUMERIC_CELL.match(str(text)) for text in cells[column]) for column in columns]
+    align = "".join("r" if flag else "l" for flag in numeric)
+
+    def header(column: str, flag: bool) -> str:
+        lines = [latex_escape(line) for line in _header_lines(column)]
+        if len(lines) == 1:
+            return lines[0]
+        side = "r" if flag else "l"
+        return rf"\begin{{tabular}}[b]{{@{{}}{side}@{{}}}}" + r" \\ ".join(lines) + r"\end{tabular}"
+
+    lines = [rf"\begin{{tabular}}{{{align}}}", r"\toprule",
+             " & ".join(header(c, f) for c, f in zip(columns, numeric, strict=True)) + r" \\", r"\midrule"]
+    for row in range(len(cells)):
+        texts = [latex_escape(cells[c].iloc[row]) for c in columns]
+        marked = [rf"\bfseries {text}" if table.best[c].iloc[row] else text for c, text in zip(columns, texts,
+                                                                                              strict=True)]
+        lines.append(" & ".join(marked) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return lines
+
+
+def to_latex(table: ComparisonTable, max_width: int = LATEX_MAX_WIDTH) -> str:
+    r"""A LaTeX ``table`` float for one paper column: ``booktabs`` rules (needs ``\usepackage{booktabs}``), numbers
+    right-aligned, ``\small`` type, headers wrapped onto short lines, best cells ``\bfseries``; a table wider than
+    ``max_width`` characters is split into stacked ``tabular`` blocks (:func:`latex_column_groups`), each repeating
+    the group keys."""
+    keys = _key_columns(table)
+    lines = [r"% needs \usepackage{booktabs}", r"\begin{table}[tbp]", r"\centering", r"\small",
+             r"\setlength{\tabcolsep}{4pt}"]
+    if table.caption:
+        lines.append(rf"\caption{{{latex_escape(table.caption)}}}")
+    for index, group in enumerate(latex_column_groups(table, max_width)):
+        if index:
+            lines += [r"", r"\medskip"]
+        lines += _latex_tabular(table, [*keys, *group])
+    lines.append(r"\end{table}")
+    return "\n".join(lines)
+
+
+HTML_STYLE = """
+table.dataflex { border-collapse: collapse; font-family: system-ui, sans-serif; font-size: 14px; margin: 1em 0; }
+table.dataflex caption { caption-side: top; text-align: left; font-weight: 600; padding-bottom: 0.4em; }
+table.dataflex th { border-bottom: 2px solid #333; padding: 4px 10px; text-align: right; vertical-align: bottom; }
+table.dataflex td { padding: 3px 10px; text-align: right; white-space: nowrap;
+                    font-variant-numeric: tabular-nums; border-bottom: 1px solid #ddd; }
+table.dataflex tr:last-child td { border-bottom: 2px solid #333; }
+"""
 
 
 def to_html(table: ComparisonTable) -> str:
-    """HTML table (best cells bold) through pandas Styler."""
-    styler = _styler(table)
+    """HTML table (best cells bold) through pandas Styler: values never wrap mid-number (``white-space: nowrap``),
+    right-aligned in tabular figures, header and bottom rules as in a paper; the ``<style>`` travels with it."""
+    styler = _styler(table).set_table_attributes('class="dataflex"')
     if table.caption:
         styler = styler.set_caption(table.caption)
-    return styler.to_html()
+    return f"<style>{HTML_STYLE}</style>\n" + styler.to_html()
+
+
+def to_rich(table: ComparisonTable) -> Any:
+    """A :class:`rich.table.Table` with the same cells (best cells bold, numbers right-aligned), for terminals."""
+    from rich.table import Table
+
+    rendered = Table(title=table.caption or None, title_justify="left")
+    for column in table.cells.columns:
+        # a cell is never narrower than its longest value (no number broken over two lines); headers may wrap
+        widest = max((len(str(text)) for text in table.cells[column]), default=1)
+        rendered.add_column(str(column), justify="right", min_width=widest)
+    for row in range(len(table.cells)):
+        rendered.add_row(*[f"[bold]{text}[/bold]" if flag else str(text) for text, flag in zip(
+            table.cells.iloc[row], table.best.iloc[row], strict=True)])
+    return rendered
 
 
 def write_table(

@@ -33,6 +33,24 @@ warnings.filterwarnings("ignore", message=".*engine is not available", category=
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+class _DropMessages(logging.Filter):
+    """Drops log records whose message contains one of ``fragments``."""
+
+    def __init__(self, *fragments: str) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in self.fragments)
+
+
+# verl's platform probe warns that no accelerator is registered and blames "a CPU-only ray actor": on the local
+# backend there is no Ray actor and the CPU is the intended device, so both lines only mislead.
+logging.getLogger("verl.plugin.platform.platform_manager").addFilter(
+    _DropMessages("CPU-only actor", "No supported accelerator detected"))
+
+
 def run(cfg: DictConfig | dict[str, Any]) -> int:
     """Run one training run from a composed config; returns the process exit code."""
     from dataflex_rl.local.config import parse_train_config

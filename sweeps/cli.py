@@ -1,13 +1,13 @@
-"""``python -m sweeps [key=value ...]``: run an alpha x seed sweep (``make sweep``), then write its report.
+"""python -m sweeps [key=value ...]: run an alpha x seed sweep (make sweep), then write its report.
 
-Keys (``conf/sweeps/default.yaml`` documents each)::
+Keys (conf/sweeps/default.yaml documents each):
 
     alpha=0.0,0.25,0.5  seeds=1,2  name=NAME  steps=N  jobs=N  threads=N  backend=local|verl
     launcher=local|slurm|ray  mechanisms=baseline,ar  eta=0.1,0.5  extra=[trainer.lr=1e-3 trainer.kl_coef=0,0.01]
     add_baseline=false  dry_run=true  report=false  root=runs
 
-``extra`` holds train overrides for every run; one written as a Hydra sweep (``key=a,b``) is a grid axis.
-``--cfg`` prints the composed sweep config and exits; ``--help`` prints this text.
+extra holds train overrides for every run; one written as a Hydra sweep (key=a,b) is a grid axis.
+--cfg (or Hydra's --cfg job) prints the composed sweep config and exits; --help prints this text.
 """
 
 from __future__ import annotations
@@ -25,6 +25,30 @@ def load_config(argv: Sequence[str], config_name: str = "default", allowed_extra
     return cfg, parse_sweep_config(cfg, allowed_extra_keys)
 
 
+CFG_SECTIONS = ("job", "hydra", "all")
+
+
+def split_cfg_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
+    """(whether ``--cfg`` was given, the other arguments); Hydra's section word after it (``--cfg job``) is
+    accepted and dropped, since the sweep drivers compose only their own config."""
+    rest: list[str] = []
+    show = False
+    arguments = list(argv)
+    for index, argument in enumerate(arguments):
+        if argument == "--cfg":
+            show = True
+        elif show and argument in CFG_SECTIONS and index and arguments[index - 1] == "--cfg":
+            continue
+        else:
+            rest.append(argument)
+    return show, rest
+
+
+def help_text(doc: str) -> str:
+    """A module docstring as plain terminal text (reStructuredText's double backticks and ``::`` removed)."""
+    return doc.replace("``", "").replace("::", ":").strip() + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (see :func:`sweeps.driver.run_sweep`)."""
     from omegaconf import OmegaConf
@@ -33,10 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(__doc__)
+        print(help_text(__doc__), end="")
         return 0
-    show_config = "--cfg" in argv
-    argv = [argument for argument in argv if argument != "--cfg"]
+    show_config, argv = split_cfg_flag(argv)
     try:
         cfg, config = load_config(argv)
     except ConfigError as error:

@@ -31,6 +31,7 @@ from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import RunSpec, expand_grid, grid_description
 from sweeps.launchers import Job, Launcher, Outcome, build_launcher, write_log_header
 from sweeps.manifest import Manifest, utc_now
+from sweeps.progress import SweepView
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
@@ -161,8 +162,10 @@ class SweepRunner:
     :meth:`run_all` early (the Optuna driver prunes this way).
     """
 
-    def __init__(self, plan: SweepPlan, launcher: Launcher, manifest: Manifest, quiet: bool = False) -> None:
+    def __init__(self, plan: SweepPlan, launcher: Launcher, manifest: Manifest, quiet: bool = False,
+                 view: SweepView | None = None) -> None:
         self.plan = plan
+        self.view = view
         self.launcher = launcher
         self.manifest = manifest
         self.quiet = quiet
@@ -242,6 +245,9 @@ class SweepRunner:
             self._entry(job.run, warm_start=warm_start, state="running", start=utc_now(), end=None, exit_code=None,
                         error=None, launch=job.info, attempts=int(entry.get("attempts", 0)) + 1)
             self.say(f"started {job.run.name}  (log: {job.run.log_path})")
+            if self.view is not None:
+                self.view.started(job.run.name, job.run.command, None if warm_start else job.run.run_dir,
+                                  job.run.log_path, warm_start=warm_start)
         self.manifest.save()
         return jobs
 
@@ -261,6 +267,8 @@ class SweepRunner:
                     error=error, wall_time_s=round(wall, 3))
         self.manifest.save()
         self.say(f"{state} {job.run.name}" + (f": {error}" if error else ""))
+        if self.view is not None:
+            self.view.finished(job.run.name, state)
         return state
 
     def run_all(self, runs: Sequence[PlannedRun], warm_start: bool = False,
@@ -290,6 +298,8 @@ class SweepRunner:
             if on_poll is not None and active and on_poll(active):
                 self._stop(active, warm_start, states, reason="stopped by the driver")
                 return states
+            if self.view is not None:
+                self.view.refresh()
             time.sleep(self.plan.config.poll_s)
         return states
 
@@ -338,11 +348,11 @@ def run_store_alpha(run_dir: Path) -> float | None:
 
 
 def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> None:
-    """A rich table: run, alpha, seed, (other axes), state, final validation accuracy, wall time."""
+    """Two rich tables: each run's state and wall time, then the report's own per-group summary
+    (:func:`analysis.report.summary_table`: accuracy after SFT, final-window mean and interval, paired delta), so the
+    terminal and ``report.md`` show the same numbers."""
     from rich.console import Console
     from rich.table import Table
-
-    from dataflex_rl import keys
 
     console = console or Console()
     extra_columns = []
@@ -360,23 +370,21 @@ def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> N
     for title, _ in extra_columns:
         table.add_column(title)
     table.add_column("state")
-    table.add_column(keys.VAL_ACCURACY, justify="right")
     table.add_column("wall time", justify="right")
     colours = {"completed": "green", "failed": "red", "interrupted": "yellow"}
     for run in plan.runs:
         entry = manifest.previous(run.name) or {}
         spec: RunSpec = run.spec
         state = entry.get("state", "pending")
-        accuracy = final_metric(run.run_dir, keys.VAL_ACCURACY)
         wall = entry.get("wall_time_s")
         alpha = spec.alpha if spec.alpha is not None else run_store_alpha(run.run_dir)  # a preset's own alpha
         table.add_row(run.name, "" if alpha is None else f"{alpha:g}", str(spec.seed),
                       *[getter(spec) for _, getter in extra_columns],
                       f"[{colours.get(state, 'white')}]{state}[/]",
-                      "-" if accuracy is None else f"{accuracy:.3f}",
                       "-" if not wall else f"{wall:.1f} s")
     console.print(table)
     console.print(f"{plan.jobs} run(s) at once, {thread_note(plan)}", highlight=False)
+    print_group_summary(plan.sweep_dir, console)
 
 
 def thread_note(plan: SweepPlan) -> str:
@@ -386,6 +394,21 @@ def thread_note(plan: SweepPlan) -> str:
     origin = "threads=" if plan.config.threads else (
         "slurm.cpus_per_task" if plan.config.launcher == "slurm" else "default")
     return f"{plan.threads} thread(s) per run ({origin})"
+
+
+def print_group_summary(sweep_dir: Path, console: Any) -> None:
+    """The report's per-group summary table of the sweep's completed runs (nothing when there is none yet)."""
+    try:
+        from analysis.load import load_sweep
+        from analysis.report import summary_table
+        from analysis.tables import to_rich
+
+        summary = summary_table(load_sweep(sweep_dir, histograms=False))
+    except Exception as error:  # noqa: BLE001  (a summary problem must not hide the runs' states)
+        console.print(f"summary table skipped: {type(error).__name__}: {error}", highlight=False)
+        return
+    if summary is not None:
+        console.print(to_rich(summary))
 
 
 def write_report(sweep_dir: Path) -> tuple[int, str]:
@@ -401,6 +424,17 @@ def write_report(sweep_dir: Path) -> tuple[int, str]:
     if status:
         return status, f"report failed (exit status {status})"
     return 0, f"report: {sweep_dir / 'report' / 'report.md'}"
+
+
+def write_exports(sweep_dir: Path) -> str:
+    """``analysis.export`` on the sweep folder (the report writes them too); returns a line saying what happened."""
+    try:
+        from analysis.export import export_sweep
+
+        paths = export_sweep(sweep_dir)
+    except Exception as error:  # noqa: BLE001  (an export problem must not hide the runs' results)
+        return f"sweep tables skipped: {type(error).__name__}: {error}"
+    return f"sweep tables: {paths['metrics']} and {paths['runs']}"
 
 
 def run_sweep(config: SweepConfig, argv: Sequence[str] = ()) -> int:
@@ -445,6 +479,27 @@ def _run_sweep_once(config: SweepConfig, argv: Sequence[str] = ()) -> int:
         lock.release()
 
 
+def _run_planned(plan: SweepPlan, runner: SweepRunner, to_launch: list[PlannedRun]) -> int:
+    """The warm start, then the runs; returns the exit status (0, EXIT_FAILED or 128 + signal)."""
+    exit_code = 0
+    try:
+        if to_launch and plan.warm_starts:
+            print("SFT warm start (once, shared by every run)", flush=True)
+            states = runner.run_all(plan.warm_starts, warm_start=True)
+            if any(state != "completed" for state in states.values()):
+                failed = [name for name, state in states.items() if state != "completed"]
+                print(f"error: the SFT warm start failed; see {plan.sweep_dir / 'logs' / (failed[0] + '.log')}",
+                      file=sys.stderr)
+                exit_code = EXIT_FAILED
+                to_launch = []
+        states = runner.run_all(to_launch)
+        if any(state != "completed" for state in states.values()):
+            exit_code = EXIT_FAILED
+    except SweepStopped as stopped:
+        exit_code = 128 + stopped.signum
+    return exit_code
+
+
 def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int:
     config = plan.config
     try:
@@ -464,21 +519,9 @@ def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int
         skipped = len(plan.runs) - len(to_launch)
         print(f"sweep {plan.name}: {len(plan.runs)} run(s) ({skipped} already completed), {plan.jobs} at once, "
               f"{thread_note(plan)}; folder {plan.sweep_dir}", flush=True)
-        try:
-            if to_launch and plan.warm_starts:
-                print("SFT warm start (once, shared by every run)", flush=True)
-                states = runner.run_all(plan.warm_starts, warm_start=True)
-                if any(state != "completed" for state in states.values()):
-                    failed = [name for name, state in states.items() if state != "completed"]
-                    print(f"error: the SFT warm start failed; see {plan.sweep_dir / 'logs' / (failed[0] + '.log')}",
-                          file=sys.stderr)
-                    exit_code = EXIT_FAILED
-                    to_launch = []
-            states = runner.run_all(to_launch)
-            if any(state != "completed" for state in states.values()):
-                exit_code = EXIT_FAILED
-        except SweepStopped as stopped:
-            exit_code = 128 + stopped.signum
+        runner.view = SweepView(total=len(plan.runs), done_before=skipped, jobs=plan.jobs)
+        with runner.view:
+            exit_code = _run_planned(plan, runner, to_launch)
     manifest.data["state"] = ("interrupted" if exit_code > 128 else "failed" if exit_code else "completed")
     invocation.update(end=utc_now(), exit_code=exit_code)
     manifest.save()
@@ -489,6 +532,8 @@ def _run_locked(plan: SweepPlan, launcher: Launcher, argv: Sequence[str]) -> int
         print(message, flush=True)
         if status and not exit_code:
             exit_code = EXIT_FAILED
+    elif exit_code <= 128:
+        print(write_exports(plan.sweep_dir), flush=True)
     print(f"sweep folder: {plan.sweep_dir}  (sweep.json, logs/, one run store per run)", flush=True)
     return exit_code
 

@@ -409,18 +409,24 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0, 1 when a trial failed, 2 refused, 128+n stopped)."""
-    from sweeps.cli import load_config
+    from omegaconf import OmegaConf
+
+    from sweeps.cli import help_text, load_config, split_cfg_flag
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(__doc__)
+        print(help_text(__doc__), end="")
         return 0
+    show_config, argv = split_cfg_flag(argv)
     try:
         cfg, _ = load_config(argv, config_name="optuna", allowed_extra_keys=TUNE_KEYS)
         tune = parse_tune_config(cfg)
     except ConfigError as error:
         print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
         return EXIT_REFUSED
+    if show_config:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
     return run_study(tune, argv)
 
 

@@ -102,7 +102,8 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTCo
             optimizer.step()
             schedule.step()
             loss_value = loss.item()
-            if (step + 1) % 100 == 0 or step + 1 == sft.steps:
+            # every 5% (the sweep's live view reads these lines from the warm start's log)
+            if (step + 1) % max(1, sft.steps // 20) == 0 or step + 1 == sft.steps:
                 log.info("SFT step %d/%d: loss %.4f", step + 1, sft.steps, loss_value)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}")

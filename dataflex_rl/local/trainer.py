@@ -29,7 +29,7 @@ from verl.workers.config.actor import ActorConfig
 from dataflex_rl import keys, metrics as mechanism_metrics
 from dataflex_rl.local.config import TrainConfig
 from dataflex_rl.local.decoder import supported as decoder_supported
-from dataflex_rl.local.progress import progress_bar
+from dataflex_rl.local.progress import progress_bar, show_latest
 from dataflex_rl.local.sequences import SequenceBatch, decode_responses, generate, response_token_outputs
 from dataflex_rl.local.tokenizer import Tokenizer
 from dataflex_rl.mechanism import Mechanism, MechanismOutput
@@ -127,8 +127,7 @@ class GRPOTrainer:
                     self.save_checkpoint(step)
                 last_metrics = step_metrics
                 bar.update(1)
-                bar.set_postfix(reward=f"{step_metrics.get(keys.SCORE_MEAN, float('nan')):.3f}",
-                                acc=f"{step_metrics.get(keys.VAL_ACCURACY, float('nan')):.3f}")
+                show_latest(bar, reward=step_metrics.get(keys.SCORE_MEAN), acc=step_metrics.get(keys.VAL_ACCURACY))
         return last_metrics
 
     def train_step(self, step: int) -> dict[str, float]:

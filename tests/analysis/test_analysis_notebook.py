@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -30,5 +31,36 @@ def test_notebook_executes_against_a_fake_sweep(fake_sweep: Path, tmp_path: Path
     assert f"{fake_sweep}: 6 runs included, 3 excluded" in text
     images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
     assert len(images) >= 9  # 2 curves, final vs alpha, heatmaps, histogram, low-prob share, 3 gradient bar charts
-    markdown = [o for o in outputs if "text/markdown" in o.get("data", {})]
-    assert len(markdown) == 1 and markdown[0]["data"]["text/markdown"].count("\n") == 4  # header, rule, 3 alphas
+    markdown = [o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
+    assert len(markdown) == 2 and all(m.count("\n") == 4 for m in markdown)  # header, rule, 3 alphas each
+    assert "val/accuracy after SFT (step 0)" in markdown[0]  # the summary table of the report and the sweep
+    tables = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert "<table" in tables[-1]  # the one long table, grouped
+
+
+def test_the_notebook_extra_is_installed_and_jupyterlab_starts() -> None:
+    import subprocess
+    import sys
+    import tomllib
+
+    import jupyterlab
+
+    project = tomllib.loads((NOTEBOOK.parents[1] / "pyproject.toml").read_text())["project"]
+    assert "jupyterlab>=4" in project["optional-dependencies"]["notebook"]
+    assert int(jupyterlab.__version__.split(".")[0]) >= 4
+    version = subprocess.run([sys.executable, "-m", "jupyterlab", "--version"], capture_output=True, text=True,
+                             timeout=120, check=True).stdout.strip()
+    assert version == jupyterlab.__version__
+
+
+def test_make_notebook_opens_the_last_sweep(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed; `make notebook` cannot be checked")
+    repo = NOTEBOOK.parents[1]
+    dry_run = subprocess.run(["make", "-n", "-o", ".venv/.installed", "notebook", "SWEEP=demo"], cwd=repo,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "resolve_sweep_dir" in dry_run and "'runs/demo'" in dry_run
+    assert re.search(r"-m jupyterlab (--allow-root )?notebooks/alpha_sweep.ipynb", dry_run)  # root: --allow-root

@@ -1,8 +1,9 @@
 """A scripted stand-in for ``python -m dataflex_rl.train`` with the same command-line contract and run store.
 
 Used where a test checks the driver's own logic (pruning, launchers) and needs known metric values and timing:
-``val/accuracy = alpha + 0.01 * seed`` at every step, ``SCRIPTED_TRAIN_STEP_S`` seconds per step (default 0).
-``mode=sft`` appends a line to ``<sft.cache_dir>/sft_calls`` and exits 0. The same ``run_dir`` again resumes after
+``val/accuracy = alpha + 0.01 * seed`` and ``critic/score/mean = step / total`` at every step,
+``SCRIPTED_TRAIN_STEP_S`` seconds per step (default 0). ``mode=sft`` appends a line to ``<sft.cache_dir>/sft_calls``,
+prints ``SFT step i/n`` for ``sft.steps=n`` (same pace) and exits 0. The same ``run_dir`` again resumes after
 the last logged step; a completed run exits 0 at once. SIGTERM marks the run interrupted (exit 130).
 ``SCRIPTED_TRAIN_FAIL=<run name>`` makes that run fail (exit 1, status failed). ``SCRIPTED_TRAIN_NOISE=<sd>`` adds
 ``sd * z`` to ``val/accuracy``, ``z`` a standard normal fixed by (alpha, seed), so seed-paired differences vary.
@@ -31,6 +32,9 @@ def main(argv: list[str]) -> int:
         cache.mkdir(parents=True, exist_ok=True)
         with open(cache / "sft_calls", "a") as calls:
             calls.write(" ".join(argv) + "\n")
+        for step in range(1, int(options.get("sft.steps", 0)) + 1):  # the progress lines the real SFT logs
+            time.sleep(float(os.environ.get("SCRIPTED_TRAIN_STEP_S", "0")))
+            print(f"SFT step {step}/{options['sft.steps']}: loss 1.0", file=sys.stderr, flush=True)
         return 0
     run_dir = Path(options["run_dir"])
     # Written through the run store's own writer (and its lock), as the real trainer does.
@@ -61,7 +65,7 @@ def main(argv: list[str]) -> int:
     while step < total:
         time.sleep(step_seconds)
         step += 1
-        store.log_metrics(step, {"val/accuracy": alpha + 0.01 * seed + noise})
+        store.log_metrics(step, {"val/accuracy": alpha + 0.01 * seed + noise, "critic/score/mean": step / total})
     store.detach()
     store.set_status("completed", step=step)
     lock.release()

@@ -1,74 +1,13 @@
-"""Read back an offline W&B run file (``run-<id>.wandb``) for tests.
-
-W&B 0.31 ships no Python reader. The file is a LevelDB-style log: a 7-byte file header (``:W&B``, magic 0xBEE1
-little-endian, version 0), then 32 KiB blocks of chunks, each with a 7-byte header (crc32 uint32, length uint16,
-type uint8: 1 full, 2 first, 3 middle, 4 last); a block tail shorter than 7 bytes is padding. Each reassembled
-record is a ``wandb_internal_pb2.Record`` protobuf.
-"""
+"""Test helpers over :mod:`dataflex_rl.tracking.wandb_offline`: wait for a run file's last records."""
 
 from __future__ import annotations
 
-import json
 import pathlib
-import struct
 import time
-from collections.abc import Iterator
-from typing import Any
 
-from wandb.proto import wandb_internal_pb2
+from dataflex_rl.tracking.wandb_offline import history, records
 
-BLOCK_SIZE = 32 * 1024
-CHUNK_HEADER = struct.Struct("<IHB")
-FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
-
-
-def records(path: pathlib.Path) -> Iterator[wandb_internal_pb2.Record]:
-    data = path.read_bytes()
-    assert data[:4] == b":W&B" and struct.unpack("<H", data[4:6])[0] == 0xBEE1, f"{path} is not a W&B run file"
-    position, pending = 7, b""
-    while position + CHUNK_HEADER.size <= len(data):
-        left_in_block = BLOCK_SIZE - position % BLOCK_SIZE
-        if left_in_block < CHUNK_HEADER.size:
-            position += left_in_block
-            continue
-        _crc, length, kind = CHUNK_HEADER.unpack_from(data, position)
-        if length == 0 and kind == 0:  # zero padding up to the end of the block
-            position += left_in_block
-            continue
-        if position + CHUNK_HEADER.size + length > len(data):  # still being written
-            return
-        chunk = data[position + CHUNK_HEADER.size : position + CHUNK_HEADER.size + length]
-        position += CHUNK_HEADER.size + length
-        if kind == FULL:
-            payload = chunk
-        elif kind == FIRST:
-            pending = chunk
-            continue
-        elif kind == MIDDLE:
-            pending += chunk
-            continue
-        else:
-            payload, pending = pending + chunk, b""
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        yield record
-
-
-def history(path: pathlib.Path) -> dict[int, dict[str, Any]]:
-    """step -> {key: decoded value} of every history row, without W&B's own ``_``-prefixed keys.
-
-    Nested values (a histogram) come back as ``{"h/_type": "histogram", "h/values": [...], "h/bins": [...]}``.
-    """
-    rows: dict[int, dict[str, Any]] = {}
-    for record in records(path):
-        if record.WhichOneof("record_type") != "history":
-            continue
-        row = rows.setdefault(record.history.step.num, {})
-        for item in record.history.item:
-            key = item.key or "/".join(item.nested_key)
-            if not key.startswith("_"):
-                row[key] = json.loads(item.value_json)
-    return rows
+__all__ = ["history", "records", "run_file"]
 
 
 def run_file(run_dir: pathlib.Path, run_id: str, patience_s: float = 60.0) -> pathlib.Path:

@@ -1,0 +1,87 @@
+"""Sweep-level tables that join: ``runs/<sweep>/metrics.parquet`` and ``runs/<sweep>/runs.parquet``.
+
+One ``read_parquet`` (pandas, polars, duckdb) then has a whole sweep with its identity on every row, no filename
+parsing and no join with ``meta.json``:
+
+- ``metrics.parquet``, long: ``sweep, run, backend, mechanism, mechanism_label, alpha, <every other swept factor>,
+  seed, step, metric, value`` (one row per logged finite value of an included run);
+- ``runs.parquet``: the run table of :func:`analysis.load.load_sweep` (identity, state, exclusion reason, timings,
+  the resolved config as ``config.<key>`` columns), one row per run, excluded runs included.
+
+The other swept factors are the grid axes ``sweep.json`` names (``eta`` and the ``extra`` axes such as
+``trainer.lr``), as columns named by the axis, filled from each run's resolved config. Written at the end of a sweep
+and by ``python -m analysis.report``; both files are replaced atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.load import SweepData, add_run_columns, load_sweep
+
+METRICS_FILE = "metrics.parquet"
+RUNS_FILE = "runs.parquet"
+ETA_CONFIG_KEY = "dataflex.actuator.params.eta"
+
+
+def swept_factors(manifest: Mapping[str, Any] | None) -> dict[str, str]:
+    """``{column: run-table config column}`` of the swept factors beyond the identity columns (from ``sweep.json``'s
+    grid: ``eta`` and each ``extra`` axis)."""
+    grid = (manifest or {}).get("grid") or {}
+    factors: dict[str, str] = {}
+    if grid.get("eta"):
+        factors["eta"] = f"config.{ETA_CONFIG_KEY}"
+    for key in grid.get("axes") or {}:
+        factors[str(key)] = f"config.{key}"
+    return factors
+
+
+def long_table(data: SweepData) -> pd.DataFrame:
+    """The long metrics table with every swept factor as a column (placed after ``alpha``)."""
+    factors = {column: source for column, source in swept_factors(data.manifest).items()
+               if source in data.runs.columns}
+    long = add_run_columns(data.metrics, data.runs, list(factors.values())) if factors else data.metrics.copy()
+    long = long.rename(columns={source: column for column, source in factors.items()})
+    identity = [c for c in long.columns if c not in ("seed", "step", "metric", "value", *factors)]
+    return long[[*identity, *factors, "seed", "step", "metric", "value"]]
+
+
+def _parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
+    """Object columns holding more than one type (a config key that is a number in one run, text in another) ->
+    text, so pyarrow can write them."""
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object:
+            kinds = {type(v) for v in frame[column] if v is not None and not (isinstance(v, float) and math.isnan(v))}
+            if len(kinds) > 1 or (kinds and not kinds <= {str}):
+                frame[column] = [None if v is None else str(v) for v in frame[column]]
+    return frame
+
+
+def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(temporary, index=False)
+    os.replace(temporary, path)
+
+
+def write_sweep_tables(data: SweepData, sweep_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Write ``metrics.parquet`` and ``runs.parquet`` of loaded sweep ``data`` into ``sweep_dir``; return the paths."""
+    sweep_dir = Path(sweep_dir)
+    if (sweep_dir / "meta.json").is_file():
+        raise ValueError(f"{sweep_dir} is a run folder (it holds meta.json): its own metrics.parquet is the run "
+                         "store's; sweep-level tables go into the sweep folder above it")
+    paths = {"metrics": sweep_dir / METRICS_FILE, "runs": sweep_dir / RUNS_FILE}
+    _write_atomic(long_table(data), paths["metrics"])
+    _write_atomic(_parquet_ready(data.runs), paths["runs"])
+    return paths
+
+
+def export_sweep(sweep_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Load the sweep folder (completed runs in the long table, every run in the run table) and write its tables."""
+    return write_sweep_tables(load_sweep(sweep_dir, histograms=False), sweep_dir)

@@ -1,0 +1,52 @@
+"""What a run prints: bars that keep the last accuracy, logging through the bar, no misleading verl warning."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+
+from dataflex_rl.local.progress import progress_bar, show_latest
+
+
+def test_postfix_keeps_the_last_finite_value_between_evaluations():
+    with progress_bar(total=3, desc="GRPO") as bar:
+        show_latest(bar, reward=0.5, acc=0.25)
+        show_latest(bar, reward=0.75, acc=float("nan"))  # no evaluation at this step
+        assert bar.postfix == "reward=0.750, acc=0.250"
+        show_latest(bar, reward=None, acc=0.5)
+        assert bar.postfix == "reward=0.750, acc=0.500"
+
+
+def test_log_lines_go_through_the_bar_in_a_terminal(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    root = logging.getLogger()  # where Hydra's job logging puts its console handler
+    handler = logging.StreamHandler(terminal)
+    root.addHandler(handler)
+    try:
+        with progress_bar(total=2, desc="SFT") as bar:
+            assert handler not in root.handlers  # tqdm's handler stands in while the bar is open
+            logging.getLogger("dataflex_rl.test_progress").warning("a log line")
+            bar.update(1)
+        assert handler in root.handlers  # restored afterwards
+    finally:
+        root.removeHandler(handler)
+    # tqdm.write clears the bar's line, prints the message on its own line, then redraws the bar
+    assert "\ra log line\n" in terminal.getvalue().replace("\x1b[A", "").replace("\r\r", "\r")
+
+
+def test_verl_cpu_only_actor_warning_is_dropped_on_the_local_backend(caplog):
+    import dataflex_rl.train  # noqa: F401  (installs the filter)
+
+    platform = logging.getLogger("verl.plugin.platform.platform_manager")
+    with caplog.at_level(logging.WARNING, logger=platform.name):
+        platform.warning("No supported accelerator detected. Registered: ('nvidia',). Falling back to 'nvidia'.")
+        platform.warning("Platform 'nvidia' is registered but not available. This may be due to this ray actor "
+                         "being a CPU-only actor.")
+        platform.warning("something else")
+    assert [record.getMessage() for record in caplog.records] == ["something else"]

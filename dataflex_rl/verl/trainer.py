@@ -212,7 +212,11 @@ class DataflexSyncTrainer(PPOTrainerSync):
 
     def install_staged_loss(self) -> None:
         """Give the actor workers :func:`staged_ppo_loss` (verl's ``ppo_loss`` plus per-stage KL and entropy),
-        built from the same actor config the workers build their own loss from."""
+        built from the same ``actor_rollout_ref.actor`` block the workers build their own loss from.
+
+        Built here, on the driver: the worker also rescales its batch sizes in that config, which the loss does not
+        read (it takes the global batch size and token count from each batch).
+        """
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(staged_loss_function(actor_config))
 

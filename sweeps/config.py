@@ -44,7 +44,7 @@ _FALSE = ("false", "no", "off", "0", "")
 
 
 # Threads of a lone run (one run live; the SFT warm start). Measured by benchmarks/bench_local.py ("1 -> 2
-# threads" row): a default step at 2 threads took 4-13x as long as at 1 on the shared 2-core development machine
+# threads" row): a default step at 2 threads took 4-27x as long as at 1 on the shared 2-core development machine
 # (the model's matmuls are too small to split); rerun it on a quiet machine with cores to spare before raising
 # this. threads=N overrides it.
 SINGLE_RUN_THREADS = 1

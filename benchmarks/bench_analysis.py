@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
             min_median(times["straightforward"]), min_median(times["load_sweep"])),
         Row("analysis", "load + aggregate (bootstrap CIs, paired deltas)", "s", None, total,
             ratio=total[1] / TARGET_SECONDS,
-            note=f"ratio = median / the {TARGET_SECONDS:.0f} s target ({'meets' if total[1] <= TARGET_SECONDS else 'misses'} it)"),
+            note=f"ratio = median / the {TARGET_SECONDS:.0f} s target "
+                 f"({'meets' if total[1] <= TARGET_SECONDS else 'misses'} it)"),
     ]
     print(format_table(table))
     return table

@@ -47,9 +47,10 @@ _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0", "")
 
 
-# Threads of a lone run (one run live; the SFT warm start). Measured by benchmarks/bench_local.py ("threads"
-# row): a default step at 2 threads took longer than at 1 on the 2-core development machine, busy or quiet, as
-# the model's matmuls are too small to split; threads=N overrides it.
+# Threads of a lone run (one run live; the SFT warm start). Measured by benchmarks/bench_local.py ("1 -> 2
+# threads" row): a default step at 2 threads took 4-27x as long as at 1 on the shared 2-core development machine
+# (the model's matmuls are too small to split); rerun it on a quiet machine with cores to spare before raising
+# this. threads=N overrides it.
 SINGLE_RUN_THREADS = 1
 
 

@@ -7,8 +7,8 @@ Two uses, both over the weights of a Qwen2/Llama ``*ForCausalLM`` (gradients flo
   ``(T, hidden)`` matrix for the linear layers (where nearly all the FLOPs are); only attention scatters to a
   padded layout, where it is cheap at these lengths. Tokens whose output nothing reads (each row's last valid
   token) are left out too.
-- :class:`DecoderWeights.step`: one position of every sequence against a key/value cache, for the KV-cached
-  sampler (:mod:`dataflex_rl.local.sampler`).
+- the building blocks of :class:`DecoderWeights` (projections, attention, MLP), which the KV-cached sampler
+  (:mod:`dataflex_rl.local.sampler`) runs one position at a time against its cache.
 
 The math is HF's (RMSNorm, rotary embedding with ``rotate_half``, grouped-query attention, SwiGLU MLP); a test
 checks the logits against the HF forward. :func:`supported` says which checkpoints it covers; anything else keeps
@@ -111,7 +111,8 @@ class DecoderWeights:
         return angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
 
     def qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Rotated queries ``(..., heads, d)``, rotated keys and values ``(..., kv_heads, d)`` of ``x (..., hidden)``."""
+        """Rotated queries ``(..., heads, d)``, rotated keys and values ``(..., kv_heads, d)`` of
+        ``x (..., hidden)``."""
         attention = layer.self_attn
         h = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         shape = x.shape[:-1]
@@ -221,8 +222,8 @@ def shared_prefix_forward(weights: DecoderWeights, prompt_ids: torch.Tensor, pro
     split = len(prompt_index)
     # A (left-padded) prompt query with no valid key before it attends to itself only: never a fully masked row,
     # whose softmax would be NaN and leak into the backward pass. Response queries always see the prompt's <bos>.
-    prompt_bias = attention_bias((torch.ones(prompt_queries, prompt_length, dtype=torch.bool).tril()
-                                  & prompt_keep.unsqueeze(1)) | torch.eye(prompt_queries, prompt_length, dtype=torch.bool))
+    prompt_causal = torch.ones(prompt_queries, prompt_length, dtype=torch.bool).tril() & prompt_keep.unsqueeze(1)
+    prompt_bias = attention_bias(prompt_causal | torch.eye(prompt_queries, prompt_length, dtype=torch.bool))
     response_causal = (torch.ones(queries, response_length, dtype=torch.bool).tril()
                        & response_keep.unsqueeze(1))
     response_bias = attention_bias(torch.cat([prompt_keep[inverse].unsqueeze(1).expand(-1, queries, -1),

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -425,7 +426,9 @@ def bca_interval(
     if not batch_shape and all(np.ptp(array) == 0 for array in arrays):
         value = float(statistic(*arrays, axis=-1))
         return value, value
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        # a batch row whose values are all equal makes BCa degenerate; _batched_bca gives it its zero-width interval
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         result = stats.bootstrap(arrays, statistic, paired=paired, vectorized=True, axis=-1, method="BCa",
                                  confidence_level=confidence, n_resamples=n_bootstrap,
                                  rng=np.random.default_rng(random_state))

@@ -408,7 +408,11 @@ def print_group_summary(sweep_dir: Path, console: Any) -> None:
         console.print(f"summary table skipped: {type(error).__name__}: {error}", highlight=False)
         return
     if summary is not None:
-        console.print(to_rich(summary))
+        rendered = to_rich(summary)
+        if not console.is_terminal:  # a log file has no width to respect: never crop a value
+            wide = console.options.update_width(1000)
+            console.width = max(console.width, console.measure(rendered, options=wide).maximum)
+        console.print(rendered)
 
 
 def write_report(sweep_dir: Path) -> tuple[int, str]:

@@ -126,3 +126,19 @@ def test_variance_split_by_hand() -> None:
     assert split["training_variance"] == pytest.approx(4e-4 - 0.21 / 1024)
     assert split["eval_share"] == pytest.approx(0.21 / 1024 / 4e-4)
     assert aggregate.variance_split(0.7, 1e-4, 1024)["training_variance"] == 0.0  # floored: eval noise explains all
+
+
+def test_a_constant_group_in_a_batch_gets_a_zero_width_interval_without_a_warning():
+    import warnings
+
+    from scipy import stats
+
+    from analysis.aggregate import bca_interval
+
+    constant, varying = np.full(8, 0.756), np.linspace(0.70, 0.80, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", stats.DegenerateDataWarning)
+        low, high = bca_interval([np.stack([constant, varying])], np.mean, random_state=0)
+        low_constant, high_constant = bca_interval([constant], np.mean, random_state=0)
+    assert (low_constant, high_constant) == (0.756, 0.756)
+    assert low[1] < 0.75 < high[1]

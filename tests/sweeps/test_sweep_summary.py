@@ -48,3 +48,12 @@ def test_the_sweep_summary_prints_the_reports_summary_table(tmp_path):
     assert baseline[0] == "0" and baseline[-1] == "baseline"
     # the failed run is left out of the aggregate, and 2 seeds get no interval
     assert treated[0] == "0.5" and treated[2].endswith("(2, too few seeds)")
+
+
+def test_the_summary_in_a_log_file_is_never_cropped(tmp_path):
+    sweep_dir = write_fake_sweep(tmp_path / "sweep", alphas=(0.0, 0.5), seeds=(1, 2, 3), n_steps=30,
+                                 histograms=False, grad_stats=False)
+    out = io.StringIO()
+    print_group_summary(sweep_dir, Console(file=out, width=80, color_system=None))  # not a terminal: 80 columns
+    treated = [row for row in terminal_rows(out.getvalue()) if row[0] == "0.5"][0]
+    assert re.search(r"MDE \d\.\d+$", treated[-1]), treated  # the delta cell is whole, down to its MDE

@@ -85,8 +85,10 @@ def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: P
     common, _ = parse_extra(config.extra)
     _check_steps_once(config, common, "trainer.total_steps")
     overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
-    overrides += [*common, *spec.overrides, f"run_dir={hydra_path(sweep_dir / spec.name)}", f"sweep={sweep}",
-                  f"run_name={spec.name}"]
+    overrides += [*common, *spec.overrides]
+    if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
+        overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
+    overrides += [f"run_dir={hydra_path(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}"]
     if threads is not None:
         overrides.append(f"threads={threads}")
     return overrides
@@ -193,6 +195,8 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
               f"+dataflex_run.name={hydra_value(spec.name)}", f"+dataflex_run.seed={spec.seed}"]
     if spec.mechanism:
         extra.append(f"+dataflex_run.mechanism_label={spec.mechanism}")
+    if spec.axis_keys:
+        extra.append(f"+dataflex_run.axes=[{','.join(spec.axis_keys)}]")
     try:
         return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
     except ConfigError as error:

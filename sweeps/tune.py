@@ -188,8 +188,9 @@ def trial_specs(tune: TuneConfig, params: Mapping[str, Any], label: str) -> list
         axes = {name: str(value) for name, value in params.items() if name != "alpha"}
         overrides += [f"{name}={value}" for name, value in axes.items()]
         overrides.append(f"seed={seed}")
+        axis_keys = (*([ALPHA_KEY] if alpha is not None else []), *axes, "seed")
         specs.append(RunSpec(name=f"{label}-s{seed}", seed=seed, alpha=None if alpha is None else float(alpha),
-                             axes=axes, overrides=tuple(overrides)))
+                             axes=axes, overrides=tuple(overrides), axis_keys=axis_keys))
     return specs
 
 

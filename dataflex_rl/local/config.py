@@ -195,6 +195,7 @@ class TrainConfig:
     threads: int | None = None
     mechanism_label: str | None = None
     mode: str = "train"
+    axes: tuple[str, ...] = ()
 
     @property
     def alpha(self) -> float | None:
@@ -202,8 +203,18 @@ class TrainConfig:
 
 
 TOP_LEVEL_KEYS = ("run_dir", "seed", "dataflex", "model", "task", "sft", "trainer", "stats", "logger", "sweep",
-                  "run_name", "threads", "mechanism_label", "mode", "hydra")
+                  "run_name", "threads", "mechanism_label", "mode", "axes", "hydra")
 MODES = ("train", "sft")
+
+
+def _check_axes(axes: Any) -> tuple[str, ...]:
+    """The swept config keys the sweep driver passes (``axes=[dataflex.actuator.params.alpha,trainer.lr,seed]``)."""
+    if axes is None:
+        return ()
+    if not isinstance(axes, (list, tuple)) or not all(isinstance(key, str) and key for key in axes):
+        raise ConfigError(f"axes = {axes!r} is not allowed: it must be a list of dotted config keys "
+                          f"(the sweep driver sets it)")
+    return tuple(axes)
 
 
 def parse_train_config(cfg: Any) -> TrainConfig:
@@ -246,6 +257,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
         threads=threads,
         mechanism_label=raw.get("mechanism_label"),
         mode=mode,
+        axes=_check_axes(raw.get("axes")),
     )
 
 

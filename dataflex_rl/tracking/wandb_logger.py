@@ -124,6 +124,7 @@ class WandbLogger:
                 entity=entity,
                 group=self.identity.sweep,
                 name=self.identity.wandb_name,
+                job_type=self.identity.job_type,
                 id=wandb_run_id(self.identity),
                 resume="allow",
                 reinit="create_new",

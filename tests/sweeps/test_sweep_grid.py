@@ -117,8 +117,8 @@ def test_commands_carry_threads_run_dir_and_identity(tmp_path):
     command = runs[1].command
     assert command[1:3] == ("-m", "dataflex_rl.train")
     assert command[3:] == ("trainer.total_steps=7", "trainer.val_every=1", "++dataflex.actuator.params.alpha=0.5",
-                           "seed=3", f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3",
-                           "threads=1")
+                           "seed=3", "axes=[dataflex.actuator.params.alpha,seed]",
+                           f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3", "threads=1")
     assert runs[1].env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     assert runs[1].log_path == (tmp_path / "demo" / "logs" / "a0.5-s3.log").resolve()
 

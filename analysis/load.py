@@ -634,7 +634,9 @@ def read_histograms_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
-    """Histogram table (identity columns then ``step, name, edges, counts``) of the included runs of a run table."""
+    """Histogram table (identity columns, the factor columns, then ``step, name, edges, counts``) of the included
+    runs of a run table."""
+    factors = factor_columns(runs)
     frames = []
     for _, row in runs[runs["included"] & runs["path"].notna()].iterrows():
         run_dir = Path(row["path"])
@@ -645,12 +647,12 @@ def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
             continue
         if frame.empty:
             continue
-        for column in IDENTITY_COLUMNS:
+        for column in (*IDENTITY_COLUMNS, *factors):
             frame.insert(len(frame.columns) - 4, column, row[column])
         frames.append(frame)
     if not frames:
         return empty_histogram_table()
-    table = pd.concat(frames, ignore_index=True)[list(HISTOGRAM_COLUMNS)]
+    table = pd.concat(frames, ignore_index=True)[[*IDENTITY_COLUMNS, *factors, *HISTOGRAM_COLUMNS[-4:]]]
     table["seed"] = table["seed"].astype("Int64")
     table["alpha"] = table["alpha"].astype(np.float64)
     return table

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from analysis import aggregate, load
+from analysis import aggregate, load, plots
 from analysis.report import main as report_main
 from analysis.testing import write_fake_run
 from sweeps.cli import main
@@ -55,8 +55,9 @@ def test_alpha_by_lr_sweep_records_axes_and_reports_deltas_per_lr(tmp_path, repo
 def _lopti_store(sweep_dir, label, eta, seed, accuracy):
     axes = {"mechanism_label": label, **({"eta": eta} if eta is not None else {}), "seed": seed}
     name = f"s{seed}-{label}" + (f"-eta{eta}" if eta is not None else "")
+    histogram = {"step": 0, "name": "dataflex/hist/weight", "edges": [0.0, 1.0, 2.0], "counts": [seed, 1]}
     write_fake_run(sweep_dir / name, sweep="mech", run=name, alpha=0.0, seed=seed, mechanism_label=label,
-                   metrics={"val/accuracy": [accuracy]}, axes=axes)
+                   metrics={"val/accuracy": [accuracy]}, axes=axes, histograms=[histogram])
 
 
 def test_mech_by_eta_groups_each_eta_against_the_baseline_preset(tmp_path):
@@ -79,6 +80,10 @@ def test_mech_by_eta_groups_each_eta_against_the_baseline_preset(tmp_path):
     np.testing.assert_allclose(deltas["mean_difference"], [0.03 + 0.014 / 3, 0.05 + 0.014 / 3])
     table = aggregate.aggregate_runs(summaries, group_keys=keys, n_bootstrap=50)
     assert len(table) == 3 and table["n"].tolist() == [3, 3, 3]
+    # the histogram table carries the factors too, so figures group by them (the notebook's heatmaps)
+    assert len(data.histograms[list(keys)].drop_duplicates()) == 3
+    ax = plots.plot_histogram_heatmaps(data.histograms, "dataflex/hist/weight", group_keys=keys)
+    assert ax is not None
 
 
 def test_old_store_without_axes_still_loads_and_reports(tmp_path):

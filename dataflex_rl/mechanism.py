@@ -18,7 +18,8 @@ import torch
 
 from dataflex_rl import keys, metrics
 from dataflex_rl.actuators import ACTUATORS, Actuator
-from dataflex_rl.config import ConfigError, DataflexConfig, parse_dataflex_config
+from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+from dataflex_rl.validation import ConfigError
 from dataflex_rl.registry import Registry
 from dataflex_rl.scorers import SCORERS, Scorer, check_log_probs, masked_log_probs
 
@@ -54,6 +55,9 @@ class Mechanism:
     # Batch fields every backend hands to a mechanism (verl's names).
     provided_fields: ClassVar[frozenset[str]] = frozenset({"old_log_probs", "response_mask", "advantages"})
     actuators_allowed: ClassVar[tuple[str, ...]] = ("*",)
+    # True for a mechanism whose ``stage_masks`` splits the policy update in stages (trainers, the config check and
+    # the verl loss read this one attribute).
+    staged: ClassVar[bool] = False
 
     def __init__(self, config: DataflexConfig, *, compile: bool = False) -> None:
         self.config = config
@@ -254,6 +258,7 @@ class IsolateMechanism(Mechanism):
     name = "isolate"
     default_actuator = "lopti"
     actuators_allowed = ("lopti",)
+    staged = True
     # The threshold of the latest split, for the step's metrics (set by stage_masks, read right after by process).
     _last_threshold: float = float("nan")
 
@@ -305,8 +310,8 @@ def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> float
 
 
 def staged_mechanism_names() -> list[str]:
-    """Registered mechanisms that override :meth:`Mechanism.stage_masks`."""
-    return [name for name in MECHANISMS.names() if MECHANISMS.get(name).stage_masks is not Mechanism.stage_masks]
+    """Registered mechanisms that split the policy update in stages (:attr:`Mechanism.staged`)."""
+    return [name for name in MECHANISMS.names() if MECHANISMS.get(name).staged]
 
 
 def build_mechanism(cfg: Any, *, compile: bool = False) -> Mechanism:

@@ -25,7 +25,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 
 log = logging.getLogger("dataflex_rl.train")
 # verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.

@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig
 from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.commands import PlannedRun, check_gpu_available, plan_runs, plan_warm_starts
 from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import RunSpec, expand_grid, grid_description

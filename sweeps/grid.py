@@ -16,7 +16,7 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.config import PRESET_DIR, SweepConfig
 
 ALPHA_KEY = "dataflex.actuator.params.alpha"

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.commands import PlannedRun
 from sweeps.config import SweepConfig
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.config import ConfigError, check_choice, check_int_at_least, to_plain
+from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain
 from sweeps.commands import PlannedRun, plan_runs, plan_warm_starts
 from sweeps.config import SweepConfig, available_cores
 from sweeps.driver import (

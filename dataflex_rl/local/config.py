@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.config import (
+from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+from dataflex_rl.validation import (
     ConfigError,
-    DataflexConfig,
     build_params,
     check_choice,
     check_int_at_least,
@@ -22,7 +22,6 @@ from dataflex_rl.config import (
     check_non_negative_int,
     check_number,
     check_unit_interval,
-    parse_dataflex_config,
     to_plain,
 )
 

@@ -21,7 +21,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dataflex_rl.config import to_plain
+from dataflex_rl.validation import to_plain
 
 CONFIG_HASH_LENGTH = 12
 # Short factor names of the axes every ablation uses; any other axis is named by its config key (``trainer.lr``).

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.config import ConfigError, check_keys, to_plain
+from dataflex_rl.validation import ConfigError, check_keys, to_plain
 from dataflex_rl.metrics import Histogram
 from dataflex_rl.tracking import RunIdentity, RunStore
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataflex_rl.config import DataflexConfig, parse_dataflex_config
 from dataflex_rl.validation import (
@@ -24,6 +24,9 @@ from dataflex_rl.validation import (
     check_unit_interval,
     to_plain,
 )
+
+if TYPE_CHECKING:
+    from dataflex_rl.tracking.build import LoggerConfig
 
 ARCHITECTURES = ("qwen2", "llama")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl's kl_penalty ("full" needs logits)
@@ -188,7 +191,7 @@ class TrainConfig:
     sft: SFTConfig
     trainer: TrainerConfig
     stats: StatsConfig
-    logger: Mapping[str, Any]
+    logger: LoggerConfig
     sweep: str | None = None
     run_name: str | None = None
     threads: int | None = None
@@ -232,11 +235,10 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     threads = raw.get("threads")
     if threads is not None:
         check_int_at_least("threads", threads, 1)
-    logger = raw.get("logger") or {}
     from dataflex_rl.tracking import parse_logger_config
 
-    try:
-        parse_logger_config(logger)
+    try:  # validated once here; build_loggers takes the result as it is
+        logger = parse_logger_config(raw.get("logger") or {})
     except ConfigError:
         raise
     except ValueError as error:

@@ -40,10 +40,21 @@ COMPONENT_KEYS = ("name", "params")
 
 @dataclasses.dataclass(frozen=True)
 class ComponentConfig:
-    """One swappable part: a registry ``name`` and its validated, frozen ``params``."""
+    """One swappable part: a registry ``name`` and its validated, frozen ``params``.
+
+    ``validated``: the component's own ``Params`` instance the values were checked by (kept so the mechanism does
+    not rebuild it; None when the config was built by hand, and never part of equality).
+    """
 
     name: str
     params: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    validated: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def make_params(self, params_cls: type) -> Any:
+        """The component's ``Params``: the validated instance when it is one of ``params_cls``, else built now."""
+        if isinstance(self.validated, params_cls):
+            return self.validated
+        return params_cls(**self.params)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}
@@ -109,7 +120,7 @@ def parse_dataflex_config(cfg: Any) -> DataflexConfig:
         cls = lookup(registry, f"dataflex.{key}.name", block["name"])
         params = build_params(f"dataflex.{key}.params", cls.Params, block.get("params"))
         frozen = MappingProxyType(dataclasses.asdict(params))
-        return ComponentConfig(name=block["name"], params=frozen), cls
+        return ComponentConfig(name=block["name"], params=frozen, validated=params), cls
 
     scorer, scorer_cls = component("scorer", SCORERS)
     actuator, actuator_cls = component("actuator", ACTUATORS)

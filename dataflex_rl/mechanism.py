@@ -63,8 +63,8 @@ class Mechanism:
         self.config = config
         scorer_cls = SCORERS.get(config.scorer.name)
         actuator_cls = ACTUATORS.get(config.actuator.name)
-        self.scorer: Scorer = scorer_cls(scorer_cls.Params(**config.scorer.params))
-        self.actuator: Actuator = actuator_cls(actuator_cls.Params(**config.actuator.params))
+        self.scorer: Scorer = scorer_cls(config.scorer.make_params(scorer_cls.Params))
+        self.actuator: Actuator = actuator_cls(config.actuator.make_params(actuator_cls.Params))
         self.warmup_step = config.warmup_step
         # torch.compile fuses scoring, weighting, applying and the statistics into a few kernels: on a
         # (512, 4096) batch it brings the mechanism from several passes over memory to about the cost of the bare
@@ -125,7 +125,7 @@ class Mechanism:
         """
         response_mask = mask if mask.dtype == torch.bool else mask > 0
         token_probs, token_vector = self._token_probs(fields, response_mask)
-        signal = token_probs if self.scorer.signal == "token_prob" else self.scorer.score(fields)
+        signal = self.scorer.score_given_probs(fields, token_probs)
         advantages = fields["advantages"]
         if getattr(self.actuator, "needs_advantages", False):
             weights = self.actuator.weights(signal, response_mask, advantages)

@@ -219,31 +219,12 @@ def check_gpu_available() -> None:
                           "to a GPU cluster, dry_run=true to print the command lines, or backend=local")
 
 
-# --- both --------------------------------------------------------------------------------------------------------
-def plan_runs(config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
-              threads: int | None) -> list[PlannedRun]:
-    """The command line of every run, validated (local: composed and parsed; verl: built by the verl builder)."""
-    sweep_dir = sweep_dir.resolve()
-    planned = []
-    for spec in specs:
-        if config.backend == "local":
-            command = train_command(config, local_overrides(config, spec, sweep, sweep_dir, threads))
-            env = thread_environment(threads)
-        else:
-            command = verl_command(config, spec, sweep, sweep_dir)
-            env = verl_environment(sweep, spec)
-        planned.append(PlannedRun(spec=spec, command=command, env=env, run_dir=sweep_dir / spec.name,
-                                  log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log"))
-    if config.backend == "local" and config.validate:
-        validate_local((run.name, run.command[3:]) for run in planned)
-    return planned
-
-
-def plan_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
-                     threads: int | None) -> list[PlannedRun]:
-    """One ``mode=sft`` command per distinct set of SFT-relevant axis values (usually one); none for verl, when
-    off, or when the cache already holds the checkpoint."""
-    if config.backend != "local" or not config.sft_warm_start:
+# --- local warm starts ---------------------------------------------------------------------------------------
+def local_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                      threads: int | None) -> list[PlannedRun]:
+    """One ``mode=sft`` command per distinct set of SFT-relevant axis values (usually one); none when off, or when
+    the cache already holds the checkpoint."""
+    if not config.sft_warm_start:
         return []
     sweep_dir = sweep_dir.resolve()
     variants = list(dict.fromkeys(tuple(item for item in spec.axis_overrides

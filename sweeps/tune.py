@@ -28,7 +28,8 @@ from typing import Any
 
 from dataflex_rl import keys
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain
-from sweeps.commands import PlannedRun, plan_runs, plan_warm_starts
+from sweeps.backends import plan_runs, plan_warm_starts
+from sweeps.commands import PlannedRun
 from sweeps.config import SweepConfig, available_cores
 from sweeps.driver import (
     EXIT_FAILED,

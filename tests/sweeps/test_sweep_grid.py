@@ -11,7 +11,7 @@ import pytest
 from dataflex_rl.config import ConfigError
 from sweeps import driver
 from sweeps.cli import load_config
-from sweeps.commands import plan_runs, plan_warm_starts
+from sweeps.backends import plan_runs, plan_warm_starts
 from sweeps.config import normalize_argv, split_extra
 from sweeps.driver import concurrency, default_name, final_metric, mark_run_store
 from sweeps.grid import expand_grid, parse_extra

@@ -237,3 +237,15 @@ def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
     assert config_of("extra=[trainer.total_steps=30]").steps is None  # the override decides, given once
     assert config_of("local_steps=null").steps is None  # the trainer's own 400
     assert config_of("backend=verl").steps is None  # verl keeps its experiment's steps
+
+
+def test_every_backend_and_launcher_choice_has_a_registered_object():
+    from sweeps import config as sweep_config
+    from sweeps.backends import BACKENDS, backend_for
+    from sweeps.launchers import LAUNCHERS, LocalLauncher, build_launcher
+
+    assert sorted(BACKENDS.names()) == sorted(sweep_config.BACKENDS)
+    assert sorted(LAUNCHERS.names()) == sorted(sweep_config.LAUNCHERS)
+    assert backend_for(config_of("backend=verl")).sets_threads is False
+    assert backend_for(config_of()).sets_threads is True
+    assert isinstance(build_launcher(config_of(), Path("."), "s", 1), LocalLauncher)

@@ -76,17 +76,21 @@ class LocalBackend(Backend):
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                 threads: int | None) -> tuple[str, ...]:
+        """``python -m dataflex_rl.train`` with the run's overrides (:func:`sweeps.commands.local_overrides`)."""
         return train_command(config, local_overrides(config, spec, sweep, sweep_dir, threads))
 
     def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+        """OpenMP/MKL thread caps, so parallel runs never oversubscribe the cores."""
         return thread_environment(threads)
 
     def validate(self, config: SweepConfig, planned: Sequence[PlannedRun]) -> None:
+        """Compose ``conf/train.yaml`` with every run's overrides and parse it (unless ``validate=false``)."""
         if config.validate:
             validate_local((run.name, run.command[3:]) for run in planned)
 
     def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                     threads: int | None) -> list[PlannedRun]:
+        """One SFT warm start per SFT-relevant axis combination, unless cached (:func:`local_warm_starts`)."""
         return local_warm_starts(config, specs, sweep_dir, threads)
 
 
@@ -99,12 +103,15 @@ class VerlBackend(Backend):
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                 threads: int | None) -> tuple[str, ...]:
+        """The verl argv, with the run store's place and axes (:func:`sweeps.commands.verl_command`)."""
         return verl_command(config, spec, sweep, sweep_dir)
 
     def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+        """W&B's group and tags through the environment (verl starts W&B itself)."""
         return verl_environment(sweep, spec)
 
     def check_machine(self, config: SweepConfig) -> None:
+        """Runs launched on this machine need a CUDA GPU (verl's rollout does); dry runs and clusters do not."""
         if config.launcher == "local" and not config.dry_run:
             check_gpu_available()
 

@@ -82,6 +82,7 @@ def _check_steps_once(config: SweepConfig, common: Sequence[str], key: str) -> N
 
 # --- local backend -----------------------------------------------------------------------------------------------
 def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path, threads: int | None) -> list[str]:
+    """The overrides of one local run, in the order the module doc gives (the grid's axes as ``axes=[...]``)."""
     common, _ = parse_extra(config.extra)
     _check_steps_once(config, common, "trainer.total_steps")
     overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
@@ -105,6 +106,7 @@ def sft_overrides(config: SweepConfig, axis_overrides: Sequence[str], sweep_dir:
 
 
 def train_command(config: SweepConfig, overrides: Sequence[str]) -> tuple[str, ...]:
+    """``<python> -m <train_module> <overrides>`` (``train_module``: ``dataflex_rl.train`` unless a test swaps it)."""
     return (sys.executable, "-m", config.train_module, *overrides)
 
 
@@ -204,9 +206,17 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
 
 
 def verl_environment(sweep: str, spec: RunSpec) -> dict[str, str]:
+    """W&B's group (the sweep), tags (the preset) and job type (the non-seed factors, ``WANDB_JOB_TYPE``) for a
+    verl run, which starts W&B itself."""
+    from dataflex_rl.tracking.identity import job_type_of
     from dataflex_rl.verl.command import wandb_environment
 
-    return wandb_environment(sweep, [spec.mechanism] if spec.mechanism else [])
+    environment = wandb_environment(sweep, [spec.mechanism] if spec.mechanism else [])
+    factors = {"mechanism_label": spec.mechanism, "alpha": spec.alpha, "eta": spec.eta, **spec.axes}
+    job_type = job_type_of({name: value for name, value in factors.items() if value is not None})
+    if job_type:
+        environment["WANDB_JOB_TYPE"] = job_type
+    return environment
 
 
 def check_gpu_available() -> None:

@@ -46,6 +46,7 @@ class Axis:
 
     @property
     def bare_key(self) -> str:
+        """The config key without Hydra's ``+``/``~`` prefix."""
         return self.key.lstrip("+~")
 
 
@@ -129,6 +130,7 @@ def _axis_labels(axes: Sequence[Axis]) -> dict[str, str]:
 
 
 def axis_tag(label: str, value: str) -> str:
+    """One axis's part of a run name: ``lr0.001`` for a number, ``task-knights_knaves`` otherwise (made safe)."""
     joined = f"{label}{value}" if _NUMERIC.match(value) else f"{label}-{value}"
     return _safe(joined)
 

@@ -78,7 +78,8 @@ class Launcher(abc.ABC):
         return cls()
 
     @abc.abstractmethod
-    def launch(self, runs: Sequence[PlannedRun]) -> list[Job]: ...
+    def launch(self, runs: Sequence[PlannedRun]) -> list[Job]:
+        """Start ``runs``; one :class:`Job` per run, in order."""
 
     @abc.abstractmethod
     def poll(self, job: Job) -> Outcome | None:

@@ -105,6 +105,17 @@ def _factor_text(name: str, value: Any) -> str:
     return f"{label}{text}" if text[:1].isdigit() or text[:1] in "-." else f"{label}-{text}"
 
 
+def job_type_of(factors: Mapping[str, Any]) -> str | None:
+    """W&B job_type of a run's non-seed ``factors`` (``{"alpha": 0.5, "trainer.lr": 3e-4}`` -> ``a0.5-lr0.0003``);
+    None for none. Longer than W&B's 64 characters, the tail is replaced by a hash of the whole."""
+    if not factors:
+        return None
+    text = "-".join(_factor_text(name, value) for name, value in factors.items())
+    if len(text) > 64:
+        text = text[:55] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
+    return text
+
+
 @dataclasses.dataclass(frozen=True)
 class RunIdentity:
     """The identity of one run, written to ``meta.json`` and used to name the W&B run.
@@ -188,13 +199,8 @@ class RunIdentity:
     @property
     def job_type(self) -> str | None:
         """W&B job_type: the non-seed factors (``a0.5-lr0.0003``), so "Group + Job Type" gives one curve per variant;
-        None outside a grid. Longer than W&B's 64 characters, the tail is replaced by a hash of the whole."""
-        if not self.factors:
-            return None
-        text = "-".join(_factor_text(name, value) for name, value in self.factors.items())
-        if len(text) > 64:
-            text = text[:55] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
-        return text
+        None outside a grid (:func:`job_type_of`)."""
+        return job_type_of(self.factors)
 
     @property
     def tags(self) -> tuple[str, str]:

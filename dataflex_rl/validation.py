@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
-           "check_non_negative_int", "check_number", "check_unit_interval", "to_plain"]
+           "check_non_negative_int", "check_number", "check_unit_interval", "to_plain", "unknown_keys"]
 
 
 class ConfigError(ValueError):
@@ -36,9 +36,15 @@ def to_plain(cfg: Any) -> Any:
     return cfg
 
 
+def unknown_keys(given: Any, allowed: Any) -> list[Any]:
+    """The keys of ``given`` (a mapping or any iterable of keys) that are not in ``allowed``, in ``given``'s order:
+    the one unknown-key test every config check builds its own message on."""
+    return [key for key in given if key not in allowed]
+
+
 def check_keys(where: str, given: Mapping[str, Any], allowed: tuple[str, ...] | list[str]) -> None:
     """Refuse keys of ``given`` that are not in ``allowed``."""
-    unknown = [key for key in given if key not in allowed]
+    unknown = unknown_keys(given, allowed)
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: "

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain
+from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain, unknown_keys
 from sweeps.backends import plan_runs, plan_warm_starts
 from sweeps.commands import PlannedRun
 from sweeps.config import SweepConfig, available_cores
@@ -132,7 +132,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
             raise ConfigError(f"search[{index}] = {item!r} is not allowed: write {{name: alpha, type: float, "
                               f"low: 0.0, high: 1.0}}")
         allowed = [field.name for field in dataclasses.fields(SearchParam)]
-        unknown = [key for key in item if key not in allowed]
+        unknown = unknown_keys(item, allowed)
         if unknown:
             raise ConfigError(f"search[{index}].{unknown[0]} is not allowed; allowed keys: {', '.join(allowed)}")
         values = dict(item)
@@ -144,7 +144,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
     names = [param.name for param in search]
     enqueue = tuple(enqueue_items)
     for item in enqueue:
-        unknown = [key for key in item if key not in names]
+        unknown = unknown_keys(item, names)
         if unknown:
             raise ConfigError(f"enqueue = {item!r} is not allowed: {unknown[0]!r} is not searched; "
                               f"searched: {', '.join(names)}")

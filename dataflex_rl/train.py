@@ -124,7 +124,8 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
     transformers.utils.logging.set_verbosity_error()
     if config.threads:
         torch.set_num_threads(config.threads)
-    task = build_task(config.task.name, config.task.params)
+    # parse_train_config built the task while validating it; build it here only for a hand-made config
+    task = config.task.built or build_task(config.task.name, config.task.params)
     if config.mode == "sft":
         _, _, directory = warm_start(config.model, config.task, config.sft, task)
         print(f"SFT warm start ready: {directory}")

@@ -177,8 +177,12 @@ class StatsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
+    """The task group: its registry ``name`` and its params (``conf/task/<name>.yaml`` without ``name``)."""
+
     name: str
     params: Mapping[str, Any]
+    # The task instance validation built (kept so the trainer does not build it again; not part of equality).
+    built: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +234,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     if "name" not in task:
         raise ConfigError(f"task = {task!r} is not allowed: it needs a 'name' (task=arithmetic|knights_knaves)")
     task_name = task.pop("name")
-    _check_task(task_name, task)
+    built_task = _check_task(task_name, task)
     mode = check_choice("mode", raw.get("mode", "train"), MODES)
     threads = raw.get("threads")
     if threads is not None:
@@ -248,7 +252,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
         seed=seed,
         dataflex=parse_dataflex_config(raw.get("dataflex") or {}),
         model=build_params("model", ModelConfig, raw.get("model")),
-        task=TaskConfig(name=task_name, params=task),
+        task=TaskConfig(name=task_name, params=task, built=built_task),
         sft=build_params("sft", SFTConfig, raw.get("sft")),
         trainer=build_params("trainer", TrainerConfig, raw.get("trainer")),
         stats=build_params("stats", StatsConfig, raw.get("stats")),
@@ -262,12 +266,13 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     )
 
 
-def _check_task(name: str, params: dict[str, Any]) -> None:
+def _check_task(name: str, params: dict[str, Any]) -> Any:
+    """The task built from its params (the build is the validation); ConfigError naming the bad key otherwise."""
     from dataflex_rl.registry import RegistryError
     from dataflex_rl.tasks import build_task
 
     try:
-        build_task(name, params)
+        return build_task(name, params)
     except RegistryError as error:
         raise ConfigError(f"task.name = {name!r} is not allowed: {error}") from None
     except (ValueError, TypeError) as error:

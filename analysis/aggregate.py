@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from analysis.load import IDENTITY_COLUMNS
+from analysis.load import IDENTITY_COLUMNS, factor_columns
 from dataflex_rl import keys
 
 DEFAULT_FINAL_WINDOW = 5
@@ -753,7 +753,8 @@ def _matches(frame: pd.DataFrame, selector: Mapping[str, Any]) -> np.ndarray:
     for column, wanted in selector.items():
         column_values = frame[column]
         if pd.api.types.is_float_dtype(column_values.dtype) and isinstance(wanted, (int, float)):
-            mask &= np.isclose(column_values.to_numpy(dtype=np.float64), float(wanted))
+            # NaN selects the runs a factor does not apply to (eta of a preset without eta)
+            mask &= np.isclose(column_values.to_numpy(dtype=np.float64), float(wanted), equal_nan=True)
         else:
             mask &= (column_values.astype(str) == str(wanted)).to_numpy(dtype=bool)
     return mask
@@ -813,6 +814,55 @@ def _metric_samples(
     return samples
 
 
+def _baseline_strata(
+    summaries: pd.DataFrame, group_keys: Sequence[str], baseline: Mapping[str, Any]
+) -> tuple[list[str], dict[tuple[str, ...], tuple[Any, ...]]]:
+    """``(stratum keys, {stratum values as text: baseline group key})``.
+
+    The stratum keys are the group keys outside ``baseline`` on which the baseline runs differ (``trainer.lr`` when
+    ``baseline={"alpha": 0}`` selects alpha = 0 at each learning rate): each group is compared with the baseline
+    group of its own stratum. None such: one stratum, and ``baseline`` must select exactly one group.
+    """
+    baseline_groups = summaries.loc[_matches(summaries, baseline), list(group_keys)].drop_duplicates()
+    strata_keys = [key for key in group_keys
+                   if key not in baseline and baseline_groups[key].nunique(dropna=False) > 1]
+    if len(baseline_groups) == 0 or (not strata_keys and len(baseline_groups) != 1):
+        found = baseline_groups.to_dict("records")
+        raise ValueError(f"baseline={baseline!r} selects {len(found)} groups of group_keys={list(group_keys)!r} "
+                         f"({found[:5]}); it must select exactly one (add keys to the baseline)")
+    positions = [list(group_keys).index(key) for key in strata_keys]
+    baseline_keys: dict[tuple[str, ...], tuple[Any, ...]] = {}
+    for row in baseline_groups.itertuples(index=False):
+        stratum = tuple(str(row[i]) for i in positions)
+        if stratum in baseline_keys:
+            raise ValueError(f"baseline={baseline!r} selects two groups with {dict(zip(strata_keys, stratum))}: "
+                             f"{baseline_keys[stratum]} and {tuple(row)}; add keys to the baseline")
+        baseline_keys[stratum] = tuple(row)
+    return strata_keys, baseline_keys
+
+
+def _stratified_samples(
+    of_metric: pd.DataFrame, metric: str, value: str, group_keys: Sequence[str],
+    strata: tuple[list[str], dict[tuple[str, ...], tuple[Any, ...]]], pair_on: Sequence[str], paired: bool,
+) -> list[tuple[tuple[Any, ...], np.ndarray, np.ndarray]]:
+    """:func:`_metric_samples` within each stratum (the other factors' values) against that stratum's baseline; a
+    group whose stratum has no baseline run gets empty samples (``n_pairs = 0``)."""
+    strata_keys, baseline_keys = strata
+    if not strata_keys:
+        (baseline_key,) = baseline_keys.values()
+        return _metric_samples(of_metric, metric, value, group_keys, baseline_key, pair_on, paired)
+    samples = []
+    for stratum, positions in _group_items(of_metric, strata_keys):
+        subset = of_metric.iloc[positions]
+        baseline_key = baseline_keys.get(tuple(str(part) for part in stratum))
+        if baseline_key is None or not _matches(subset, dict(zip(group_keys, baseline_key, strict=True))).any():
+            empty = np.empty(0, dtype=np.float64)
+            samples += [(key, empty, empty) for key, _ in _group_items(subset, group_keys)]
+            continue
+        samples += _metric_samples(subset, metric, value, group_keys, baseline_key, pair_on, paired)
+    return samples
+
+
 def paired_differences(
     summaries: pd.DataFrame,
     *,
@@ -830,8 +880,9 @@ def paired_differences(
 ) -> pd.DataFrame:
     """Per (group, metric) against the baseline group, pairing runs on ``pair_on`` (the seed).
 
-    ``baseline``: column values selecting the baseline group, default ``{"alpha": 0.0}``; it must select exactly one
-    group of ``group_keys``. Returns ``[*group_keys, metric, *DIFFERENCE_COLUMNS]`` for every other group (definitions
+    ``baseline``: column values selecting the baseline group, default ``{"alpha": 0.0}``. It selects one group of
+    ``group_keys``, or one per combination of the other factors: with ``group_keys=("alpha", "trainer.lr")`` and
+    ``baseline={"alpha": 0}``, each (alpha, lr) is compared with alpha = 0 at the same lr, paired on seed. Returns ``[*group_keys, metric, *DIFFERENCE_COLUMNS]`` for every other group (definitions
     in the module doc): ``mean_difference`` with its paired-t interval ``ci_low``/``ci_high`` and p-value, ``p_holm``
     (Holm over the groups of one metric), ``std_difference`` (of the paired differences), ``mde`` (80% power, 5%
     two-sided by default), ``prob_improvement`` with a paired BCa interval (NaN below :data:`MIN_BOOTSTRAP_N` pairs).
@@ -842,13 +893,7 @@ def paired_differences(
     _check_columns(summaries, [*group_keys, *pair_on, *baseline, "metric", value], "group_keys/pair_on/baseline/value")
     _check_confidence(confidence)
     _check_power_arguments(power, level)
-    is_baseline = _matches(summaries, baseline)
-    baseline_groups = summaries.loc[is_baseline, list(group_keys)].drop_duplicates()
-    if len(baseline_groups) != 1:
-        found = baseline_groups.to_dict("records")
-        raise ValueError(f"baseline={baseline!r} selects {len(found)} groups of group_keys={list(group_keys)!r} "
-                         f"({found[:5]}); it must select exactly one (add keys to the baseline)")
-    baseline_key = tuple(baseline_groups.iloc[0])
+    strata = _baseline_strata(summaries, group_keys, baseline)
     rng = np.random.default_rng(random_state)
     records: list[dict[str, Any]] = []
     bootstrapped: list[tuple[int, tuple[np.ndarray, np.ndarray]]] = []  # (record index, samples) of P's intervals
@@ -857,7 +902,7 @@ def paired_differences(
             summaries[value].to_numpy(dtype=np.float64))]
         sign = -1.0 if lower_is_better(metric, minimize) else 1.0
         metric_records = []
-        for key, x, y in _metric_samples(of_metric, metric, value, group_keys, baseline_key, pair_on, paired):
+        for key, x, y in _stratified_samples(of_metric, metric, value, group_keys, strata, pair_on, paired):
             record: dict[str, Any] = {**dict(zip(group_keys, key, strict=True)), "metric": metric, "n_pairs": 0,
                                       "method": "paired t" if paired else "Welch t"}
             if x.size and y.size:
@@ -879,15 +924,22 @@ def paired_differences(
 
 
 def default_group_keys(runs: pd.DataFrame) -> tuple[str, ...]:
-    """``("alpha",)``, or ``("mechanism_label", "alpha")`` when the runs hold more than one mechanism configuration."""
+    """The swept non-seed factors of a run table: ``mechanism_label`` when the runs hold more than one mechanism
+    configuration, ``alpha``, then every other factor column (``eta``, ``trainer.lr``, ...) taking more than one
+    value (:func:`analysis.load.factor_columns`)."""
     labels = runs["mechanism_label"].dropna().unique() if "mechanism_label" in runs.columns else []
-    return ("mechanism_label", "alpha") if len(labels) > 1 else ("alpha",)
+    summary_columns = ("n_points", "first_step", "last_step", *SUMMARY_STATISTICS)
+    factors = tuple(column for column in factor_columns(runs, exclude=summary_columns)
+                    if runs[column].nunique(dropna=False) > 1)
+    return (*(("mechanism_label",) if len(labels) > 1 else ()), "alpha", *factors)
 
 
 def default_baseline(frame: pd.DataFrame, group_keys: Sequence[str]) -> dict[str, Any] | None:
     """The baseline selector for :func:`paired_differences`, or None when none is unambiguous.
 
-    With mechanism labels: the ``baseline`` label if present; otherwise (or without labels) ``alpha == 0``.
+    With mechanism labels: the ``baseline`` label if present; otherwise (or without labels) ``alpha == 0``. The full
+    group key when that selects one group; the selector alone when it selects one group per value of the other
+    factors (``trainer.lr``: deltas against alpha = 0 at the same lr); never across mechanism configurations.
     """
     candidates: list[dict[str, Any]] = []
     if "mechanism_label" in group_keys and (frame["mechanism_label"].astype(str) == "baseline").any():
@@ -898,4 +950,7 @@ def default_baseline(frame: pd.DataFrame, group_keys: Sequence[str]) -> dict[str
         selected = frame.loc[_matches(frame, selector), list(group_keys)].drop_duplicates()
         if len(selected) == 1:
             return {key: selected.iloc[0][key] for key in group_keys}
+        fixed = [key for key in ("mechanism_label", "alpha") if key in group_keys]
+        if len(selected) > 1 and len(selected[fixed].drop_duplicates()) == 1:
+            return {**selector, **{key: selected.iloc[0][key] for key in fixed}}
     return None

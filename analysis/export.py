@@ -8,48 +8,30 @@ parsing and no join with ``meta.json``:
 - ``runs.parquet``: the run table of :func:`analysis.load.load_sweep` (identity, state, exclusion reason, timings,
   the resolved config as ``config.<key>`` columns), one row per run, excluded runs included.
 
-The other swept factors are the grid axes ``sweep.json`` names (``eta`` and the ``extra`` axes such as
-``trainer.lr``), as columns named by the axis, filled from each run's resolved config. Written at the end of a sweep
-and by ``python -m analysis.report``; both files are replaced atomically.
+The other swept factors are the run's axes (``meta.json``'s ``axes``; for older stores the axes ``sweep.json``'s
+grid names, read from each run's resolved config), as columns named by the axis (``eta``, ``trainer.lr``). Written
+at the end of a sweep and by ``python -m analysis.report``; both files are replaced atomically.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
-from analysis.load import SweepData, add_run_columns, load_sweep
+from analysis.load import SweepData, factor_columns, load_sweep, swept_factors  # noqa: F401 - swept_factors kept here
 
 METRICS_FILE = "metrics.parquet"
 RUNS_FILE = "runs.parquet"
-ETA_CONFIG_KEY = "dataflex.actuator.params.eta"
-
-
-def swept_factors(manifest: Mapping[str, Any] | None) -> dict[str, str]:
-    """``{column: run-table config column}`` of the swept factors beyond the identity columns (from ``sweep.json``'s
-    grid: ``eta`` and each ``extra`` axis)."""
-    grid = (manifest or {}).get("grid") or {}
-    factors: dict[str, str] = {}
-    if grid.get("eta"):
-        factors["eta"] = f"config.{ETA_CONFIG_KEY}"
-    for key in grid.get("axes") or {}:
-        factors[str(key)] = f"config.{key}"
-    return factors
 
 
 def long_table(data: SweepData) -> pd.DataFrame:
-    """The long metrics table with every swept factor as a column (placed after ``alpha``)."""
-    factors = {column: source for column, source in swept_factors(data.manifest).items()
-               if source in data.runs.columns}
-    long = add_run_columns(data.metrics, data.runs, list(factors.values())) if factors else data.metrics.copy()
-    long = long.rename(columns={source: column for column, source in factors.items()})
-    identity = [c for c in long.columns if c not in ("seed", "step", "metric", "value", *factors)]
-    return long[[*identity, *factors, "seed", "step", "metric", "value"]]
+    """The long metrics table with every swept factor as a column (placed after ``alpha``, as the loader puts it)."""
+    factors = [c for c in factor_columns(data.runs) if c in data.metrics.columns]
+    identity = [c for c in data.metrics.columns if c not in ("seed", "step", "metric", "value", *factors)]
+    return data.metrics[[*identity, *factors, "seed", "step", "metric", "value"]].copy()
 
 
 def _parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:

@@ -9,11 +9,16 @@ Long table (:attr:`SweepData.metrics`), one row per logged ``(run, metric, step)
 ``mechanism_label`` names the mechanism configuration (``baseline``, ``ar``, ``lopti``, ...) when ``meta.json`` carries
 one, else it repeats ``mechanism``; analysis treats it as a factor beside ``alpha``.
 
+Every other swept factor is a column too, between ``alpha`` and ``seed`` (``eta``, ``trainer.lr``, ``task``, ...): its
+name and value come from ``meta.json``'s ``axes`` (the grid's axes, values read from the run's resolved config); for
+a store written before runs recorded their axes, from the axes ``sweep.json``'s grid names, read from each run's
+config. A store with neither (alpha and seed only) has no factor columns. :func:`factor_columns` lists them.
+
 Run table (:attr:`SweepData.runs`), one row per run folder (plus one per ``sweep.json`` entry without a folder):
 identity columns as above, then ``state``, ``status_step``, ``error``, ``wall_time_s``, ``git_commit``,
 ``config_hash``, ``start_time``, ``end_time``, ``path``, ``metrics_source`` (``parquet``, ``jsonl``, ``wandb`` or
-``none``), ``included`` (bool: its metrics are in the long table), ``exclusion_reason`` and the resolved config
-flattened to ``config.<dotted.key>`` columns (lists and mappings as JSON text).
+``none``), ``included`` (bool: its metrics are in the long table), ``exclusion_reason``, the factor columns and the
+resolved config flattened to ``config.<dotted.key>`` columns (lists and mappings as JSON text).
 
 A run whose ``status.json`` state is not ``completed`` is excluded (its metrics are not loaded) unless
 ``include_incomplete=True``; a run whose files cannot be read is always excluded. Nothing raises for one bad run.
@@ -53,6 +58,7 @@ RUN_STATES: tuple[str, ...] = run_store.STATES
 # Folders inside a run or sweep folder that never hold run folders.
 _SKIPPED_FOLDERS = frozenset({"checkpoints", "wandb", "report", "__pycache__", ".git"})
 SWEEP_DIR_ENV = "DATAFLEX_SWEEP_DIR"
+ETA_CONFIG_KEY = "dataflex.actuator.params.eta"
 
 class NoRunStoreError(FileNotFoundError):
     """A folder given as a sweep holds no run store."""
@@ -304,7 +310,54 @@ def describe_run(
         "loadable": loadable,
     }
     row.update(flatten_config(config))
+    axes = meta.get("axes") if isinstance(meta.get("axes"), Mapping) else {}
+    # the identity columns already hold alpha, seed and the preset label; the other axes become factor columns
+    row["factors"] = {str(name): value for name, value in axes.items() if name not in IDENTITY_COLUMNS}
     return row
+
+
+def swept_factors(manifest: Mapping[str, Any] | None) -> dict[str, str]:
+    """``{factor column: run-table config column}`` of the factors ``sweep.json``'s grid names beyond the identity
+    columns (``eta`` and each ``extra`` axis): how a store written before runs recorded their axes gets them."""
+    grid = (manifest or {}).get("grid") or {}
+    factors: dict[str, str] = {}
+    if grid.get("eta"):
+        factors["eta"] = f"config.{ETA_CONFIG_KEY}"
+    for key in grid.get("axes") or {}:
+        factors[str(key).lstrip("+~")] = f"config.{str(key).lstrip('+~')}"
+    return factors
+
+
+def _fill_factors(rows: Sequence[dict[str, Any]], manifest: Mapping[str, Any] | None) -> list[str]:
+    """Move each row's ``factors`` into columns (the sweep.json grid's axes where meta.json has none); return the
+    factor column names in first-seen order."""
+    from_manifest = swept_factors(manifest)
+    names: dict[str, None] = {}
+    for row in rows:
+        factors = row.pop("factors", None) or {}
+        for name, source in from_manifest.items():
+            if name not in factors and source in row:
+                factors[name] = row[source]
+        for name, value in factors.items():
+            row[name] = value
+            names[name] = None
+    return list(names)
+
+
+def factor_columns(frame: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
+    """The swept factors of a run table or long table beyond the identity columns (``eta``, ``trainer.lr``, ...), in
+    table order: the columns that are neither run-table, long-table nor ``config.*`` columns, nor in ``exclude``."""
+    known = {*RUN_COLUMNS, *LONG_COLUMNS, "loadable", *exclude}
+    return [c for c in frame.columns if c not in known and not str(c).startswith("config.")]
+
+
+def _factor_values(values: pd.Series) -> pd.Series:
+    """Numbers as float64 (NaN where a run lacks the factor); anything else as text (None stays missing)."""
+    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in present):
+        return pd.to_numeric(values, errors="coerce").astype(np.float64)
+    return pd.Series([None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values],
+                     index=values.index, dtype=object)
 
 
 def add_run_columns(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -337,15 +390,17 @@ def _missing_run_row(sweep: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def make_run_table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Run-table rows (dicts with the :data:`RUN_COLUMNS` keys, any missing one left empty, plus ``config.*`` keys)
-    -> the run table with fixed column order and dtypes (config columns last, sorted)."""
+def make_run_table(rows: Sequence[Mapping[str, Any]], factors: Sequence[str] = ()) -> pd.DataFrame:
+    """Run-table rows (dicts with the :data:`RUN_COLUMNS` keys, any missing one left empty, plus ``factors`` and
+    ``config.*`` keys) -> the run table with fixed column order and dtypes (factors, then config columns, sorted)."""
     frame = pd.DataFrame.from_records(list(rows)) if rows else pd.DataFrame(columns=list(RUN_COLUMNS))
-    for column in RUN_COLUMNS:
+    for column in (*RUN_COLUMNS, *factors):
         if column not in frame.columns:
             frame[column] = None
-    config_columns = sorted(c for c in frame.columns if c not in RUN_COLUMNS)
-    frame = frame[[*RUN_COLUMNS, *config_columns]].reset_index(drop=True)
+    config_columns = sorted(c for c in frame.columns if c not in RUN_COLUMNS and c not in factors)
+    frame = frame[[*RUN_COLUMNS, *factors, *config_columns]].reset_index(drop=True)
+    for column in factors:
+        frame[column] = _factor_values(frame[column])
     for column in CATEGORY_COLUMNS:
         frame[column] = frame[column].astype("string").fillna("unknown" if column != "run" else "")
     frame["alpha"] = pd.to_numeric(frame["alpha"], errors="coerce").astype(np.float64)
@@ -402,6 +457,8 @@ def build_long_table(runs: pd.DataFrame, run_metrics: Mapping[int, RunMetrics]) 
         per_run = pd.Categorical(runs[column].astype(str))
         columns[column] = pd.Categorical.from_codes(per_run.codes[run_positions], dtype=per_run.dtype)
     columns["alpha"] = runs["alpha"].to_numpy(dtype=np.float64)[run_positions]
+    for column in factor_columns(runs):
+        columns[column] = runs[column].to_numpy()[run_positions]
     columns["seed"] = runs["seed"].array.take(run_positions)
     columns["step"] = steps
     columns["metric"] = pd.Categorical.from_codes(metric_codes, categories=pd.Index(vocabulary, dtype=str))
@@ -472,7 +529,8 @@ def load_runs(
     listed = {row["run"] for row in rows}
     rows += [_missing_run_row(sweep_name, entry) for name, entry in entries.items() if name not in listed]
     loadable = [bool(row.pop("loadable")) for row in rows]
-    runs = make_run_table(rows)
+    factors = _fill_factors(rows, manifest)
+    runs = make_run_table(rows, factors)
     run_metrics = _load_run_metrics(runs, loadable, metrics, include_incomplete)
     long = build_long_table(runs, run_metrics)
     histogram_table = load_histograms(runs) if histograms else empty_histogram_table()
@@ -576,7 +634,9 @@ def read_histograms_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
-    """Histogram table (identity columns then ``step, name, edges, counts``) of the included runs of a run table."""
+    """Histogram table (identity columns, the factor columns, then ``step, name, edges, counts``) of the included
+    runs of a run table."""
+    factors = factor_columns(runs)
     frames = []
     for _, row in runs[runs["included"] & runs["path"].notna()].iterrows():
         run_dir = Path(row["path"])
@@ -587,12 +647,12 @@ def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
             continue
         if frame.empty:
             continue
-        for column in IDENTITY_COLUMNS:
+        for column in (*IDENTITY_COLUMNS, *factors):
             frame.insert(len(frame.columns) - 4, column, row[column])
         frames.append(frame)
     if not frames:
         return empty_histogram_table()
-    table = pd.concat(frames, ignore_index=True)[list(HISTOGRAM_COLUMNS)]
+    table = pd.concat(frames, ignore_index=True)[[*IDENTITY_COLUMNS, *factors, *HISTOGRAM_COLUMNS[-4:]]]
     table["seed"] = table["seed"].astype("Int64")
     table["alpha"] = table["alpha"].astype(np.float64)
     return table

@@ -285,7 +285,8 @@ def _table_sections(
                                         confidence=options.confidence, n_bootstrap=options.n_bootstrap,
                                         random_state=options.random_state)
             shown = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in baseline.items())
-            document.add(f"Baseline: {shown}.", "")
+            within = [key for key in group_keys if key not in baseline]
+            document.add(f"Baseline: {shown}" + (f", at the same {', '.join(within)}" if within else "") + ".", "")
         table = comparison_table(aggregates, deltas=deltas, metrics=metrics, group_keys=group_keys,
                                  style=options.style, caption=f"{title} per group")
         files = write_table(table, document.out_dir, f"table_{value}")
@@ -430,7 +431,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--metric", action="append", dest="metrics", metavar="KEY",
                         help=f"a table metric (repeatable; default: those of {', '.join(DEFAULT_METRICS)} present)")
     parser.add_argument("--group-key", action="append", dest="group_keys", metavar="COLUMN",
-                        help="grouping column (repeatable; default alpha, plus mechanism_label when it varies)")
+                        help="grouping column (repeatable; default the swept non-seed factors: alpha, plus "
+                             "mechanism_label, eta, trainer.lr, ... when they vary)")
     parser.add_argument("--final-window", type=int, default=DEFAULT_FINAL_WINDOW,
                         help="logged values averaged at the end of each run (default %(default)s)")
     parser.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE)

@@ -54,6 +54,7 @@ def write_fake_run(
     config: Mapping[str, Any] | None = None,
     wall_time_s: float = 60.0,
     git_commit: str = FAKE_GIT_COMMIT,
+    axes: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write one run folder and return its path.
 
@@ -62,7 +63,8 @@ def write_fake_run(
     ``metrics_format``: ``parquet`` writes ``metrics.parquet`` only (a compacted run), ``jsonl`` writes
     ``metrics.jsonl`` only (a run still going, or one that crashed before compaction), ``both`` writes both.
     ``histograms``: dicts ``{"step", "name", "edges" (k+1,), "counts" (k,)}``, written to ``histograms.parquet``
-    (or ``histograms.jsonl`` when ``metrics_format == "jsonl"``).
+    (or ``histograms.jsonl`` when ``metrics_format == "jsonl"``). ``axes``: the run's grid axes as ``meta.json``
+    records them (``{"alpha": 0.5, "trainer.lr": 1e-4, "seed": 1}``); None writes a store from before axes.
     """
     if metrics_format not in METRICS_FORMATS:
         raise ValueError(f"metrics_format={metrics_format!r} is not one of {METRICS_FORMATS}")
@@ -94,7 +96,7 @@ def write_fake_run(
     store.write_config(resolved_config)
     identity = RunIdentity(sweep=sweep, run=run, backend=backend, mechanism=mechanism,
                            alpha=0.0 if alpha is None else alpha, seed=0 if seed is None else seed,
-                           config_hash=config_hash(resolved_config), git_commit=git_commit)
+                           config_hash=config_hash(resolved_config), git_commit=git_commit, axes=axes or {})
     extra: dict[str, Any] = {"mechanism_label": mechanism_label} if mechanism_label is not None else {}
     meta = store.write_meta(identity, extra=extra, now=FAKE_START_TIME)
     if alpha is None or seed is None:  # a run whose identity lacks them (read from sweep.json or the run name)

@@ -29,7 +29,8 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from dataflex_rl.actuators import ACTUATORS, register_actuator
-    from dataflex_rl.config import ConfigError, DataflexConfig, parse_dataflex_config
+    from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+    from dataflex_rl.validation import ConfigError
     from dataflex_rl.mechanism import MECHANISMS, Mechanism, MechanismOutput, build_mechanism, register_mechanism
     from dataflex_rl.scorers import SCORERS, register_scorer
 

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from dataflex_rl.config import ConfigError, check_choice, check_number, check_unit_interval
+from dataflex_rl.validation import ConfigError, check_choice, check_number, check_unit_interval
 from dataflex_rl.registry import Registry
 
 ACTUATORS: Registry[type[Actuator]] = Registry("actuator")

@@ -17,26 +17,44 @@ parameters are checked by each component's own ``Params`` dataclass (see :mod:`d
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
+
+# The validation kit lives in its own module (no component imports); its names stay importable from here.
+from dataflex_rl.validation import (  # noqa: F401
+    ConfigError,
+    build_params,
+    check_choice,
+    check_int_at_least,
+    check_keys,
+    check_non_negative_int,
+    check_number,
+    check_unit_interval,
+    to_plain,
+)
 
 TOP_LEVEL_KEYS = ("mechanism", "scorer", "actuator", "warmup_step")
 COMPONENT_KEYS = ("name", "params")
 
 
-class ConfigError(ValueError):
-    """A configuration value is not allowed. The message names the key, the value and what is allowed."""
-
-
 @dataclasses.dataclass(frozen=True)
 class ComponentConfig:
-    """One swappable part: a registry ``name`` and its validated, frozen ``params``."""
+    """One swappable part: a registry ``name`` and its validated, frozen ``params``.
+
+    ``validated``: the component's own ``Params`` instance the values were checked by (kept so the mechanism does
+    not rebuild it; None when the config was built by hand, and never part of equality).
+    """
 
     name: str
     params: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    validated: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def make_params(self, params_cls: type) -> Any:
+        """The component's ``Params``: the validated instance when it is one of ``params_cls``, else built now."""
+        if isinstance(self.validated, params_cls):
+            return self.validated
+        return params_cls(**self.params)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}
@@ -61,69 +79,6 @@ class DataflexConfig:
             "actuator": self.actuator.to_dict(),
             "warmup_step": self.warmup_step,
         }
-
-
-def to_plain(cfg: Any) -> Any:
-    """A plain Python container from a ``DictConfig``/``ListConfig`` (resolved) or anything mapping-like."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # omegaconf is a dependency; this only keeps the core importable without it
-        DictConfig = ListConfig = ()  # type: ignore[assignment,misc]
-    if DictConfig and isinstance(cfg, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(cfg, resolve=True)
-    if isinstance(cfg, Mapping):
-        return {key: to_plain(value) for key, value in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return [to_plain(value) for value in cfg]
-    return cfg
-
-
-def check_keys(where: str, given: Mapping[str, Any], allowed: tuple[str, ...] | list[str]) -> None:
-    """Refuse keys of ``given`` that are not in ``allowed``."""
-    unknown = [key for key in given if key not in allowed]
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: "
-            f"{', '.join(allowed) if allowed else '(none)'}"
-        )
-
-
-def check_non_negative_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= 0")
-    return int(value)
-
-
-def check_unit_interval(key: str, value: Any) -> float:
-    """A finite real number in [0, 1] (booleans and strings are refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number in [0, 1]")
-    if not 0.0 <= float(value) <= 1.0:
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be in [0, 1]")
-    return float(value)
-
-
-def check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{key} = {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
-    return value
-
-
-def build_params(where: str, params_cls: type, given: Mapping[str, Any] | None) -> Any:
-    """Instantiate a component's frozen ``Params`` dataclass from user params, refusing unknown keys.
-
-    ``Params.__post_init__`` checks the values themselves (with ``where`` unknown to it, so errors are re-raised
-    with the full key path).
-    """
-    given = {} if given is None else to_plain(given)
-    if not isinstance(given, Mapping):
-        raise ConfigError(f"{where} = {given!r} is not allowed: it must be a mapping of parameter names to values")
-    allowed = [field.name for field in dataclasses.fields(params_cls)]
-    check_keys(where, given, allowed)
-    try:
-        return params_cls(**given)
-    except ConfigError as error:
-        raise ConfigError(f"{where}.{error}") from None
 
 
 def parse_dataflex_config(cfg: Any) -> DataflexConfig:
@@ -165,7 +120,7 @@ def parse_dataflex_config(cfg: Any) -> DataflexConfig:
         cls = lookup(registry, f"dataflex.{key}.name", block["name"])
         params = build_params(f"dataflex.{key}.params", cls.Params, block.get("params"))
         frozen = MappingProxyType(dataclasses.asdict(params))
-        return ComponentConfig(name=block["name"], params=frozen), cls
+        return ComponentConfig(name=block["name"], params=frozen, validated=params), cls
 
     scorer, scorer_cls = component("scorer", SCORERS)
     actuator, actuator_cls = component("actuator", ACTUATORS)
@@ -194,10 +149,9 @@ def check_compatible(scorer_cls: type, actuator_cls: type, mechanism_cls: type) 
             f"dataflex.mechanism = {mechanism_cls.name!r} does not provide; it provides "
             f"{sorted(mechanism_cls.provided_fields)}"
         )
-    from dataflex_rl.mechanism import Mechanism, staged_mechanism_names
+    from dataflex_rl.mechanism import staged_mechanism_names
 
-    staged = mechanism_cls.stage_masks is not Mechanism.stage_masks
-    if getattr(actuator_cls, "needs_stages", False) and not staged:
+    if getattr(actuator_cls, "needs_stages", False) and not mechanism_cls.staged:
         raise ConfigError(
             f"dataflex.actuator.name = {actuator_cls.name!r} cannot drive dataflex.mechanism = "
             f"{mechanism_cls.name!r}: it splits the policy update in stages, which this mechanism does not; "
@@ -210,16 +164,3 @@ def check_compatible(scorer_cls: type, actuator_cls: type, mechanism_cls: type) 
         )
 
 
-def check_int_at_least(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= {minimum}")
-    return int(value)
-
-
-def check_number(key: str, value: Any, *, minimum: float | None = None, exclusive: bool = False) -> float:
-    """A finite real number, optionally ``> minimum`` (``exclusive``) or ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number")
-    if minimum is not None and (float(value) <= minimum if exclusive else float(value) < minimum):
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be {'>' if exclusive else '>='} {minimum}")
-    return float(value)

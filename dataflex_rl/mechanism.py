@@ -18,7 +18,8 @@ import torch
 
 from dataflex_rl import keys, metrics
 from dataflex_rl.actuators import ACTUATORS, Actuator
-from dataflex_rl.config import ConfigError, DataflexConfig, parse_dataflex_config
+from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+from dataflex_rl.validation import ConfigError
 from dataflex_rl.registry import Registry
 from dataflex_rl.scorers import SCORERS, Scorer, check_log_probs, masked_log_probs
 
@@ -54,13 +55,16 @@ class Mechanism:
     # Batch fields every backend hands to a mechanism (verl's names).
     provided_fields: ClassVar[frozenset[str]] = frozenset({"old_log_probs", "response_mask", "advantages"})
     actuators_allowed: ClassVar[tuple[str, ...]] = ("*",)
+    # True for a mechanism whose ``stage_masks`` splits the policy update in stages (trainers, the config check and
+    # the verl loss read this one attribute).
+    staged: ClassVar[bool] = False
 
     def __init__(self, config: DataflexConfig, *, compile: bool = False) -> None:
         self.config = config
         scorer_cls = SCORERS.get(config.scorer.name)
         actuator_cls = ACTUATORS.get(config.actuator.name)
-        self.scorer: Scorer = scorer_cls(scorer_cls.Params(**config.scorer.params))
-        self.actuator: Actuator = actuator_cls(actuator_cls.Params(**config.actuator.params))
+        self.scorer: Scorer = scorer_cls(config.scorer.make_params(scorer_cls.Params))
+        self.actuator: Actuator = actuator_cls(config.actuator.make_params(actuator_cls.Params))
         self.warmup_step = config.warmup_step
         # torch.compile fuses scoring, weighting, applying and the statistics into a few kernels: on a
         # (512, 4096) batch it brings the mechanism from several passes over memory to about the cost of the bare
@@ -121,7 +125,7 @@ class Mechanism:
         """
         response_mask = mask if mask.dtype == torch.bool else mask > 0
         token_probs, token_vector = self._token_probs(fields, response_mask)
-        signal = token_probs if self.scorer.signal == "token_prob" else self.scorer.score(fields)
+        signal = self.scorer.score_given_probs(fields, token_probs)
         advantages = fields["advantages"]
         if getattr(self.actuator, "needs_advantages", False):
             weights = self.actuator.weights(signal, response_mask, advantages)
@@ -254,6 +258,7 @@ class IsolateMechanism(Mechanism):
     name = "isolate"
     default_actuator = "lopti"
     actuators_allowed = ("lopti",)
+    staged = True
     # The threshold of the latest split, for the step's metrics (set by stage_masks, read right after by process).
     _last_threshold: float = float("nan")
 
@@ -305,8 +310,8 @@ def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> float
 
 
 def staged_mechanism_names() -> list[str]:
-    """Registered mechanisms that override :meth:`Mechanism.stage_masks`."""
-    return [name for name in MECHANISMS.names() if MECHANISMS.get(name).stage_masks is not Mechanism.stage_masks]
+    """Registered mechanisms that split the policy update in stages (:attr:`Mechanism.staged`)."""
+    return [name for name in MECHANISMS.names() if MECHANISMS.get(name).staged]
 
 
 def build_mechanism(cfg: Any, *, compile: bool = False) -> Mechanism:

@@ -42,6 +42,12 @@ class Scorer:
         """
         raise NotImplementedError
 
+    def score_given_probs(self, fields: Mapping[str, torch.Tensor], token_probs: torch.Tensor) -> torch.Tensor:
+        """:meth:`score`, where the mechanism has already computed ``token_probs`` ``(bs, L)`` (``pi`` on valid
+        tokens, 1.0 elsewhere) for its statistics: a scorer whose signal is ``pi`` or a function of it overrides
+        this to reuse them instead of a second pass over ``old_log_probs``."""
+        return self.score(fields)
+
     def validate(self, fields: Mapping[str, torch.Tensor]) -> None:
         """Raise ``ValueError`` describing bad input (called only when the mechanism's cheap check fails)."""
 
@@ -67,7 +73,12 @@ class TokenProbScorer(Scorer):
         # Masked positions may hold anything (padding, NaN, +inf); replace them before exp so nothing leaks.
         return masked_log_probs(fields["old_log_probs"], response_mask).exp()
 
+    def score_given_probs(self, fields: Mapping[str, torch.Tensor], token_probs: torch.Tensor) -> torch.Tensor:
+        """The mechanism's ``token_probs`` are this scorer's signal: returned as they are."""
+        return token_probs
+
     def validate(self, fields: Mapping[str, torch.Tensor]) -> None:
+        """Refuse log-probs that are not finite or above 0 on valid tokens, naming counts and positions."""
         check_log_probs(fields["old_log_probs"], fields["response_mask"].bool())
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 
 log = logging.getLogger("dataflex_rl.train")
 # verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.
@@ -124,7 +124,8 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
     transformers.utils.logging.set_verbosity_error()
     if config.threads:
         torch.set_num_threads(config.threads)
-    task = build_task(config.task.name, config.task.params)
+    # parse_train_config built the task while validating it; build it here only for a hand-made config
+    task = config.task.built or build_task(config.task.name, config.task.params)
     if config.mode == "sft":
         _, _, directory = warm_start(config.model, config.task, config.sft, task)
         print(f"SFT warm start ready: {directory}")
@@ -175,6 +176,7 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
         mechanism=config.dataflex.mechanism,
         alpha=float(config.alpha if config.alpha is not None else 0.0),
         seed=config.seed,
+        axis_keys=config.axes,
     )
     start = time.perf_counter()
     model, tokenizer, sft_dir = warm_start(config.model, config.task, config.sft, task)

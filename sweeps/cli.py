@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.config import compose_config, parse_sweep_config
 
 

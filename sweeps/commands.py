@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig
 from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
 
@@ -82,11 +82,14 @@ def _check_steps_once(config: SweepConfig, common: Sequence[str], key: str) -> N
 
 # --- local backend -----------------------------------------------------------------------------------------------
 def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path, threads: int | None) -> list[str]:
+    """The overrides of one local run, in the order the module doc gives (the grid's axes as ``axes=[...]``)."""
     common, _ = parse_extra(config.extra)
     _check_steps_once(config, common, "trainer.total_steps")
     overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
-    overrides += [*common, *spec.overrides, f"run_dir={hydra_path(sweep_dir / spec.name)}", f"sweep={sweep}",
-                  f"run_name={spec.name}"]
+    overrides += [*common, *spec.overrides]
+    if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
+        overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
+    overrides += [f"run_dir={hydra_path(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}"]
     if threads is not None:
         overrides.append(f"threads={threads}")
     return overrides
@@ -103,6 +106,7 @@ def sft_overrides(config: SweepConfig, axis_overrides: Sequence[str], sweep_dir:
 
 
 def train_command(config: SweepConfig, overrides: Sequence[str]) -> tuple[str, ...]:
+    """``<python> -m <train_module> <overrides>`` (``train_module``: ``dataflex_rl.train`` unless a test swaps it)."""
     return (sys.executable, "-m", config.train_module, *overrides)
 
 
@@ -193,6 +197,8 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
               f"+dataflex_run.name={hydra_value(spec.name)}", f"+dataflex_run.seed={spec.seed}"]
     if spec.mechanism:
         extra.append(f"+dataflex_run.mechanism_label={spec.mechanism}")
+    if spec.axis_keys:
+        extra.append(f"+dataflex_run.axes=[{','.join(spec.axis_keys)}]")
     try:
         return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
     except ConfigError as error:
@@ -200,9 +206,17 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
 
 
 def verl_environment(sweep: str, spec: RunSpec) -> dict[str, str]:
+    """W&B's group (the sweep), tags (the preset) and job type (the non-seed factors, ``WANDB_JOB_TYPE``) for a
+    verl run, which starts W&B itself."""
+    from dataflex_rl.tracking.identity import job_type_of
     from dataflex_rl.verl.command import wandb_environment
 
-    return wandb_environment(sweep, [spec.mechanism] if spec.mechanism else [])
+    environment = wandb_environment(sweep, [spec.mechanism] if spec.mechanism else [])
+    factors = {"mechanism_label": spec.mechanism, "alpha": spec.alpha, "eta": spec.eta, **spec.axes}
+    job_type = job_type_of({name: value for name, value in factors.items() if value is not None})
+    if job_type:
+        environment["WANDB_JOB_TYPE"] = job_type
+    return environment
 
 
 def check_gpu_available() -> None:
@@ -215,31 +229,12 @@ def check_gpu_available() -> None:
                           "to a GPU cluster, dry_run=true to print the command lines, or backend=local")
 
 
-# --- both --------------------------------------------------------------------------------------------------------
-def plan_runs(config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
-              threads: int | None) -> list[PlannedRun]:
-    """The command line of every run, validated (local: composed and parsed; verl: built by the verl builder)."""
-    sweep_dir = sweep_dir.resolve()
-    planned = []
-    for spec in specs:
-        if config.backend == "local":
-            command = train_command(config, local_overrides(config, spec, sweep, sweep_dir, threads))
-            env = thread_environment(threads)
-        else:
-            command = verl_command(config, spec, sweep, sweep_dir)
-            env = verl_environment(sweep, spec)
-        planned.append(PlannedRun(spec=spec, command=command, env=env, run_dir=sweep_dir / spec.name,
-                                  log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log"))
-    if config.backend == "local" and config.validate:
-        validate_local((run.name, run.command[3:]) for run in planned)
-    return planned
-
-
-def plan_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
-                     threads: int | None) -> list[PlannedRun]:
-    """One ``mode=sft`` command per distinct set of SFT-relevant axis values (usually one); none for verl, when
-    off, or when the cache already holds the checkpoint."""
-    if config.backend != "local" or not config.sft_warm_start:
+# --- local warm starts ---------------------------------------------------------------------------------------
+def local_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                      threads: int | None) -> list[PlannedRun]:
+    """One ``mode=sft`` command per distinct set of SFT-relevant axis values (usually one); none when off, or when
+    the cache already holds the checkpoint."""
+    if not config.sft_warm_start:
         return []
     sweep_dir = sweep_dir.resolve()
     variants = list(dict.fromkeys(tuple(item for item in spec.axis_overrides

@@ -22,13 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.config import (
-    ConfigError,
-    check_choice,
-    check_int_at_least,
-    check_number,
-    to_plain,
-)
+from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number, to_plain
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SWEEP_CONF_DIR = CONF_DIR / "sweeps"

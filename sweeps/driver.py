@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from dataflex_rl.config import ConfigError
-from sweeps.commands import PlannedRun, check_gpu_available, plan_runs, plan_warm_starts
+from dataflex_rl.validation import ConfigError
+from sweeps.backends import backend_for, plan_runs, plan_warm_starts
+from sweeps.commands import PlannedRun
 from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import RunSpec, expand_grid, grid_description
 from sweeps.launchers import Job, Launcher, Outcome, build_launcher, write_log_header
@@ -90,7 +91,7 @@ def concurrency(config: SweepConfig, runs: int) -> tuple[int, int | None]:
     else:
         jobs = config.jobs or max(1, min(available_cores(), runs) if config.launcher == "local" else runs)
         threads = config.threads or (1 if jobs > 1 else SINGLE_RUN_THREADS)
-    if config.backend == "verl":
+    if not backend_for(config).sets_threads:
         threads = None
     return jobs, threads
 
@@ -101,8 +102,7 @@ def plan_sweep(config: SweepConfig, name: str | None = None) -> SweepPlan:
     sweep_dir = Path(config.root) / name
     specs = expand_grid(config)
     jobs, threads = concurrency(config, len(specs))
-    if config.backend == "verl" and config.launcher == "local" and not config.dry_run:
-        check_gpu_available()
+    backend_for(config).check_machine(config)
     # The warm start runs alone, before the runs: a lone run's thread count.
     warm_threads = config.threads or (SINGLE_RUN_THREADS if config.launcher == "local" else threads)
     return SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads,

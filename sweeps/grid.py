@@ -16,7 +16,7 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.config import PRESET_DIR, SweepConfig
 
 ALPHA_KEY = "dataflex.actuator.params.alpha"
@@ -30,6 +30,7 @@ MANAGED_KEYS = {
     "mode": "the driver runs mode=sft itself (sft_warm_start=false turns it off)",
     "threads": "use threads=N (or jobs=N: threads = cores // jobs)",
     "mechanism_label": "use mechanisms=<preset>,... (the label follows the preset)",
+    "axes": "the driver records the grid's axes itself",
     ALPHA_KEY: "use alpha=0.0,0.5",
 }
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -45,12 +46,17 @@ class Axis:
 
     @property
     def bare_key(self) -> str:
+        """The config key without Hydra's ``+``/``~`` prefix."""
         return self.key.lstrip("+~")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """One cell of the grid. ``overrides`` are the cell's own train overrides (preset, alpha, eta, axes, seed)."""
+    """One cell of the grid. ``overrides`` are the cell's own train overrides (preset, alpha, eta, axes, seed).
+
+    ``axis_keys``: the config keys of every axis of the grid (``mechanism_label``, alpha's and eta's keys, the extra
+    axes, ``seed``); the run records their values in ``meta.json`` (``RunIdentity.axes``).
+    """
 
     name: str
     seed: int
@@ -59,6 +65,7 @@ class RunSpec:
     eta: float | None = None
     axes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     overrides: tuple[str, ...] = ()
+    axis_keys: tuple[str, ...] = ()
 
     @property
     def axis_overrides(self) -> list[str]:
@@ -123,8 +130,22 @@ def _axis_labels(axes: Sequence[Axis]) -> dict[str, str]:
 
 
 def axis_tag(label: str, value: str) -> str:
+    """One axis's part of a run name: ``lr0.001`` for a number, ``task-knights_knaves`` otherwise (made safe)."""
     joined = f"{label}{value}" if _NUMERIC.match(value) else f"{label}-{value}"
     return _safe(joined)
+
+
+def grid_axis_keys(config: SweepConfig, axes: Sequence[Axis]) -> tuple[str, ...]:
+    """The config keys of the grid's axes, in naming order: preset label, alpha, eta, extra axes, seed.
+
+    Each is an axis when the sweep names it (seed always is).
+    """
+    keys = ["mechanism_label"] if config.mechanisms else []
+    if config.alphas:
+        keys.append(ALPHA_KEY)
+    if config.eta:
+        keys.append(ETA_KEY)
+    return (*keys, *(axis.bare_key for axis in axes), "seed")
 
 
 def expand_grid(config: SweepConfig) -> list[RunSpec]:
@@ -135,6 +156,7 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
     alphas: Sequence[float | None] = config.alphas or (None,)
     etas: Sequence[float | None] = config.eta or (None,)
     axis_values = [[(axis.key, value) for value in axis.values] for axis in axes]
+    axis_keys = grid_axis_keys(config, axes)
     specs: list[RunSpec] = []
     cells = []
     for mechanism, alpha in itertools.product(mechanisms, alphas):
@@ -162,7 +184,7 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
                 overrides.append(f"{key}={value}")
             overrides.append(f"seed={seed}")
             specs.append(RunSpec(name="-".join(name_parts), seed=seed, alpha=alpha, mechanism=mechanism, eta=eta,
-                                 axes=dict(cell), overrides=tuple(overrides)))
+                                 axes=dict(cell), overrides=tuple(overrides), axis_keys=axis_keys))
     names = [spec.name for spec in specs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:

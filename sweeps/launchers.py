@@ -30,7 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.registry import Registry
+from dataflex_rl.validation import ConfigError
 from sweeps.commands import PlannedRun
 from sweeps.config import SweepConfig
 
@@ -61,14 +62,24 @@ def write_log_header(log_path: Path, attempt: int, line: str) -> None:
         log.write(f"\n=== attempt {attempt} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {line}\n")
 
 
+LAUNCHERS = Registry("launcher")
+
+
 class Launcher(abc.ABC):
-    """Starts runs, reports their end, stops them."""
+    """Starts runs, reports their end, stops them. Subclasses registered in :data:`LAUNCHERS` under their
+    ``launcher=`` name are built by :meth:`from_config`."""
 
     name: str = ""
     batch: bool = False  # True: every pending run is submitted at once and the scheduler limits concurrency
 
+    @classmethod
+    def from_config(cls, config: SweepConfig, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
+        """The launcher for one sweep (``parallelism``: the most runs live at once)."""
+        return cls()
+
     @abc.abstractmethod
-    def launch(self, runs: Sequence[PlannedRun]) -> list[Job]: ...
+    def launch(self, runs: Sequence[PlannedRun]) -> list[Job]:
+        """Start ``runs``; one :class:`Job` per run, in order."""
 
     @abc.abstractmethod
     def poll(self, job: Job) -> Outcome | None:
@@ -117,7 +128,10 @@ def _process_matches(pid: int, marker: str) -> bool:
     return marker in command_line
 
 
+@LAUNCHERS.register("local")
 class LocalLauncher(Launcher):
+    """Each run a child process of the driver, in its own session (see the module doc)."""
+
     name = "local"
 
     def launch(self, runs: Sequence[PlannedRun]) -> list[Job]:
@@ -177,9 +191,17 @@ def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, log_pa
                 signal.signal(signum, handler)
 
 
+@LAUNCHERS.register("slurm")
 class SlurmLauncher(Launcher):
+    """One SLURM job per run through submitit, submitted as a job array (see the module doc)."""
+
     name = "slurm"
     batch = True
+
+    @classmethod
+    def from_config(cls, config: SweepConfig, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
+        """A submitit executor for the sweep folder, ``parallelism`` jobs of the array at once."""
+        return cls(config, sweep_dir, sweep, parallelism)
 
     def __init__(self, config: SweepConfig, sweep_dir: Path, sweep: str, parallelism: int) -> None:
         import submitit
@@ -243,9 +265,17 @@ class SlurmLauncher(Launcher):
 
 
 # --- Ray Jobs --------------------------------------------------------------------------------------------------------
+@LAUNCHERS.register("ray")
 class RayLauncher(Launcher):
+    """One Ray job per run on the cluster at ``ray.address`` (see the module doc)."""
+
     name = "ray"
     poll_every_s = 1.0  # each poll is an HTTP request to the dashboard
+
+    @classmethod
+    def from_config(cls, config: SweepConfig, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
+        """A job client for the configured Ray address."""
+        return cls(config, sweep)
 
     def __init__(self, config: SweepConfig, sweep: str) -> None:
         from ray.job_submission import JobSubmissionClient
@@ -322,8 +352,5 @@ class RayLauncher(Launcher):
 
 
 def build_launcher(config: SweepConfig, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
-    if config.launcher == "slurm":
-        return SlurmLauncher(config, sweep_dir, sweep, parallelism)
-    if config.launcher == "ray":
-        return RayLauncher(config, sweep)
-    return LocalLauncher()
+    """The launcher registered under ``config.launcher``."""
+    return LAUNCHERS.get(config.launcher).from_config(config, sweep_dir, sweep, parallelism)

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from dataflex_rl.tracking.run_store import STATES, atomic_write_json
 
 MANIFEST_FILE = "sweep.json"

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.config import ConfigError, check_choice, check_int_at_least, to_plain
-from sweeps.commands import PlannedRun, plan_runs, plan_warm_starts
+from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain, unknown_keys
+from sweeps.backends import plan_runs, plan_warm_starts
+from sweeps.commands import PlannedRun
 from sweeps.config import SweepConfig, available_cores
 from sweeps.driver import (
     EXIT_FAILED,
@@ -131,7 +132,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
             raise ConfigError(f"search[{index}] = {item!r} is not allowed: write {{name: alpha, type: float, "
                               f"low: 0.0, high: 1.0}}")
         allowed = [field.name for field in dataclasses.fields(SearchParam)]
-        unknown = [key for key in item if key not in allowed]
+        unknown = unknown_keys(item, allowed)
         if unknown:
             raise ConfigError(f"search[{index}].{unknown[0]} is not allowed; allowed keys: {', '.join(allowed)}")
         values = dict(item)
@@ -143,7 +144,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
     names = [param.name for param in search]
     enqueue = tuple(enqueue_items)
     for item in enqueue:
-        unknown = [key for key in item if key not in names]
+        unknown = unknown_keys(item, names)
         if unknown:
             raise ConfigError(f"enqueue = {item!r} is not allowed: {unknown[0]!r} is not searched; "
                               f"searched: {', '.join(names)}")
@@ -188,8 +189,9 @@ def trial_specs(tune: TuneConfig, params: Mapping[str, Any], label: str) -> list
         axes = {name: str(value) for name, value in params.items() if name != "alpha"}
         overrides += [f"{name}={value}" for name, value in axes.items()]
         overrides.append(f"seed={seed}")
+        axis_keys = (*([ALPHA_KEY] if alpha is not None else []), *axes, "seed")
         specs.append(RunSpec(name=f"{label}-s{seed}", seed=seed, alpha=None if alpha is None else float(alpha),
-                             axes=axes, overrides=tuple(overrides)))
+                             axes=axes, overrides=tuple(overrides), axis_keys=axis_keys))
     return specs
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dataflex_rl.config import (
+from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+from dataflex_rl.validation import (
     ConfigError,
-    DataflexConfig,
     build_params,
     check_choice,
     check_int_at_least,
@@ -22,9 +22,11 @@ from dataflex_rl.config import (
     check_non_negative_int,
     check_number,
     check_unit_interval,
-    parse_dataflex_config,
     to_plain,
 )
+
+if TYPE_CHECKING:
+    from dataflex_rl.tracking.build import LoggerConfig
 
 ARCHITECTURES = ("qwen2", "llama")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl's kl_penalty ("full" needs logits)
@@ -175,8 +177,12 @@ class StatsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
+    """The task group: its registry ``name`` and its params (``conf/task/<name>.yaml`` without ``name``)."""
+
     name: str
     params: Mapping[str, Any]
+    # The task instance validation built (kept so the trainer does not build it again; not part of equality).
+    built: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,12 +195,13 @@ class TrainConfig:
     sft: SFTConfig
     trainer: TrainerConfig
     stats: StatsConfig
-    logger: Mapping[str, Any]
+    logger: LoggerConfig
     sweep: str | None = None
     run_name: str | None = None
     threads: int | None = None
     mechanism_label: str | None = None
     mode: str = "train"
+    axes: tuple[str, ...] = ()
 
     @property
     def alpha(self) -> float | None:
@@ -202,8 +209,18 @@ class TrainConfig:
 
 
 TOP_LEVEL_KEYS = ("run_dir", "seed", "dataflex", "model", "task", "sft", "trainer", "stats", "logger", "sweep",
-                  "run_name", "threads", "mechanism_label", "mode", "hydra")
+                  "run_name", "threads", "mechanism_label", "mode", "axes", "hydra")
 MODES = ("train", "sft")
+
+
+def _check_axes(axes: Any) -> tuple[str, ...]:
+    """The swept config keys the sweep driver passes (``axes=[dataflex.actuator.params.alpha,trainer.lr,seed]``)."""
+    if axes is None:
+        return ()
+    if not isinstance(axes, (list, tuple)) or not all(isinstance(key, str) and key for key in axes):
+        raise ConfigError(f"axes = {axes!r} is not allowed: it must be a list of dotted config keys "
+                          f"(the sweep driver sets it)")
+    return tuple(axes)
 
 
 def parse_train_config(cfg: Any) -> TrainConfig:
@@ -217,16 +234,15 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     if "name" not in task:
         raise ConfigError(f"task = {task!r} is not allowed: it needs a 'name' (task=arithmetic|knights_knaves)")
     task_name = task.pop("name")
-    _check_task(task_name, task)
+    built_task = _check_task(task_name, task)
     mode = check_choice("mode", raw.get("mode", "train"), MODES)
     threads = raw.get("threads")
     if threads is not None:
         check_int_at_least("threads", threads, 1)
-    logger = raw.get("logger") or {}
     from dataflex_rl.tracking import parse_logger_config
 
-    try:
-        parse_logger_config(logger)
+    try:  # validated once here; build_loggers takes the result as it is
+        logger = parse_logger_config(raw.get("logger") or {})
     except ConfigError:
         raise
     except ValueError as error:
@@ -236,7 +252,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
         seed=seed,
         dataflex=parse_dataflex_config(raw.get("dataflex") or {}),
         model=build_params("model", ModelConfig, raw.get("model")),
-        task=TaskConfig(name=task_name, params=task),
+        task=TaskConfig(name=task_name, params=task, built=built_task),
         sft=build_params("sft", SFTConfig, raw.get("sft")),
         trainer=build_params("trainer", TrainerConfig, raw.get("trainer")),
         stats=build_params("stats", StatsConfig, raw.get("stats")),
@@ -246,15 +262,17 @@ def parse_train_config(cfg: Any) -> TrainConfig:
         threads=threads,
         mechanism_label=raw.get("mechanism_label"),
         mode=mode,
+        axes=_check_axes(raw.get("axes")),
     )
 
 
-def _check_task(name: str, params: dict[str, Any]) -> None:
+def _check_task(name: str, params: dict[str, Any]) -> Any:
+    """The task built from its params (the build is the validation); ConfigError naming the bad key otherwise."""
     from dataflex_rl.registry import RegistryError
     from dataflex_rl.tasks import build_task
 
     try:
-        build_task(name, params)
+        return build_task(name, params)
     except RegistryError as error:
         raise ConfigError(f"task.name = {name!r} is not allowed: {error}") from None
     except (ValueError, TypeError) as error:

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 from dataflex_rl.registry import Registry
+from dataflex_rl.validation import unknown_keys
 
 TASKS: Registry[type[Task]] = Registry("task")
 
@@ -155,11 +156,10 @@ def make_config(task_name: str, config_class: type, params: Mapping[str, Any] | 
     """``config_class(**params)`` after checking every key is one of its fields (error names key, value, allowed)."""
     params = dict(params or {})
     allowed = [field.name for field in dataclasses.fields(config_class)]
-    for key, value in params.items():
-        if key not in allowed:
-            raise ValueError(
-                f"unknown {task_name} task param {key!r} (value {value!r}); allowed params: {', '.join(allowed)}"
-            )
+    for key in unknown_keys(params, allowed)[:1]:
+        raise ValueError(
+            f"unknown {task_name} task param {key!r} (value {params[key]!r}); allowed params: {', '.join(allowed)}"
+        )
     return config_class(**params)
 
 

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dataflex_rl.config import ConfigError, check_choice, check_keys, check_non_negative_int, to_plain
+from dataflex_rl.validation import ConfigError, check_choice, check_keys, check_non_negative_int, to_plain
 from dataflex_rl.tracking.base import MultiLogger
 from dataflex_rl.tracking.console import ConsoleLogger
 from dataflex_rl.tracking.identity import RunIdentity

@@ -1,7 +1,12 @@
-"""Who a run is: sweep, run name, backend, mechanism, alpha, seed, config hash and source commit.
+"""Who a run is: sweep, run name, backend, mechanism, alpha, seed, the sweep's axis values, config hash and commit.
 
-The same identity names the run folder's ``meta.json``, the W&B run (group = sweep, name = ``<sweep>-a<alpha>-s<seed>``,
-tags = mechanism and backend) and the analysis table's ``sweep``/``run``/``alpha``/``seed`` columns.
+The same identity names the run folder's ``meta.json``, the W&B run (group = sweep, name = the run folder's name when
+the run belongs to a grid, else ``<sweep>-a<alpha>-s<seed>``; job_type = the run's non-seed factors; tags = mechanism
+and backend) and the analysis table's ``sweep``/``run``/``alpha``/``seed`` and factor columns.
+
+A sweep's grid is a list of axes (config keys the sweep varies); a run records ``axes = {factor name: value}``, the
+value read from the run's own resolved config. Factor names are the config keys, except the short names of
+:data:`AXIS_NAMES` (``alpha``, ``eta``).
 """
 
 from __future__ import annotations
@@ -13,12 +18,16 @@ import math
 import numbers
 import pathlib
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dataflex_rl.config import to_plain
+from dataflex_rl.validation import to_plain
 
 CONFIG_HASH_LENGTH = 12
+# Short factor names of the axes every ablation uses; any other axis is named by its config key (``trainer.lr``).
+AXIS_NAMES = {"dataflex.actuator.params.alpha": "alpha", "dataflex.actuator.params.eta": "eta"}
+SEED_AXIS = "seed"
+_AXIS_VALUE_TYPES = (str, int, float, bool, type(None))
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -66,12 +75,54 @@ def git_commit(path: str | pathlib.Path | None = None) -> str | None:
     return commit
 
 
+def axis_name(key: str) -> str:
+    """Factor name of a swept config key: :data:`AXIS_NAMES`' short name, else the key without a ``+``/``~`` prefix."""
+    bare = key.lstrip("+~")
+    return AXIS_NAMES.get(bare, bare)
+
+
+def axis_values(config: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """``{axis_name(key): value of the dotted key in config}`` (None where the config lacks the key).
+
+    The values come from the run's resolved config, so the factor columns always match the config beside them.
+    """
+    plain = to_plain(config)
+    values: dict[str, Any] = {}
+    for key in keys:
+        node: Any = plain
+        for part in key.lstrip("+~").split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        values[axis_name(key)] = node if isinstance(node, _AXIS_VALUE_TYPES) else json.dumps(node, default=str)
+    return values
+
+
+def _factor_text(name: str, value: Any) -> str:
+    """One factor as W&B's job_type shows it: ``a0.5``, ``lr0.0003``, ``ar`` (the preset label alone)."""
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    if name == "mechanism_label":
+        return text
+    label = {"alpha": "a"}.get(name, name.split(".")[-1])
+    return f"{label}{text}" if text[:1].isdigit() or text[:1] in "-." else f"{label}-{text}"
+
+
+def job_type_of(factors: Mapping[str, Any]) -> str | None:
+    """W&B job_type of a run's non-seed ``factors`` (``{"alpha": 0.5, "trainer.lr": 3e-4}`` -> ``a0.5-lr0.0003``);
+    None for none. Longer than W&B's 64 characters, the tail is replaced by a hash of the whole."""
+    if not factors:
+        return None
+    text = "-".join(_factor_text(name, value) for name, value in factors.items())
+    if len(text) > 64:
+        text = text[:55] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
+    return text
+
+
 @dataclasses.dataclass(frozen=True)
 class RunIdentity:
     """The identity of one run, written to ``meta.json`` and used to name the W&B run.
 
     ``run`` is the run folder's name inside the sweep folder; ``alpha`` is the mechanism's mixing coefficient
-    (``w_t = alpha * pi(t) + (1 - alpha)``; 0 is the baseline).
+    (``w_t = alpha * pi(t) + (1 - alpha)``; 0 is the baseline). ``axes``: ``{factor name: value}`` of every axis of
+    the sweep's grid (seed included; empty for a run outside a grid).
     """
 
     sweep: str
@@ -82,6 +133,7 @@ class RunIdentity:
     seed: int
     config_hash: str
     git_commit: str | None = None
+    axes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("sweep", "run", "backend", "mechanism", "config_hash"):
@@ -94,6 +146,12 @@ class RunIdentity:
             raise ValueError(f"RunIdentity.seed = {self.seed!r} is not allowed: it must be an integer")
         if self.git_commit is not None and not isinstance(self.git_commit, str):
             raise ValueError(f"RunIdentity.git_commit = {self.git_commit!r} is not allowed: it must be a str or None")
+        if not isinstance(self.axes, Mapping) or not all(
+                isinstance(name, str) and name and isinstance(value, _AXIS_VALUE_TYPES)
+                for name, value in self.axes.items()):
+            raise ValueError(f"RunIdentity.axes = {self.axes!r} is not allowed: it must map factor names to "
+                             f"str, int, float, bool or None")
+        object.__setattr__(self, "axes", dict(self.axes))
         # Normalise numeric types (numpy scalars, ints for alpha) so JSON and names are stable.
         object.__setattr__(self, "alpha", float(self.alpha))
         object.__setattr__(self, "seed", int(self.seed))
@@ -109,8 +167,10 @@ class RunIdentity:
         mechanism: str,
         alpha: float,
         seed: int,
+        axis_keys: Sequence[str] = (),
     ) -> RunIdentity:
-        """Identity with ``config_hash`` computed from ``config`` and ``git_commit`` from the source checkout."""
+        """Identity with ``config_hash`` computed from ``config``, ``git_commit`` from the source checkout and
+        ``axes`` read from ``config`` at the swept ``axis_keys``."""
         return cls(
             sweep=sweep,
             run=run,
@@ -120,12 +180,27 @@ class RunIdentity:
             seed=seed,
             config_hash=config_hash(config),
             git_commit=git_commit(),
+            axes=axis_values(config, axis_keys),
         )
 
     @property
+    def factors(self) -> dict[str, Any]:
+        """The axes without the seed: what makes this run a variant rather than a repetition."""
+        return {name: value for name, value in self.axes.items() if name != SEED_AXIS}
+
+    @property
     def wandb_name(self) -> str:
-        """``<sweep>-a<alpha>-s<seed>`` with alpha in shortest form (``0``, ``0.25``, ``1``)."""
+        """The run folder's name for a run of a grid (the sweep builds it from the axes, so W&B and the run store
+        show the same name); else ``<sweep>-a<alpha>-s<seed>`` with alpha in shortest form (``0``, ``0.25``, ``1``)."""
+        if self.axes:
+            return self.run
         return f"{self.sweep}-a{self.alpha:g}-s{self.seed}"
+
+    @property
+    def job_type(self) -> str | None:
+        """W&B job_type: the non-seed factors (``a0.5-lr0.0003``), so "Group + Job Type" gives one curve per variant;
+        None outside a grid (:func:`job_type_of`)."""
+        return job_type_of(self.factors)
 
     @property
     def tags(self) -> tuple[str, str]:
@@ -133,5 +208,8 @@ class RunIdentity:
         return (self.mechanism, self.backend)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of the fields (the identity part of ``meta.json``)."""
-        return dataclasses.asdict(self)
+        """Plain dict of the fields (the identity part of ``meta.json``); ``axes`` only for a run of a grid."""
+        fields = dataclasses.asdict(self)
+        if not fields["axes"]:
+            del fields["axes"]
+        return fields

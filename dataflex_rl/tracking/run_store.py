@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from dataflex_rl.config import ConfigError, to_plain
+from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.tracking.base import check_close_state
 from dataflex_rl.tracking.identity import RunIdentity
 

@@ -29,7 +29,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dataflex_rl.config import to_plain
+from dataflex_rl.validation import to_plain
 from dataflex_rl.tracking.base import check_close_state
 from dataflex_rl.tracking.identity import RunIdentity
 
@@ -124,6 +124,7 @@ class WandbLogger:
                 entity=entity,
                 group=self.identity.sweep,
                 name=self.identity.wandb_name,
+                job_type=self.identity.job_type,
                 id=wandb_run_id(self.identity),
                 resume="allow",
                 reinit="create_new",

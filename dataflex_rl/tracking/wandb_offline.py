@@ -1,4 +1,4 @@
-"""Read an offline W&B run file (``run-<id>.wandb``): its history, config, name, group, tags and exit code.
+"""Read an offline W&B run file (``run-<id>.wandb``): its history, config, name, group, job type, tags and exit code.
 
 W&B 0.31 ships no Python reader for these files (``wandb sync`` uploads them), so the run's own offline record can
 only be checked or analysed through this module (:func:`analysis.load.load_wandb_offline` reads sweeps with it). The file is a LevelDB-style log: a 7-byte file header (``:W&B``, magic 0xBEE1
@@ -91,18 +91,21 @@ class OfflineRun:
     run_id: str = ""
     name: str = ""
     group: str = ""
+    job_type: str = ""
     tags: tuple[str, ...] = ()
     config: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
 
 
 def read_run(path: str | pathlib.Path) -> OfflineRun:
-    """The run record (id, name, group, tags, config), later config updates and the exit code of a run file."""
+    """The run record (id, name, group, job type, tags, config), later config updates and the exit code of a run
+    file."""
     run = OfflineRun(path=pathlib.Path(path))
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.run_id, run.name, run.group = record.run.run_id, record.run.display_name, record.run.run_group
+            run.job_type = record.run.job_type
             run.tags = tuple(record.run.tags)
             _config_items(record.run.config.update, run.config)
         elif kind == "config":

@@ -156,7 +156,7 @@ def check_command(report: Report, arguments: Sequence[str]) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from dataflex_rl.config import ConfigError
+    from dataflex_rl.validation import ConfigError
 
     try:
         overrides = verl_overrides(arguments)

@@ -34,7 +34,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dataflex_rl.config import ConfigError, parse_dataflex_config, to_plain
+from dataflex_rl.config import parse_dataflex_config
+from dataflex_rl.validation import ConfigError, to_plain
 
 TRAINER_MODE_OVERRIDE = "trainer.v1.trainer_mode=dataflex_sync"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"

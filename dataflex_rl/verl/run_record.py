@@ -11,10 +11,10 @@ Where and under what name, from an optional ``dataflex_run`` block of the verl c
 without ``dataflex_run.dir`` no run store is written)::
 
     +dataflex_run.dir=runs/<sweep>/<run>  +dataflex_run.sweep=<sweep>  +dataflex_run.name=<run>
-    +dataflex_run.mechanism_label=<preset>  +dataflex_run.seed=<seed>
+    +dataflex_run.mechanism_label=<preset>  +dataflex_run.seed=<seed>  +dataflex_run.axes=[<swept config keys>]
 
 ``sweep`` defaults to ``trainer.project_name``, ``name`` to the folder's name, ``seed`` to ``data.seed``,
-``mechanism_label`` to the mechanism.
+``mechanism_label`` to the mechanism; ``axes`` (the grid's axes, recorded with their values in ``meta.json``) to none.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.config import ConfigError, check_keys, to_plain
+from dataflex_rl.validation import ConfigError, check_keys, to_plain
 from dataflex_rl.metrics import Histogram
 from dataflex_rl.tracking import RunIdentity, RunStore
 
 BACKEND = "verl"
 RUN_BLOCK = "dataflex_run"
-RUN_KEYS = ("dir", "sweep", "name", "mechanism_label", "seed")
+RUN_KEYS = ("dir", "sweep", "name", "mechanism_label", "seed", "axes")
 # verl's validation accuracy of one data source (the K&K reward returns an accuracy, verl averages it).
 VAL_ACC_PREFIX, VAL_ACC_SUFFIX = "val-core/", "/acc/mean@1"
 
@@ -48,6 +48,7 @@ class RunPlace:
     name: str
     mechanism_label: str
     seed: int
+    axes: tuple[str, ...] = ()
 
 
 def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
@@ -71,6 +72,7 @@ def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
         name=str(block.get("name") or directory.name),
         mechanism_label=str(block.get("mechanism_label") or mechanism),
         seed=int(seed),
+        axes=tuple(str(key) for key in block.get("axes") or ()),
     )
 
 
@@ -115,8 +117,10 @@ class VerlRunRecord:
         self.config = {**to_plain(resolved_config), "mechanism_label": place.mechanism_label}
         self.identity = RunIdentity.for_config(
             self.config, sweep=place.sweep, run=place.name, backend=BACKEND, mechanism=mechanism, alpha=alpha,
-            seed=place.seed,
+            seed=place.seed, axis_keys=place.axes,
         )
+        if "seed" in self.identity.axes:  # verl's seeds live in several places; the run's seed is the block's
+            self.identity = dataclasses.replace(self.identity, axes={**self.identity.axes, "seed": place.seed})
 
     def start(self, global_step: int) -> None:
         """Meta, config and status ``running``; on a resume at ``global_step`` > 0 the lines after it are dropped

@@ -43,7 +43,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_to_nested
 
 from dataflex_rl import keys
-from dataflex_rl.config import ConfigError, to_plain
+from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.mechanism import Mechanism, build_mechanism
 from dataflex_rl.metrics import Histogram, prob_bucket_stats
 from dataflex_rl.verl.histograms import WandbHistogramLogger
@@ -81,8 +81,8 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
 
 
 def is_staged(mechanism: Mechanism) -> bool:
-    """Whether the mechanism splits the policy update in stages (overrides ``Mechanism.stage_masks``)."""
-    return type(mechanism).stage_masks is not Mechanism.stage_masks
+    """Whether the mechanism splits the policy update in stages (:attr:`Mechanism.staged`)."""
+    return type(mechanism).staged
 
 
 OPTIM_PREFIX = "actor_rollout_ref.actor.optim"

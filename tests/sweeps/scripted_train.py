@@ -7,6 +7,8 @@ prints ``SFT step i/n`` for ``sft.steps=n`` (same pace) and exits 0. The same ``
 the last logged step; a completed run exits 0 at once. SIGTERM marks the run interrupted (exit 130).
 ``SCRIPTED_TRAIN_FAIL=<run name>`` makes that run fail (exit 1, status failed). ``SCRIPTED_TRAIN_NOISE=<sd>`` adds
 ``sd * z`` to ``val/accuracy``, ``z`` a standard normal fixed by (alpha, seed), so seed-paired differences vary.
+A ``trainer.lr=<lr>`` override adds ``100 * lr`` to ``val/accuracy``. ``meta.json`` records the ``axes=[...]`` the
+driver passes, with the values of the command's own overrides (as the real trainer reads them from its config).
 """
 
 from __future__ import annotations
@@ -18,8 +20,22 @@ import sys
 import time
 from pathlib import Path
 
-from dataflex_rl.tracking.identity import RunIdentity
+from dataflex_rl.tracking.identity import RunIdentity, axis_name
 from dataflex_rl.tracking.run_store import RunStore, read_status
+
+
+def _value(text: str) -> object:
+    """An override's value as YAML would type it (numbers as numbers)."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
+
+
+def _axes(options: dict[str, str]) -> dict[str, object]:
+    keys = [key for key in options.get("axes", "[]").strip("[]").split(",") if key]
+    return {axis_name(key): _value(options[key]) if key in options else None for key in keys}
 
 
 def main(argv: list[str]) -> int:
@@ -48,7 +64,8 @@ def main(argv: list[str]) -> int:
     total = int(options.get("trainer.total_steps", 3))
     name = options.get("run_name", run_dir.name)
     store.write_meta(RunIdentity(sweep=options.get("sweep") or "scripted", run=name, backend="local",
-                                 mechanism="reweight", alpha=alpha, seed=seed, config_hash="scripted"))
+                                 mechanism="reweight", alpha=alpha, seed=seed, config_hash="scripted",
+                                 axes=_axes(options)))
     step = store.last_logged_step() or 0
 
     def stop(signum, frame):
@@ -62,6 +79,7 @@ def main(argv: list[str]) -> int:
         return 1
     step_seconds = float(os.environ.get("SCRIPTED_TRAIN_STEP_S", "0"))
     noise = float(os.environ.get("SCRIPTED_TRAIN_NOISE", "0")) * random.Random(f"{alpha}-{seed}").gauss(0.0, 1.0)
+    noise += 100.0 * float(options.get("trainer.lr", 0.0))
     while step < total:
         time.sleep(step_seconds)
         step += 1

@@ -11,7 +11,7 @@ import pytest
 from dataflex_rl.config import ConfigError
 from sweeps import driver
 from sweeps.cli import load_config
-from sweeps.commands import plan_runs, plan_warm_starts
+from sweeps.backends import plan_runs, plan_warm_starts
 from sweeps.config import normalize_argv, split_extra
 from sweeps.driver import concurrency, default_name, final_metric, mark_run_store
 from sweeps.grid import expand_grid, parse_extra
@@ -117,8 +117,8 @@ def test_commands_carry_threads_run_dir_and_identity(tmp_path):
     command = runs[1].command
     assert command[1:3] == ("-m", "dataflex_rl.train")
     assert command[3:] == ("trainer.total_steps=7", "trainer.val_every=1", "++dataflex.actuator.params.alpha=0.5",
-                           "seed=3", f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3",
-                           "threads=1")
+                           "seed=3", "axes=[dataflex.actuator.params.alpha,seed]",
+                           f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3", "threads=1")
     assert runs[1].env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     assert runs[1].log_path == (tmp_path / "demo" / "logs" / "a0.5-s3.log").resolve()
 
@@ -237,3 +237,15 @@ def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
     assert config_of("extra=[trainer.total_steps=30]").steps is None  # the override decides, given once
     assert config_of("local_steps=null").steps is None  # the trainer's own 400
     assert config_of("backend=verl").steps is None  # verl keeps its experiment's steps
+
+
+def test_every_backend_and_launcher_choice_has_a_registered_object():
+    from sweeps import config as sweep_config
+    from sweeps.backends import BACKENDS, backend_for
+    from sweeps.launchers import LAUNCHERS, LocalLauncher, build_launcher
+
+    assert sorted(BACKENDS.names()) == sorted(sweep_config.BACKENDS)
+    assert sorted(LAUNCHERS.names()) == sorted(sweep_config.LAUNCHERS)
+    assert backend_for(config_of("backend=verl")).sets_threads is False
+    assert backend_for(config_of()).sets_threads is True
+    assert isinstance(build_launcher(config_of(), Path("."), "s", 1), LocalLauncher)

@@ -59,7 +59,7 @@ def test_verl_backend_builds_verl_command_lines_in_a_dry_run(tmp_path, capsys):
     lines = [line for line in output.splitlines() if "verl.trainer.main_ppo" in line]
     assert len(lines) == 2  # the baseline and alpha = 0.25; no SFT warm start for verl
     line = lines[1]
-    assert "WANDB_RUN_GROUP=gpu" in line
+    assert "WANDB_RUN_GROUP=gpu" in line and "WANDB_JOB_TYPE=a0.25" in line
     assert "-m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync" in line
     for part in ("+dataflex.actuator.params.alpha=0.25", "actor_rollout_ref.model.path=/models/qwen",
                  "data.train_files=/data/kk/train.parquet", "data.seed=1", "trainer.total_training_steps=5",

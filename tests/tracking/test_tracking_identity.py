@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dataflex_rl.tracking import RunIdentity, config_hash, git_commit
+from dataflex_rl.tracking.identity import axis_values
 
 from tests.tracking.identities import make_identity as shared_identity
 
@@ -77,6 +78,30 @@ class TestRunIdentity:
         assert make_identity(alpha=0).wandb_name == "sweep1-a0-s3"
         assert make_identity(alpha=1.0, seed=12).wandb_name == "sweep1-a1-s12"
         assert make_identity().tags == ("reweight", "local")
+
+    def test_axes_name_the_wandb_run_and_job_type(self):
+        identity = make_identity(run="a0.25-s3-lr0.0003", axes={"alpha": 0.25, "trainer.lr": 3e-4, "seed": 3})
+        assert identity.wandb_name == "a0.25-s3-lr0.0003"  # the run folder's name, as the grid built it
+        assert identity.factors == {"alpha": 0.25, "trainer.lr": 3e-4}
+        assert identity.job_type == "a0.25-lr0.0003"
+        labelled = make_identity(axes={"mechanism_label": "lopti", "eta": 0.5, "task": "knights_knaves", "seed": 1})
+        assert labelled.job_type == "lopti-eta0.5-task-knights_knaves"
+        assert make_identity().job_type is None and "axes" not in make_identity().to_dict()
+        long_axes = {f"key{index}": "v" * 10 for index in range(8)}
+        assert len(make_identity(axes=long_axes).job_type) == 64
+
+    def test_axis_values_read_the_config(self):
+        config = {"dataflex": {"actuator": {"params": {"alpha": 0.5, "eta": 0.3}}}, "trainer": {"lr": 1e-4},
+                  "seed": 2, "mechanism_label": "lopti"}
+        keys = ["mechanism_label", "dataflex.actuator.params.alpha", "dataflex.actuator.params.eta", "+trainer.lr",
+                "trainer.missing", "seed"]
+        assert axis_values(config, keys) == {"mechanism_label": "lopti", "alpha": 0.5, "eta": 0.3,
+                                             "trainer.lr": 1e-4, "trainer.missing": None, "seed": 2}
+        identity = RunIdentity.for_config(config, sweep="s", run="r", backend="local", mechanism="reweight",
+                                          alpha=0.5, seed=2, axis_keys=keys[1:3])
+        assert identity.to_dict()["axes"] == {"alpha": 0.5, "eta": 0.3}
+        with pytest.raises(ValueError, match="RunIdentity.axes"):
+            make_identity(axes={"trainer.lr": [1, 2]})
 
     def test_frozen_and_normalised(self):
         identity = make_identity(alpha=1, seed=2)

@@ -13,6 +13,7 @@ import wandb
 from dataflex_rl import keys
 from dataflex_rl.tracking import RunIdentity, RunStore, WandbLogger, build_loggers, load_metrics, wandb_run_id
 
+from dataflex_rl.tracking.wandb_offline import read_run
 from tests.tracking.identities import make_identity as shared_identity
 
 from . import wandb_records
@@ -61,6 +62,16 @@ def test_offline_run_has_identity_config_and_the_logged_values(tmp_path):
         f"{keys.HIST_WEIGHT}/values": [3, 4],
         f"{keys.HIST_WEIGHT}/bins": [0.0, 0.5, 1.0],
     }
+
+
+def test_offline_file_carries_group_name_and_job_type_of_the_axes(tmp_path):
+    identity = shared_identity(run="a0.5-s1-lr0.0003", axes={"alpha": 0.5, "trainer.lr": 3e-4, "seed": 1})
+    logger = WandbLogger(identity=identity, run_dir=tmp_path, config=CONFIG, mode="offline", project="p")
+    run_id = logger.run.id
+    logger.close("completed")
+    offline = read_run(wandb_records.run_file(tmp_path, run_id))
+    assert (offline.group, offline.name, offline.job_type) == ("sweep1", "a0.5-s1-lr0.0003", "a0.5-lr0.0003")
+    assert offline.config["run_identity"]["axes"] == {"alpha": 0.5, "trainer.lr": 3e-4, "seed": 1}
 
 
 def test_run_id_is_stable_per_sweep_and_run():

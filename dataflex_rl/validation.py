@@ -1,0 +1,108 @@
+"""Validation helpers every config boundary uses: :class:`ConfigError` and the checks that build its messages.
+
+One kit for the ``dataflex`` schema (:mod:`dataflex_rl.config`), the components' ``Params``, the local backend's
+config, the logger config, the verl run block and the sweep driver: each check refuses a bad value with a message
+that names the key, the value and what is allowed. Nothing here imports a component, so any module may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
+           "check_non_negative_int", "check_number", "check_unit_interval", "to_plain", "unknown_keys"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed. The message names the key, the value and what is allowed."""
+
+
+def to_plain(cfg: Any) -> Any:
+    """A plain Python container from a ``DictConfig``/``ListConfig`` (resolved) or anything mapping-like."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # omegaconf is a dependency; this only keeps the core importable without it
+        DictConfig = ListConfig = ()  # type: ignore[assignment,misc]
+    if DictConfig and isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(cfg, Mapping):
+        return {key: to_plain(value) for key, value in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_plain(value) for value in cfg]
+    return cfg
+
+
+def unknown_keys(given: Any, allowed: Any) -> list[Any]:
+    """The keys of ``given`` (a mapping or any iterable of keys) that are not in ``allowed``, in ``given``'s order:
+    the one unknown-key test every config check builds its own message on."""
+    return [key for key in given if key not in allowed]
+
+
+def check_keys(where: str, given: Mapping[str, Any], allowed: tuple[str, ...] | list[str]) -> None:
+    """Refuse keys of ``given`` that are not in ``allowed``."""
+    unknown = unknown_keys(given, allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: "
+            f"{', '.join(allowed) if allowed else '(none)'}"
+        )
+
+
+def check_non_negative_int(key: str, value: Any) -> int:
+    """An integer >= 0 (booleans refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= 0")
+    return int(value)
+
+
+def check_unit_interval(key: str, value: Any) -> float:
+    """A finite real number in [0, 1] (booleans and strings are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number in [0, 1]")
+    if not 0.0 <= float(value) <= 1.0:
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be in [0, 1]")
+    return float(value)
+
+
+def check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{key} = {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
+    return value
+
+
+def build_params(where: str, params_cls: type, given: Mapping[str, Any] | None) -> Any:
+    """Instantiate a component's frozen ``Params`` dataclass from user params, refusing unknown keys.
+
+    ``Params.__post_init__`` checks the values themselves (with ``where`` unknown to it, so errors are re-raised
+    with the full key path).
+    """
+    given = {} if given is None else to_plain(given)
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{where} = {given!r} is not allowed: it must be a mapping of parameter names to values")
+    allowed = [field.name for field in dataclasses.fields(params_cls)]
+    check_keys(where, given, allowed)
+    try:
+        return params_cls(**given)
+    except ConfigError as error:
+        raise ConfigError(f"{where}.{error}") from None
+
+
+def check_int_at_least(key: str, value: Any, minimum: int) -> int:
+    """An integer >= ``minimum`` (booleans refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= {minimum}")
+    return int(value)
+
+
+def check_number(key: str, value: Any, *, minimum: float | None = None, exclusive: bool = False) -> float:
+    """A finite real number, optionally ``> minimum`` (``exclusive``) or ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number")
+    if minimum is not None and (float(value) <= minimum if exclusive else float(value) < minimum):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be {'>' if exclusive else '>='} {minimum}")
+    return float(value)

@@ -1,0 +1,133 @@
+"""Backends as the sweep driver sees them: one object per ``backend=`` choice, the only place that knows it.
+
+A :class:`Backend` builds a run's command and environment, validates the whole grid before anything starts, plans
+the shared warm starts and says whether the driver sets a thread count; the driver and the Optuna search call
+these methods and never branch on the backend's name. Adding a backend is a subclass registered in
+:data:`BACKENDS` (its name is the ``backend=`` value) plus its command builder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from dataflex_rl.registry import Registry
+from sweeps.commands import (
+    LOG_FOLDER,
+    PlannedRun,
+    check_gpu_available,
+    local_overrides,
+    local_warm_starts,
+    thread_environment,
+    train_command,
+    validate_local,
+    verl_command,
+    verl_environment,
+)
+from sweeps.config import SweepConfig
+from sweeps.grid import RunSpec
+
+BACKENDS = Registry("backend")
+
+
+class Backend:
+    """How a sweep runs on one backend (see the module doc). Subclasses set ``name`` and implement :meth:`command`."""
+
+    name: str = ""
+    # False: the backend manages its own threads, so the driver passes no thread count.
+    sets_threads: bool = True
+
+    def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
+                threads: int | None) -> tuple[str, ...]:
+        """The argv of one run."""
+        raise NotImplementedError
+
+    def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+        """The environment variables one run adds to the driver's."""
+        return {}
+
+    def validate(self, config: SweepConfig, planned: Sequence[PlannedRun]) -> None:
+        """Refuse the sweep before anything starts when any run's config is bad (ConfigError naming run and key)."""
+
+    def check_machine(self, config: SweepConfig) -> None:
+        """Refuse a sweep this machine cannot run (before planning the runs)."""
+
+    def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                    threads: int | None) -> list[PlannedRun]:
+        """Shared warm starts to run before the runs (none by default)."""
+        return []
+
+    def plan(self, config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
+             threads: int | None) -> list[PlannedRun]:
+        """Every run's command, environment, run folder and log, validated."""
+        sweep_dir = sweep_dir.resolve()
+        planned = [PlannedRun(spec=spec, command=self.command(config, spec, sweep, sweep_dir, threads),
+                              env=self.environment(sweep, spec, threads), run_dir=sweep_dir / spec.name,
+                              log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log") for spec in specs]
+        self.validate(config, planned)
+        return planned
+
+
+@BACKENDS.register("local")
+class LocalBackend(Backend):
+    """The CPU backend: ``python -m dataflex_rl.train``, composed and validated in process, a cached SFT warm start."""
+
+    name = "local"
+
+    def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
+                threads: int | None) -> tuple[str, ...]:
+        """``python -m dataflex_rl.train`` with the run's overrides (:func:`sweeps.commands.local_overrides`)."""
+        return train_command(config, local_overrides(config, spec, sweep, sweep_dir, threads))
+
+    def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+        """OpenMP/MKL thread caps, so parallel runs never oversubscribe the cores."""
+        return thread_environment(threads)
+
+    def validate(self, config: SweepConfig, planned: Sequence[PlannedRun]) -> None:
+        """Compose ``conf/train.yaml`` with every run's overrides and parse it (unless ``validate=false``)."""
+        if config.validate:
+            validate_local((run.name, run.command[3:]) for run in planned)
+
+    def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                    threads: int | None) -> list[PlannedRun]:
+        """One SFT warm start per SFT-relevant axis combination, unless cached (:func:`local_warm_starts`)."""
+        return local_warm_starts(config, specs, sweep_dir, threads)
+
+
+@BACKENDS.register("verl")
+class VerlBackend(Backend):
+    """The GPU backend: ``python -m verl.trainer.main_ppo`` command lines, validated by the verl command builder."""
+
+    name = "verl"
+    sets_threads = False
+
+    def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
+                threads: int | None) -> tuple[str, ...]:
+        """The verl argv, with the run store's place and axes (:func:`sweeps.commands.verl_command`)."""
+        return verl_command(config, spec, sweep, sweep_dir)
+
+    def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+        """W&B's group and tags through the environment (verl starts W&B itself)."""
+        return verl_environment(sweep, spec)
+
+    def check_machine(self, config: SweepConfig) -> None:
+        """Runs launched on this machine need a CUDA GPU (verl's rollout does); dry runs and clusters do not."""
+        if config.launcher == "local" and not config.dry_run:
+            check_gpu_available()
+
+
+def backend_for(config: SweepConfig) -> Backend:
+    """The backend object of ``config.backend``."""
+    return BACKENDS.get(config.backend)()
+
+
+def plan_runs(config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
+              threads: int | None) -> list[PlannedRun]:
+    """The command line of every run, validated (local: composed and parsed; verl: built by the verl builder)."""
+    return backend_for(config).plan(config, specs, sweep, sweep_dir, threads)
+
+
+def plan_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                     threads: int | None) -> list[PlannedRun]:
+    """The backend's shared warm starts (local: :func:`sweeps.commands.local_warm_starts`; verl: none)."""
+    return backend_for(config).warm_starts(config, specs, sweep_dir, threads)

@@ -15,13 +15,13 @@ at the end of a sweep and by ``python -m analysis.report``; both files are repla
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import SweepData, factor_columns, load_sweep, swept_factors  # noqa: F401 - swept_factors kept here
+from analysis.load import SweepData, factor_columns, load_sweep, parquet_safe, write_parquet_atomic
+from analysis.load import swept_factors  # noqa: F401 - swept_factors kept here
 
 METRICS_FILE = "metrics.parquet"
 RUNS_FILE = "runs.parquet"
@@ -34,24 +34,6 @@ def long_table(data: SweepData) -> pd.DataFrame:
     return data.metrics[[*identity, *factors, "seed", "step", "metric", "value"]].copy()
 
 
-def _parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
-    """Object columns holding more than one type (a config key that is a number in one run, text in another) ->
-    text, so pyarrow can write them."""
-    frame = frame.copy()
-    for column in frame.columns:
-        if frame[column].dtype == object:
-            kinds = {type(v) for v in frame[column] if v is not None and not (isinstance(v, float) and math.isnan(v))}
-            if len(kinds) > 1 or (kinds and not kinds <= {str}):
-                frame[column] = [None if v is None else str(v) for v in frame[column]]
-    return frame
-
-
-def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(temporary, index=False)
-    os.replace(temporary, path)
-
-
 def write_sweep_tables(data: SweepData, sweep_dir: str | os.PathLike[str]) -> dict[str, Path]:
     """Write ``metrics.parquet`` and ``runs.parquet`` of loaded sweep ``data`` into ``sweep_dir``; return the paths."""
     sweep_dir = Path(sweep_dir)
@@ -59,8 +41,8 @@ def write_sweep_tables(data: SweepData, sweep_dir: str | os.PathLike[str]) -> di
         raise ValueError(f"{sweep_dir} is a run folder (it holds meta.json): its own metrics.parquet is the run "
                          "store's; sweep-level tables go into the sweep folder above it")
     paths = {"metrics": sweep_dir / METRICS_FILE, "runs": sweep_dir / RUNS_FILE}
-    _write_atomic(long_table(data), paths["metrics"])
-    _write_atomic(_parquet_ready(data.runs), paths["runs"])
+    write_parquet_atomic(long_table(data), paths["metrics"])
+    write_parquet_atomic(parquet_safe(data.runs), paths["runs"])
     return paths
 
 

@@ -756,7 +756,7 @@ def _cache_folder(cache_dir: Path, entity: str, project: str, group: str | None,
     return cache_dir / f"{safe}__{digest}"
 
 
-def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+def parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
     """Object columns holding mixed types (a config key that is an int in one run and text in another) -> text."""
     frame = frame.copy()
     for column in frame.columns:
@@ -767,10 +767,12 @@ def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    frame.to_parquet(temporary, index=False)
-    os.replace(temporary, path)
+def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    """Write ``frame`` to ``path`` through the run store's atomic writer (group-readable, no temp file left behind)."""
+    from dataflex_rl.tracking.run_store import atomic_path
+
+    with atomic_path(path) as temporary:
+        frame.to_parquet(temporary, index=False)
 
 
 def load_wandb_offline(root: str | os.PathLike[str], **options: Any) -> SweepData:
@@ -871,7 +873,7 @@ def load_wandb(
     histograms["seed"] = histograms["seed"].astype("Int64")
 
     folder.mkdir(parents=True, exist_ok=True)
-    _write_parquet_atomic(_parquet_safe(runs), folder / "runs.parquet")
-    _write_parquet_atomic(long, folder / "metrics.parquet")
-    _write_parquet_atomic(histograms, folder / "histograms.parquet")
+    write_parquet_atomic(parquet_safe(runs), folder / "runs.parquet")
+    write_parquet_atomic(long, folder / "metrics.parquet")
+    write_parquet_atomic(histograms, folder / "histograms.parquet")
     return SweepData(runs=runs, metrics=long, histograms=histograms, source=source)

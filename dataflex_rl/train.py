@@ -14,7 +14,6 @@ run is extended); the keys that cannot change the numbers (``logger.*``, ``threa
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import time
 import traceback
@@ -135,10 +134,11 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
     code = _check_run_dir(run_dir, resolved, config.trainer.total_steps)
     if code is not None:
         return code
+    from dataflex_rl.interrupts import raise_on_sigterm
     from dataflex_rl.tracking import RunStore
 
     store = RunStore(run_dir)
-    _install_sigterm_handler()
+    raise_on_sigterm()
     try:
         return _train(config, resolved, task, store)
     except KeyboardInterrupt:
@@ -237,15 +237,6 @@ def precheck(overrides: list[str]) -> str | None:
     except ValueError as error:  # a damaged store: the run itself reports it
         log.debug("precheck skipped: %s", error)
     return None
-
-
-def _install_sigterm_handler() -> None:
-    """SIGTERM (sent by the sweep driver, SLURM, Ray) stops the run like Ctrl-C: marked interrupted."""
-
-    def handler(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")

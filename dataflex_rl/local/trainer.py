@@ -27,6 +27,7 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import ActorConfig
 
 from dataflex_rl import keys, metrics as mechanism_metrics
+from dataflex_rl.interrupts import held_interrupts
 from dataflex_rl.local.config import TrainConfig
 from dataflex_rl.local.decoder import supported as decoder_supported
 from dataflex_rl.local.progress import progress_bar, show_latest
@@ -122,9 +123,11 @@ class GRPOTrainer:
                 step_metrics = self.train_step(step)
                 if self._should_validate(step):
                     step_metrics.update(self.validate())
-                self.log(step, step_metrics)
-                if self.trainer.save_every and (step % self.trainer.save_every == 0 or step == total):
-                    self.save_checkpoint(step)
+                # A stop (Ctrl-C, SIGTERM) waits until the step's metrics, histograms and checkpoint are written.
+                with held_interrupts():
+                    self.log(step, step_metrics)
+                    if self.trainer.save_every and (step % self.trainer.save_every == 0 or step == total):
+                        self.save_checkpoint(step)
                 last_metrics = step_metrics
                 bar.update(1)
                 show_latest(bar, reward=step_metrics.get(keys.SCORE_MEAN), acc=step_metrics.get(keys.VAL_ACCURACY))

@@ -77,7 +77,7 @@ def test_two_trainers_on_one_run_dir_one_is_refused_and_steps_stay_unique(tmp_pa
         first.wait(timeout=300)
     assert second.returncode == 2, second.stderr[-2000:]
     assert f"pid {first.pid}" in second.stderr and "another process" in second.stderr
-    assert first.returncode == 130 and read_status(run_dir)["state"] == "interrupted"
+    assert first.returncode == 130 and read_status(run_dir)["state"] == "interrupted", read_status(run_dir)
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(len(steps))) and len(steps) >= 1  # each step written once, by one writer
 
@@ -113,6 +113,47 @@ def test_a_full_disk_is_recorded_as_failed_leaves_no_temp_file_and_a_retry_works
     monkeypatch.setattr(trainer_module.torch, "save", real_save)  # space again
     assert run(compose_train(overrides)) == 0
     assert read_status(run_dir)["state"] == "completed" and list(load_metrics(run_dir)["step"]) == [0, 1, 2]
+
+
+class _SignalOnWrite:
+    """A checkpoint file that receives SIGTERM in the middle of ``torch.save``'s zip writes."""
+
+    def __init__(self, handle, at_write: int) -> None:
+        self.handle, self.at_write, self.writes = handle, at_write, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == self.at_write:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+
+def test_a_stop_in_the_middle_of_a_checkpoint_is_interrupted_not_failed(tmp_path, sft_cache, monkeypatch):
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(run_dir, sft_cache, steps=4)
+    real_save = trainer_module.torch.save
+    saves = []
+
+    def save_stopped_at_step_2(state, handle, *args, **kwargs):
+        saves.append(state["step"])
+        target = _SignalOnWrite(handle, at_write=3) if state["step"] == 2 else handle
+        return real_save(state, target, *args, **kwargs)
+
+    saved_handler = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(trainer_module.torch, "save", save_stopped_at_step_2)
+    try:
+        assert run(compose_train(overrides)) == 130
+    finally:
+        signal.signal(signal.SIGTERM, saved_handler)
+    status = read_status(run_dir)
+    assert status["state"] == "interrupted", status  # torch.save was let finish: no RuntimeError from its zip file
+    assert saves == [1, 2] and list(load_metrics(run_dir)["step"]) == [0, 1, 2]
+    monkeypatch.setattr(trainer_module.torch, "save", real_save)
+    assert run(compose_train(overrides)) == 0  # the step-2 checkpoint is whole: the run resumes from it
+    assert read_status(run_dir)["state"] == "completed" and list(load_metrics(run_dir)["step"]) == [0, 1, 2, 3, 4]
 
 
 def test_a_corrupt_checkpoint_is_named(tmp_path, sft_cache):

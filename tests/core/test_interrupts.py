@@ -1,0 +1,54 @@
+"""A stop held while a step's record is written: delivered once the block ends, to the handler in place before."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from dataflex_rl.interrupts import held_interrupts, raise_on_sigterm
+
+
+@pytest.fixture
+def restore_handlers():
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_inside_the_block_is_delivered_after_it(restore_handlers, signum):
+    raise_on_sigterm()
+    before = signal.getsignal(signum)
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with held_interrupts():
+            os.kill(os.getpid(), signum)
+            finished.append("rest of the block")  # not cut short by the signal
+    assert finished == ["rest of the block"]
+    assert signal.getsignal(signum) is before
+
+
+def test_no_stop_no_interrupt_and_handlers_restored(restore_handlers):
+    raise_on_sigterm()
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    with held_interrupts():
+        pass
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
+def test_a_stop_during_a_block_that_raised_is_still_delivered(restore_handlers):
+    raise_on_sigterm()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with held_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise OSError("disk full")
+    assert isinstance(caught.value.__context__, OSError)  # the block's own error is chained, not lost
+
+
+def test_sigterm_raises_keyboard_interrupt_after_install(restore_handlers):
+    raise_on_sigterm()
+    with pytest.raises(KeyboardInterrupt, match="signal 15"):
+        os.kill(os.getpid(), signal.SIGTERM)

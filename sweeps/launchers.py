@@ -284,8 +284,11 @@ class RayLauncher(Launcher):
         try:
             self.client = JobSubmissionClient(self.address)
         except Exception as error:  # noqa: BLE001  (any connection problem refuses the sweep with its reason)
+            reason = str(error).strip().splitlines()[0]
+            hint = ("; the cluster uses Ray's token authentication: run the sweep with RAY_AUTH_MODE=token and the "
+                    "cluster's token in RAY_AUTH_TOKEN or ~/.ray/auth_token") if "authentication" in reason.lower() else ""
             raise ConfigError(f"ray.address = {self.address!r} is not allowed: no Ray dashboard answers there "
-                              f"({str(error).strip().splitlines()[0]})") from None
+                              f"({reason}){hint}") from None
         self.settings = config.ray
         self.sweep = sweep
         self.cwd = os.getcwd()

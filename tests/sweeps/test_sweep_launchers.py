@@ -158,7 +158,9 @@ def ray_head():
         pytest.skip("the ray CLI is not installed")
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths are length-limited
     gcs_port, dashboard_port = free_port(), free_port()
-    env = {**os.environ, "RAY_TMPDIR": temp_dir,
+    # Token authentication off on both sides: a ~/.ray/auth_token left by any earlier local Ray would switch it on
+    # for this head (RAY_AUTH_MODE unset + a token file) while the sweep's client sends none.
+    env = {**os.environ, "RAY_TMPDIR": temp_dir, "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [ray, "start", "--head", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}",
                "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1",
@@ -177,6 +179,7 @@ def test_ray_launcher_submits_one_ray_job_per_run(tmp_path, ray_head, monkeypatc
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     monkeypatch.setenv("RAY_ADDRESS", ray_head)  # the address comes from the environment here
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     assert main(standin_argv(tmp_path, "launcher=ray")) == 0
     sweep_dir = tmp_path / "runs" / "scale"
     runs = runs_by_name(sweep_dir)
@@ -186,3 +189,18 @@ def test_ray_launcher_submits_one_ray_job_per_run(tmp_path, ray_head, monkeypatc
         assert client.get_job_status(entry["launch"]["job_id"]) == JobStatus.SUCCEEDED
         assert f"scripted run {name} completed at step 2" in (sweep_dir / "logs" / f"{name}.log").read_text()
     assert read_manifest(sweep_dir)["launcher"] == "ray"
+
+
+def test_a_ray_cluster_with_token_authentication_is_refused_with_the_fix(tmp_path, monkeypatch, capsys):
+    import ray.job_submission
+
+    class TokenCluster:
+        def __init__(self, address):
+            raise RuntimeError("Authentication required: Unauthorized: Missing authentication token")
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", TokenCluster)
+    assert main(standin_argv(tmp_path, "launcher=ray", "ray.address=http://127.0.0.1:8265")) == 2
+    error = capsys.readouterr().err
+    assert "ray.address = 'http://127.0.0.1:8265' is not allowed" in error
+    assert "RAY_AUTH_MODE=token" in error and "RAY_AUTH_TOKEN" in error
+    assert not (tmp_path / "runs" / "scale").exists()  # refused before anything was written

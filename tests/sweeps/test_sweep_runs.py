@@ -152,7 +152,7 @@ def test_runs_of_a_sigkilled_driver_stop_and_the_next_invocation_resumes_them(tm
     driver.communicate(timeout=60)
     # No run outlives its driver: each got SIGTERM (PR_SET_PDEATHSIG) and marked itself interrupted.
     wait_for(lambda: all(json.loads((sweep_dir / run / "status.json").read_text())["state"] == "interrupted"
-                         for run in ("a0.0-s1", "a0.5-s1")), timeout=30, what="the runs to stop")
+                         for run in ("a0.0-s1", "a0.5-s1")), timeout=120, what="the runs to stop")
     assert {entry["state"] for entry in runs_by_name(sweep_dir).values()} == {"running"}  # as the driver left it
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0")
     assert main(argv) == 0

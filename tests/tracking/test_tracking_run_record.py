@@ -133,14 +133,14 @@ class TestLock:
         with RunStore(tmp_path).lock():
             process = context.Process(target=_try_lock, args=(tmp_path, queue))
             process.start()
-            process.join(30)
-            answer = queue.get(timeout=5)
+            process.join(120)
+            answer = queue.get(timeout=60)
         assert f"pid {os.getpid()}" in answer and "another process" in answer
         # Released: the next writer gets it.
         process = context.Process(target=_try_lock, args=(tmp_path, queue))
         process.start()
-        process.join(30)
-        assert queue.get(timeout=5) == "acquired"
+        process.join(120)
+        assert queue.get(timeout=60) == "acquired"
 
     def test_stale_temporaries_are_removed(self, tmp_path):
         (tmp_path / "checkpoints").mkdir()

@@ -242,7 +242,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     from dataflex_rl.tracking import parse_logger_config
 
     try:  # validated once here; build_loggers takes the result as it is
-        logger = parse_logger_config(raw.get("logger") or {})
+        logger = parse_logger_config(raw.get("logger"))  # None (no logger block): the defaults
     except ConfigError:
         raise
     except ValueError as error:

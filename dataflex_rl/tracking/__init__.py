@@ -1,4 +1,5 @@
-"""Tracking: the logger protocol, the run store (source of truth), W&B and a console line.
+"""Tracking: the logger protocol, the run store (source of truth), a console line and the optional loggers (W&B),
+which come from the :data:`LOGGERS` registry, one ``conf/logger/<name>/`` YAML each (see :mod:`.build`).
 
 Typical use in a trainer::
 

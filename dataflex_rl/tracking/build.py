@@ -101,7 +101,9 @@ class LoggerConfig:
         loggers = self.__dict__.get("loggers")
         if loggers is not None and name in loggers:
             return loggers[name]
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (optional loggers: {list(loggers or ())})")
+        raise AttributeError(
+            f"{type(self).__name__} has no attribute {name!r} (optional loggers: {list(loggers or ())})"
+        )
 
 
 def parse_logger_block(name: str, block: Any) -> Any:

@@ -27,7 +27,8 @@ def import_graph(folder: str) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 imported.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
         # A package's __init__ re-exports its modules; a module importing a sibling names the sibling, not the package.
-        graph[name] = {other for other in imported & set(modules) if other != name and other != folder.replace("/", ".")}
+        package = folder.replace("/", ".")
+        graph[name] = {other for other in imported & set(modules) if other not in (name, package)}
     return graph
 
 

@@ -18,7 +18,7 @@ _EXPORTS = {
     "MECHANISMS": "dataflex_rl.mechanism",
     "Mechanism": "dataflex_rl.mechanism",
     "MechanismOutput": "dataflex_rl.mechanism",
-    "build_mechanism": "dataflex_rl.mechanism",
+    "build_mechanism": "dataflex_rl.config",
     "register_mechanism": "dataflex_rl.mechanism",
     "ACTUATORS": "dataflex_rl.actuators",
     "register_actuator": "dataflex_rl.actuators",
@@ -29,9 +29,9 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from dataflex_rl.actuators import ACTUATORS, register_actuator
-    from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+    from dataflex_rl.config import DataflexConfig, build_mechanism, parse_dataflex_config
+    from dataflex_rl.mechanism import MECHANISMS, Mechanism, MechanismOutput, register_mechanism
     from dataflex_rl.validation import ConfigError
-    from dataflex_rl.mechanism import MECHANISMS, Mechanism, MechanismOutput, build_mechanism, register_mechanism
     from dataflex_rl.scorers import SCORERS, register_scorer
 
 

@@ -49,7 +49,7 @@ class Actuator:
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        pass
+        """The actuator's parameters (none); subclasses add fields checked in ``__post_init__``."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -72,6 +72,7 @@ class AdvantageReweight(Actuator):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
+        """``dataflex.actuator.params`` of ``advantage_reweight``; ``effective_tau`` fills ``tau``."""
         alpha: float = 0.5
         normalize: str = "mean"
         tau: float | None = None  # None: 1 - alpha
@@ -95,6 +96,8 @@ class AdvantageReweight(Actuator):
 
     def weights(self, signal: torch.Tensor, response_mask: torch.Tensor,
                 advantages: torch.Tensor | None = None) -> torch.Tensor:
+        """``w_t = alpha * s_t + tau`` on valid tokens (0 elsewhere), mean-normalised unless ``normalize: none``;
+        ``neg_adv_weight`` scales the weights of tokens with negative advantages. Shapes ``(bs, L)``."""
         params = self.params
         raw = torch.where(response_mask, signal.float() * params.alpha + params.effective_tau, 0.0)
         weights = raw if params.normalize == "none" else masked_mean_normalize(raw, response_mask)
@@ -121,6 +124,7 @@ class LoptiReweight(AdvantageReweight):
 
     @dataclasses.dataclass(frozen=True)
     class Params(AdvantageReweight.Params):
+        """``dataflex.actuator.params`` of ``lopti``: AR's plus ``eta`` and ``split``."""
         alpha: float = 0.0
         eta: float = 0.5
         split: str = "threshold"

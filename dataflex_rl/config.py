@@ -11,7 +11,10 @@ The block users write (public interface)::
 :func:`parse_dataflex_config` turns a dict or ``DictConfig`` into frozen dataclasses once, at the boundary, and
 refuses bad input with a :class:`ConfigError` that names the key, the value and what is allowed. Component
 parameters are checked by each component's own ``Params`` dataclass (see :mod:`dataflex_rl.scorers`,
-:mod:`dataflex_rl.actuators`).
+:mod:`dataflex_rl.actuators`). :func:`build_mechanism` validates a block and builds its mechanism.
+
+Imports point one way: this module checks names against the scorer, actuator and mechanism registries, and
+:mod:`dataflex_rl.mechanism` never imports it (a mechanism only reads the validated dataclasses it is given).
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
+
+from dataflex_rl.actuators import ACTUATORS
+from dataflex_rl.mechanism import MECHANISMS, Mechanism, staged_mechanism_names
+from dataflex_rl.registry import RegistryError
+from dataflex_rl.scorers import SCORERS
 
 # The validation kit lives in its own module (no component imports); its names stay importable from here.
 from dataflex_rl.validation import (  # noqa: F401
@@ -57,6 +65,7 @@ class ComponentConfig:
         return params_cls(**self.params)
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"name": ..., "params": {...}}``: the block as a user writes it."""
         return {"name": self.name, "params": dict(self.params)}
 
 
@@ -73,6 +82,7 @@ class DataflexConfig:
         check_non_negative_int("dataflex.warmup_step", self.warmup_step)
 
     def to_dict(self) -> dict[str, Any]:
+        """The whole block as a plain nested dict (the form :func:`parse_dataflex_config` reads back)."""
         return {
             "mechanism": self.mechanism,
             "scorer": self.scorer.to_dict(),
@@ -89,11 +99,6 @@ def parse_dataflex_config(cfg: Any) -> DataflexConfig:
     """
     if isinstance(cfg, DataflexConfig):
         return cfg
-    from dataflex_rl.mechanism import MECHANISMS
-    from dataflex_rl.actuators import ACTUATORS
-    from dataflex_rl.scorers import SCORERS
-    from dataflex_rl.registry import RegistryError
-
     raw = to_plain(cfg)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"dataflex = {raw!r} is not allowed: it must be a mapping with keys {TOP_LEVEL_KEYS}")
@@ -149,8 +154,6 @@ def check_compatible(scorer_cls: type, actuator_cls: type, mechanism_cls: type) 
             f"dataflex.mechanism = {mechanism_cls.name!r} does not provide; it provides "
             f"{sorted(mechanism_cls.provided_fields)}"
         )
-    from dataflex_rl.mechanism import staged_mechanism_names
-
     if getattr(actuator_cls, "needs_stages", False) and not mechanism_cls.staged:
         raise ConfigError(
             f"dataflex.actuator.name = {actuator_cls.name!r} cannot drive dataflex.mechanism = "
@@ -164,3 +167,11 @@ def check_compatible(scorer_cls: type, actuator_cls: type, mechanism_cls: type) 
         )
 
 
+def build_mechanism(cfg: Any, *, compile: bool = False) -> Mechanism:
+    """Validate the ``dataflex`` block (dict, ``DictConfig`` or :class:`DataflexConfig`) and build its mechanism.
+
+    Raises :class:`ConfigError` naming the key, the value and what is allowed.
+    ``compile=True`` fuses the hot path with ``torch.compile`` (worth it for large batches).
+    """
+    config = parse_dataflex_config(cfg)
+    return MECHANISMS.get(config.mechanism)(config, compile=compile)

@@ -2,7 +2,9 @@
 
 A mechanism composes a scorer (fields -> signal) and an actuator (signal, mask -> weights) and applies the
 weights to the advantages. Trainers call :meth:`Mechanism.apply` (or :meth:`Mechanism.process` for the
-weights, histograms and update stages too) and never branch on mechanism names.
+weights, histograms and update stages too) and never branch on mechanism names. A mechanism is built from a
+validated ``dataflex`` block by :func:`dataflex_rl.config.build_mechanism` (also ``dataflex_rl.build_mechanism``),
+which checks the block against the registries here; this module never reads the config schema's module.
 
 Shapes: every field is ``(bs, L)`` over response tokens; ``response_mask`` is 1 on valid tokens.
 """
@@ -16,10 +18,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from dataflex_rl import keys, metrics
+import dataflex_rl.keys as keys
+import dataflex_rl.metrics as metrics
 from dataflex_rl.actuators import ACTUATORS, Actuator
-from dataflex_rl.config import DataflexConfig, parse_dataflex_config
-from dataflex_rl.validation import ConfigError
 from dataflex_rl.registry import Registry
 from dataflex_rl.scorers import SCORERS, Scorer, check_log_probs, masked_log_probs
 
@@ -59,7 +60,8 @@ class Mechanism:
     # the verl loss read this one attribute).
     staged: ClassVar[bool] = False
 
-    def __init__(self, config: DataflexConfig, *, compile: bool = False) -> None:
+    def __init__(self, config: Any, *, compile: bool = False) -> None:
+        """``config``: a validated :class:`dataflex_rl.config.DataflexConfig` (its scorer, actuator, warmup_step)."""
         self.config = config
         scorer_cls = SCORERS.get(config.scorer.name)
         actuator_cls = ACTUATORS.get(config.actuator.name)
@@ -157,6 +159,7 @@ class Mechanism:
         return weights, output.metrics
 
     def histograms(self, step: int, fields: Fields) -> dict[str, metrics.Histogram]:
+        """The weight and token-probability histograms of one step (see :meth:`process`)."""
         return self.process(step, fields, histograms=True).histograms
 
     def _check_fields(self, fields: Fields) -> None:
@@ -313,12 +316,3 @@ def staged_mechanism_names() -> list[str]:
     """Registered mechanisms that split the policy update in stages (:attr:`Mechanism.staged`)."""
     return [name for name in MECHANISMS.names() if MECHANISMS.get(name).staged]
 
-
-def build_mechanism(cfg: Any, *, compile: bool = False) -> Mechanism:
-    """Validate the ``dataflex`` block (dict, ``DictConfig`` or :class:`DataflexConfig`) and build its mechanism.
-
-    Raises :class:`dataflex_rl.config.ConfigError` naming the key, the value and what is allowed.
-    ``compile=True`` fuses the hot path with ``torch.compile`` (worth it for large batches).
-    """
-    config = parse_dataflex_config(cfg)
-    return MECHANISMS.get(config.mechanism)(config, compile=compile)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from dataflex_rl import keys
+import dataflex_rl.keys as keys
 
 # Fixed edges, so histograms of different runs and steps are comparable bin for bin.
 TOKEN_PROB_EDGES = np.linspace(0.0, 1.0, 51)

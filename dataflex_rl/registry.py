@@ -62,6 +62,7 @@ class Registry(Generic[T]):
         )
 
     def names(self) -> list[str]:
+        """The registered names, sorted."""
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:

@@ -30,7 +30,7 @@ class Scorer:
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        pass
+        """The scorer's parameters (none); subclasses add fields checked in ``__post_init__``."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()

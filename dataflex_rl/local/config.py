@@ -43,6 +43,7 @@ def _set(params: Any, name: str, value: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """``model``: a local HF checkpoint (``path``) or the tiny decoder built from these sizes."""
     path: str | None = None
     architecture: str = "qwen2"
     hidden_size: int = 128
@@ -89,6 +90,7 @@ class SFTConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
+    """``trainer``: the GRPO loop (rollouts, PPO epochs, verl's estimator and loss, evaluation, checkpoints)."""
     total_steps: int = 400
     prompts_per_step: int = 32
     rollouts_per_prompt: int = 8
@@ -153,6 +155,7 @@ class TrainerConfig:
 
     @property
     def batch_size(self) -> int:
+        """Sequences per step: ``prompts_per_step * rollouts_per_prompt``."""
         return self.prompts_per_step * self.rollouts_per_prompt
 
 
@@ -187,6 +190,7 @@ class TaskConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """The whole run config of the local backend, validated (:func:`parse_train_config`)."""
     run_dir: str
     seed: int
     dataflex: DataflexConfig
@@ -205,6 +209,7 @@ class TrainConfig:
 
     @property
     def alpha(self) -> float | None:
+        """The actuator's ``alpha`` (None for an actuator without one)."""
         return self.dataflex.actuator.params.get("alpha")
 
 
@@ -242,7 +247,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     from dataflex_rl.tracking import parse_logger_config
 
     try:  # validated once here; build_loggers takes the result as it is
-        logger = parse_logger_config(raw.get("logger") or {})
+        logger = parse_logger_config(raw.get("logger"))  # None (no logger block): the defaults
     except ConfigError:
         raise
     except ValueError as error:

@@ -102,6 +102,7 @@ class DecoderWeights:
 
     @property
     def eps(self) -> float:
+        """The RMSNorm epsilon (one value for every layer of these models)."""
         return self.layers[0].input_layernorm.variance_epsilon
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,6 +132,7 @@ class DecoderWeights:
                             mlp.down_proj.weight)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm then the LM head: hidden states ``(..., H)`` -> logits ``(..., V)``."""
         norm = self.model.model.norm
         return F.linear(_rms_norm(x, norm.weight, norm.variance_epsilon), self.model.lm_head.weight,
                         self.model.lm_head.bias)

@@ -49,4 +49,5 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, Tokenizer]:
 
 
 def count_parameters(model: torch.nn.Module) -> int:
+    """The number of parameters (elements) of ``model``."""
     return sum(parameter.numel() for parameter in model.parameters())

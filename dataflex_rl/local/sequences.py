@@ -35,9 +35,11 @@ class SequenceBatch:
 
     @property
     def responses(self) -> torch.Tensor:
+        """The response tokens ``(N, R)``: every column after the prompt."""
         return self.input_ids[:, self.prompt_length :]
 
     def select(self, rows: torch.Tensor | np.ndarray) -> SequenceBatch:
+        """The batch restricted to ``rows`` (same prompt length)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         return SequenceBatch(
             self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows], self.prompt_length,
@@ -137,6 +139,7 @@ def _sequence_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, respons
 
 
 def decode_responses(tokenizer: Tokenizer, batch: SequenceBatch) -> list[str]:
+    """Each row's response as text (the tokenizer stops at the first EOS)."""
     return [tokenizer.decode(row.tolist()) for row in batch.responses]
 
 

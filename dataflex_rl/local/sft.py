@@ -35,6 +35,8 @@ CACHE_VERSION = 2  # bump when the SFT recipe changes, so stale checkpoints are 
 
 
 def sft_cache_key(model: ModelConfig, task: TaskConfig, sft: SFTConfig) -> str:
+    """16 hex digits of sha256 over what the warm start depends on: model, task, SFT settings (not
+    ``cache_dir``) and :data:`CACHE_VERSION`."""
     payload = {
         "version": CACHE_VERSION,
         "model": dataclasses.asdict(model),

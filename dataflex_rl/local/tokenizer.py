@@ -15,14 +15,20 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 
 
 class Tokenizer(Protocol):
+    """What the trainer needs of a tokenizer: special-token ids, the vocabulary size, text <-> ids."""
     pad_token_id: int
     eos_token_id: int
     bos_token_id: int
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
-    def save_pretrained(self, directory: str | Path) -> None: ...
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, no special tokens added."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` up to the first EOS, special tokens dropped."""
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write what :func:`load_tokenizer` reads back from ``directory``."""
 
 
 class CharTokenizer:
@@ -39,6 +45,7 @@ class CharTokenizer:
         self.vocab_size = len(SPECIAL_TOKENS) + len(characters)
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
         try:
             return [self._ids[char] for char in text]
         except KeyError as error:
@@ -57,6 +64,7 @@ class CharTokenizer:
         return "".join(characters)
 
     def save_pretrained(self, directory: str | Path) -> None:
+        """Write the alphabet to ``directory`` (read back by :func:`load_tokenizer`)."""
         path = Path(directory) / CHAR_TOKENIZER_FILE
         path.write_text(json.dumps({"alphabet": self.alphabet, "special_tokens": list(SPECIAL_TOKENS)}))
 
@@ -72,14 +80,17 @@ class HFTokenizer:
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` up to the first EOS, special tokens dropped."""
         if self.eos_token_id in ids:
             ids = ids[: ids.index(self.eos_token_id)]
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def save_pretrained(self, directory: str | Path) -> None:
+        """Hugging Face's own ``save_pretrained``."""
         self._tokenizer.save_pretrained(str(directory))
 
 

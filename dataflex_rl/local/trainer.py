@@ -68,6 +68,9 @@ def fast_paths(model: torch.nn.Module, trainer) -> tuple[str, bool]:
 
 
 class GRPOTrainer:
+    """GRPO on the local backend, one named step at a time: rollout, reward, advantages, reweight (the
+    mechanism), update, statistics, log; evaluation and checkpoints around them (:meth:`fit`)."""
+
     def __init__(
         self,
         config: TrainConfig,
@@ -134,6 +137,7 @@ class GRPOTrainer:
         return last_metrics
 
     def train_step(self, step: int) -> dict[str, float]:
+        """One GRPO step (rollout to update) at ``step``; returns its metrics (histograms wait for :meth:`log`)."""
         start = time.perf_counter()
         self._seed_step(step)
         rollout = self.rollout(step)
@@ -224,6 +228,7 @@ class GRPOTrainer:
 
     def reweight(self, step: int, batch: SequenceBatch, old_log_probs: torch.Tensor,
                  advantages: torch.Tensor) -> MechanismOutput:
+        """The mechanism's output for the step (histograms only at steps the loggers want them)."""
         fields = {"old_log_probs": old_log_probs, "response_mask": batch.response_mask, "advantages": advantages}
         return self.mechanism.process(step, fields, histograms=self.loggers.wants_histogram(step))
 
@@ -260,17 +265,8 @@ class GRPOTrainer:
                         kl_loss = core_algos.agg_loss(kl, mask, trainer.loss_agg_mode)
                         loss = loss + trainer.kl_coef * kl_loss
                         sums[keys.KL_LOSS].append(kl_loss.item())
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                                trainer.grad_clip or float("inf")))
-                    # As verl does: a non-finite gradient skips the optimiser step instead of corrupting the weights.
-                    finite = math.isfinite(norm)
-                    if finite:
-                        self.optimizer.step()
-                    else:
-                        self.optimizer.zero_grad(set_to_none=True)
-                    sums[keys.SKIPPED_UPDATE_FRAC].append(float(not finite))
+                    norm = self._optimizer_step(loss)
+                    sums[keys.SKIPPED_UPDATE_FRAC].append(float(not math.isfinite(norm)))
                     sums[keys.PG_LOSS].append(pg_loss.item())
                     sums[keys.GRAD_NORM].append(norm)
                     clip = trainer.grad_clip or float("inf")
@@ -288,6 +284,20 @@ class GRPOTrainer:
         result[keys.LR] = self.optimizer.param_groups[0]["lr"]
         result[keys.UPDATE_STAGES] = float(len(stages))
         return result, grad_factor
+
+    def _optimizer_step(self, loss: torch.Tensor) -> float:
+        """Backward, clip to ``grad_clip`` and step; returns the gradient norm before clipping.
+
+        As verl does, a non-finite norm skips the optimiser step instead of corrupting the weights.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.trainer.grad_clip or float("inf")))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        return norm
 
     def gradient_statistics(self, batch: SequenceBatch, old_log_probs: torch.Tensor, output: MechanismOutput,
                             grad_factor: torch.Tensor) -> dict[str, float]:
@@ -350,6 +360,7 @@ class GRPOTrainer:
 
     # --- logging, checkpoints -------------------------------------------------------------------------------
     def log(self, step: int, step_metrics: dict[str, float]) -> None:
+        """Hand the step's metrics and pending histograms to the loggers; times itself for the next step."""
         start = time.perf_counter()
         self.loggers.log_metrics(step, step_metrics)
         for name, histogram in self._pending_histograms.items():

@@ -1,4 +1,5 @@
-"""Tracking: the logger protocol, the run store (source of truth), W&B and a console line.
+"""Tracking: the logger protocol, the run store (source of truth), a console line and the optional loggers (W&B),
+which come from the :data:`LOGGERS` registry, one ``conf/logger/<name>/`` YAML each (see :mod:`.build`).
 
 Typical use in a trainer::
 
@@ -17,8 +18,8 @@ Typical use in a trainer::
     # leaving the block closes every logger: completed, or failed/interrupted with the traceback in status.json
 """
 
-from dataflex_rl.tracking.base import CLOSE_STATES, Logger, MultiLogger
-from dataflex_rl.tracking.build import LoggerConfig, WandbConfig, build_loggers, parse_logger_config
+from dataflex_rl.tracking.base import CLOSE_STATES, LOGGERS, Logger, MultiLogger, register_logger
+from dataflex_rl.tracking.build import LoggerConfig, build_loggers, parse_logger_config
 from dataflex_rl.tracking.console import ConsoleLogger
 from dataflex_rl.tracking.identity import RunIdentity, config_hash, git_commit
 from dataflex_rl.tracking.run_store import (
@@ -40,10 +41,11 @@ from dataflex_rl.tracking.run_store import (
     read_metrics,
     read_status,
 )
-from dataflex_rl.tracking.wandb_logger import WANDB_MODES, WandbLogger, wandb_run_id
+from dataflex_rl.tracking.wandb_logger import WANDB_MODES, WandbConfig, WandbLogger, wandb_run_id
 
 __all__ = [
     "CLOSE_STATES",
+    "LOGGERS",
     "STATES",
     "WANDB_MODES",
     "ConfigMismatchError",
@@ -73,5 +75,6 @@ __all__ = [
     "read_meta",
     "read_metrics",
     "read_status",
+    "register_logger",
     "wandb_run_id",
 ]

@@ -9,6 +9,10 @@ A trainer holds one ``MultiLogger`` (from :func:`dataflex_rl.tracking.build_logg
 
 or uses it as a context manager, which closes with ``failed`` (or ``interrupted`` on ``KeyboardInterrupt``) and
 records the traceback in the run store's ``status.json`` when the block raises.
+
+:data:`LOGGERS` holds the optional loggers (W&B, ...), each built from its own block of the ``logger`` config
+(``conf/logger/<name>/default.yaml``); see :func:`dataflex_rl.tracking.build.build_loggers` and
+``docs/architecture.md`` ("Where to add: a logger").
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import traceback as traceback_module
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
+
+from dataflex_rl.registry import Registry
 
 LOG = logging.getLogger(__name__)
 
@@ -39,6 +45,14 @@ class Logger(Protocol):
 
     def close(self, state: str = "completed") -> None:
         """Finish the run in ``state`` (one of :data:`CLOSE_STATES`)."""
+
+
+# name -> class of an optional logger. A registered class has ``name``, a frozen dataclass ``Config`` (the keys of
+# its YAML; ``__post_init__`` refuses bad values naming ``logger.<name>.<key>``) and a classmethod
+# ``from_config(config, *, run_dir, identity, resolved_config)`` returning the logger, or None when the settings
+# turn it off. Registry names equal the YAML folders under ``conf/logger/``.
+LOGGERS: Registry[Any] = Registry("logger")
+register_logger = LOGGERS.register
 
 
 def check_close_state(state: str) -> str:
@@ -80,12 +94,15 @@ class MultiLogger:
 
     # --- protocol ------------------------------------------------------------------------------------------
     def log_config(self, config: dict) -> None:
+        """Pass the resolved config to every enabled logger."""
         self._call("log_config", config)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Pass one step's scalar metrics to every enabled logger."""
         self._call("log_metrics", step, metrics)
 
     def log_histogram(self, step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> None:
+        """Pass one histogram on when :meth:`wants_histogram` says so at ``step``."""
         if self.wants_histogram(step):
             self._call("log_histogram", step, name, edges, counts)
 
@@ -108,23 +125,24 @@ class MultiLogger:
         return [logger for logger in self.loggers if id(logger) not in self._disabled]
 
     def _call(self, method: str, *args: Any) -> None:
-        for logger in self.loggers:
-            if id(logger) in self._disabled:
-                continue
-            if id(logger) in self._critical_ids:
-                getattr(logger, method)(*args)
-                continue
-            try:
-                getattr(logger, method)(*args)
-            except Exception as error:  # any failure of an optional logger must not stop training
-                self._disabled.add(id(logger))
-                LOG.warning(
-                    "logger %s failed in %s (%s: %s); it is disabled for the rest of the run, the others go on",
-                    logger_name(logger),
-                    method,
-                    type(error).__name__,
-                    error,
-                )
+        for logger in self.active:
+            self._call_one(logger, method, *args)
+
+    def _call_one(self, logger: Logger, method: str, *args: Any) -> None:
+        if id(logger) in self._critical_ids:
+            getattr(logger, method)(*args)
+            return
+        try:
+            getattr(logger, method)(*args)
+        except Exception as error:  # any failure of an optional logger must not stop training
+            self._disabled.add(id(logger))
+            LOG.warning(
+                "logger %s failed in %s (%s: %s); it is disabled for the rest of the run, the others go on",
+                logger_name(logger),
+                method,
+                type(error).__name__,
+                error,
+            )
 
     # --- context manager -----------------------------------------------------------------------------------
     def __enter__(self) -> MultiLogger:
@@ -137,12 +155,10 @@ class MultiLogger:
             self.close("completed")
             return
         state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        # Imported here: run_store imports this module.
-        from dataflex_rl.tracking.run_store import RunStore
-
         error = f"{type(exc).__name__}: {exc}"
         formatted = "".join(traceback_module.format_exception(exc_type, exc, tb))
+        # A logger that keeps errors (the run store: status.json) defines ``record_error``; the others only close.
         for logger in self.active:
-            if isinstance(logger, RunStore):
-                logger.record_error(state, error=error, traceback=formatted)
+            if callable(getattr(logger, "record_error", None)):
+                self._call_one(logger, "record_error", state, error, formatted)
         self.close(state)

@@ -44,6 +44,7 @@ class ConsoleLogger:
         """Nothing: the config is in ``config.yaml`` and W&B."""
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """One line at steps divisible by ``every`` and at evaluation steps."""
         self._last_step = step
         if step % self.every != 0 and keys.VAL_ACCURACY not in metrics:
             return
@@ -54,4 +55,5 @@ class ConsoleLogger:
         """Nothing: histograms do not fit a console line."""
 
     def close(self, state: str = "completed") -> None:
+        """A last line: the final state and step."""
         self.log.info("run %s after step %s", state, self._last_step if self._last_step is not None else "-")

@@ -732,6 +732,7 @@ class RunStore:
         self._fingerprint: str | None = None
 
     def path(self, file_name: str) -> pathlib.Path:
+        """``<run_dir>/<file_name>``."""
         return self.run_dir / file_name
 
     @property
@@ -893,6 +894,7 @@ class RunStore:
 
     # --- Logger protocol -----------------------------------------------------------------------------------
     def log_config(self, config: dict) -> None:
+        """Write ``config.yaml`` (see :meth:`write_config`)."""
         self.write_config(config)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:

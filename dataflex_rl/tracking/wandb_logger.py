@@ -1,5 +1,7 @@
 """W&B logger: the same keys as the run store, in a W&B run named from the run's identity.
 
+Settings: the ``logger.wandb`` block (``conf/logger/wandb/default.yaml``, checked by :class:`WandbConfig`).
+
 - ``mode``: ``offline`` (default; files land in ``<run_dir>/wandb/``, upload later with ``wandb sync``), ``online``
   (needs credentials: ``WANDB_API_KEY``, ``wandb login`` or a netrc entry) or ``disabled`` (wandb is not even
   imported and nothing is written). The configured mode wins over a ``WANDB_MODE`` environment variable: set
@@ -22,6 +24,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -29,9 +32,9 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dataflex_rl.validation import to_plain
-from dataflex_rl.tracking.base import check_close_state
+from dataflex_rl.tracking.base import check_close_state, register_logger
 from dataflex_rl.tracking.identity import RunIdentity
+from dataflex_rl.validation import ConfigError, check_choice, to_plain
 
 LOG = logging.getLogger(__name__)
 
@@ -39,6 +42,34 @@ WANDB_MODES = ("offline", "online", "disabled")
 TAG_MAX_LENGTH = 64  # W&B refuses longer tags
 ERROR_REPORTING_VARIABLE = "WANDB_ERROR_REPORTING"
 UNAVAILABLE_MESSAGE = "W&B unavailable: %s; the run store still has everything"
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    """``logger.wandb``: the keys of ``conf/logger/wandb/default.yaml``, checked."""
+
+    mode: str = "offline"
+    project: str = "dataflex-rl"
+    entity: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_choice("logger.wandb.mode", self.mode, WANDB_MODES)
+        if not isinstance(self.project, str) or not self.project:
+            raise ConfigError(f"logger.wandb.project = {self.project!r} is not allowed: it must be a non-empty string")
+        if self.entity is not None and (not isinstance(self.entity, str) or not self.entity):
+            raise ConfigError(
+                f"logger.wandb.entity = {self.entity!r} is not allowed: it must be a non-empty string or null"
+            )
+        if isinstance(self.tags, str) or not isinstance(self.tags, (list, tuple)):
+            raise ConfigError(f"logger.wandb.tags = {self.tags!r} is not allowed: it must be a list of strings")
+        for tag in self.tags:
+            if not isinstance(tag, str) or not 0 < len(tag) <= TAG_MAX_LENGTH:
+                raise ConfigError(
+                    f"logger.wandb.tags entry {tag!r} is not allowed: "
+                    f"tags are strings of 1 to {TAG_MAX_LENGTH} characters"
+                )
+        object.__setattr__(self, "tags", tuple(self.tags))
 
 
 def wandb_run_id(identity: RunIdentity) -> str:
@@ -74,6 +105,7 @@ def _missing_credentials() -> str | None:
     return None
 
 
+@register_logger("wandb")
 class WandbLogger:
     """A W&B run following the logger protocol; a no-op when ``mode`` is ``disabled`` or W&B cannot start.
 
@@ -81,6 +113,29 @@ class WandbLogger:
     """
 
     name = "wandb"
+    Config = WandbConfig
+
+    @classmethod
+    def from_config(
+        cls,
+        config: WandbConfig,
+        *,
+        run_dir: str | pathlib.Path,
+        identity: RunIdentity,
+        resolved_config: Mapping[str, Any],
+    ) -> WandbLogger | None:
+        """The run's W&B logger from ``logger.wandb``; None when ``mode`` is ``disabled`` (wandb is not imported)."""
+        if config.mode == "disabled":
+            return None
+        return cls(
+            identity=identity,
+            run_dir=run_dir,
+            config=resolved_config,
+            mode=config.mode,
+            project=config.project,
+            entity=config.entity,
+            tags=config.tags,
+        )
 
     def __init__(
         self,
@@ -143,17 +198,21 @@ class WandbLogger:
 
     @property
     def active(self) -> bool:
+        """Whether a W&B run is live (False when disabled, unavailable or closed)."""
         return self.run is not None
 
     def log_config(self, config: dict) -> None:
+        """Update the W&B run's config with the resolved config."""
         if self.run is not None:
             self.run.config.update(to_plain(config), allow_val_change=True)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """``wandb.log`` of one step's scalars at ``step``."""
         if self.run is not None:
             self.run.log(dict(metrics), step=step)
 
     def log_histogram(self, step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> None:
+        """One ``wandb.Histogram`` built from the given bins (no re-binning)."""
         if self.run is None:
             return
         import wandb

@@ -44,7 +44,8 @@ from verl.workers.utils.padding import response_to_nested
 
 from dataflex_rl import keys
 from dataflex_rl.validation import ConfigError, to_plain
-from dataflex_rl.mechanism import Mechanism, build_mechanism
+from dataflex_rl.config import build_mechanism
+from dataflex_rl.mechanism import Mechanism
 from dataflex_rl.metrics import Histogram, prob_bucket_stats
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function

@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from analysis.load import IDENTITY_COLUMNS, factor_columns
+from analysis.frames import IDENTITY_COLUMNS, factor_columns
 from dataflex_rl import keys
 
 DEFAULT_FINAL_WINDOW = 5

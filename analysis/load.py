@@ -12,7 +12,12 @@ one, else it repeats ``mechanism``; analysis treats it as a factor beside ``alph
 Every other swept factor is a column too, between ``alpha`` and ``seed`` (``eta``, ``trainer.lr``, ``task``, ...): its
 name and value come from ``meta.json``'s ``axes`` (the grid's axes, values read from the run's resolved config); for
 a store written before runs recorded their axes, from the axes ``sweep.json``'s grid names, read from each run's
-config. A store with neither (alpha and seed only) has no factor columns. :func:`factor_columns` lists them.
+config. A store with neither (alpha and seed only) has no factor columns. :func:`factor_columns` lists them. The W&B
+loaders (:func:`load_wandb`, :func:`load_wandb_offline`) read the same axes from the W&B config's
+``run_identity.axes`` (see :mod:`analysis.wandb_runs`), so their tables group and pair the same way.
+
+The column sets, :class:`SweepData` and the table builders live in :mod:`analysis.frames`; this module re-exports
+them, so ``load.SweepData``, ``load.factor_columns``, ... keep working.
 
 Run table (:attr:`SweepData.runs`), one row per run folder (plus one per ``sweep.json`` entry without a folder):
 identity columns as above, then ``state``, ``status_step``, ``error``, ``wall_time_s``, ``git_commit``,

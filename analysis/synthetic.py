@@ -1,4 +1,4 @@
-"""Hand-made run stores for tests, the notebook test and benchmarks.
+"""Synthetic run stores with a known truth, for tests, the notebook test and benchmarks.
 
 :func:`write_fake_run` writes one run folder in the run-store format of ``docs/run_store.md`` from explicit arrays, so a
 test can hand-compute every aggregate. :func:`write_fake_sweep` writes a whole sweep folder (``sweep.json`` plus one

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import aggregate
+from analysis import aggregate, tables
 from analysis.load import factor_columns, load_sweep, load_wandb, load_wandb_offline
 from analysis.wandb_offline import history_tables, offline_state
 from dataflex_rl import keys
@@ -92,6 +92,17 @@ def test_offline_runs_carry_the_recorded_axes_as_factor_columns(two_factor_sweep
     np.testing.assert_allclose(deltas["mean_difference"], [0.55, 0.65])
     pd.testing.assert_frame_equal(deltas.reset_index(drop=True),
                                   score_deltas(load_sweep(two_factor_sweep)).reset_index(drop=True))
+    # the comparison table: one row per (alpha, lr), the delta against alpha = 0 at the same lr
+    summaries = aggregate.run_summaries(offline.metrics, metrics=[keys.SCORE_MEAN], final_window=1)
+    group_keys = aggregate.default_group_keys(offline.runs)
+    table = tables.comparison_table(
+        aggregate.aggregate_runs(summaries, group_keys=group_keys), group_keys=group_keys,
+        deltas=aggregate.paired_differences(summaries, group_keys=group_keys, baseline={"alpha": 0.0}))
+    delta_cells = table.cells[tables.DELTA_PREFIX + keys.SCORE_MEAN].tolist()
+    assert table.cells[["alpha", "trainer.lr"]].values.tolist() == [
+        ["0", "0.0001"], ["0", "0.0003"], ["0.5", "0.0001"], ["0.5", "0.0003"]]
+    assert delta_cells[:2] == ["baseline", "baseline"]
+    assert delta_cells[2].startswith("+0.550") and delta_cells[3].startswith("+0.650")
 
 
 class _ApiRun:

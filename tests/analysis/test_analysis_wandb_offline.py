@@ -158,3 +158,36 @@ def test_offline_reader_parts(tmp_path):
     (tmp_path / "not.wandb").write_bytes(b"garbage!")
     with pytest.raises(ValueError, match="not a W&B run file"):
         list(records(tmp_path / "not.wandb"))
+
+
+@pytest.mark.slow
+def test_a_real_alpha_by_lr_sweep_loads_from_its_wandb_files_like_from_its_run_stores(tmp_path):
+    """``python -m sweeps`` (2 x 2: alpha x trainer.lr, one seed, 2 steps, W&B offline): the offline W&B files give
+    the same factor columns, runs and paired deltas as the run stores beside them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    extra = ("extra=[trainer.val_every=1 trainer.prompts_per_step=4 trainer.rollouts_per_prompt=2 trainer.val_size=8 "
+             f"sft.steps=2 stats.exact_every=0 sft.cache_dir={tmp_path / 'sft'} logger.wandb.mode=offline "
+             "trainer.lr=1e-4,3e-4]")
+    subprocess.run([sys.executable, "-m", "sweeps", "alpha=0.0,0.5", "seeds=1", "steps=2", "jobs=2",
+                    f"root={tmp_path / 'runs'}", "name=real", extra], cwd=repo, check=True, timeout=1200)
+    sweep_dir = tmp_path / "runs" / "real"
+    store, offline = load_sweep(sweep_dir), load_wandb_offline(sweep_dir)
+    assert factor_columns(offline.runs) == factor_columns(store.runs) == ["trainer.lr"]
+    assert sorted(offline.runs["run"].astype(str)) == sorted(store.runs["run"].astype(str))
+    assert offline.runs["included"].all() and len(offline.runs) == 4
+
+    def deltas(data):
+        summaries = aggregate.run_summaries(data.metrics, metrics=[keys.VAL_ACCURACY])
+        group_keys = aggregate.default_group_keys(data.runs)
+        assert group_keys == ("alpha", "trainer.lr")
+        frame = aggregate.paired_differences(summaries, group_keys=group_keys, baseline={"alpha": 0.0},
+                                             n_bootstrap=20)
+        return frame[["alpha", "trainer.lr", "n_pairs", "mean_difference"]].reset_index(drop=True)
+
+    from_wandb = deltas(offline)
+    assert from_wandb["trainer.lr"].tolist() == [1e-4, 3e-4] and from_wandb["n_pairs"].tolist() == [1, 1]
+    pd.testing.assert_frame_equal(from_wandb, deltas(store))

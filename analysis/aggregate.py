@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from analysis.load import IDENTITY_COLUMNS, factor_columns
+from analysis.frames import IDENTITY_COLUMNS, factor_columns
 from dataflex_rl import keys
 
 DEFAULT_FINAL_WINDOW = 5
@@ -648,11 +648,30 @@ def run_summaries(
     segment_metrics = identity["metric"].astype(str).to_numpy()
     minimise = np.array([lower_is_better(m, minimize) for m in segment_metrics])
 
-    count = ends - starts
+    summary = identity
+    summary["n_points"] = ends - starts
+    summary["first_step"] = steps[starts]
+    summary["last_step"] = steps[ends - 1]
+    summary["final"] = values[ends - 1]
+    summary["final_window"] = _window_means(values, starts, ends, final_window)
+    summary["auc"] = _normalised_areas(steps, values, starts, ends)
+    summary["best"] = np.where(minimise, np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts))
+    summary["steps_to_threshold"] = _steps_to_threshold(steps, values, starts, ends, segment_metrics, minimise,
+                                                        thresholds)
+    return summary
+
+
+def _window_means(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, final_window: int) -> np.ndarray:
+    """Mean of the last ``final_window`` values of each segment ``values[start:end]`` (all of a shorter one)."""
     window_starts = np.maximum(starts, ends - final_window)
     # reduceat over interleaved (window start, end) pairs sums each window; a trailing 0 makes `end == len` valid.
     padded = np.append(values, 0.0)
     window_sums = np.add.reduceat(padded, np.column_stack([window_starts, ends]).ravel())[::2]
+    return window_sums / (ends - window_starts)
+
+
+def _normalised_areas(steps: np.ndarray, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Trapezoid area under each segment divided by its step span (the single value of a one-step segment)."""
     # Trapezoids between consecutive rows, zeroed where the next row starts another segment.
     trapezoids = np.zeros_like(values)
     trapezoids[:-1] = 0.5 * (values[1:] + values[:-1]) * np.diff(steps).astype(np.float64)
@@ -660,29 +679,25 @@ def run_summaries(
     areas = np.add.reduceat(trapezoids, starts)
     span = (steps[ends - 1] - steps[starts]).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        auc = np.where(span > 0, areas / span, values[starts])
-    best = np.where(minimise, np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts))
+        return np.where(span > 0, areas / span, values[starts])
 
+
+def _steps_to_threshold(steps: np.ndarray, values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                        segment_metrics: np.ndarray, minimise: np.ndarray,
+                        thresholds: Mapping[str, float] | None) -> np.ndarray:
+    """First step at which each segment reaches its metric's threshold (``<=`` when lower is better), else NaN."""
     reached_step = np.full(starts.size, np.nan)
-    if thresholds:
-        segment_threshold = np.array([thresholds.get(m, np.nan) for m in segment_metrics], dtype=np.float64)
-        row_threshold = np.repeat(segment_threshold, count)
-        row_minimise = np.repeat(minimise, count)
-        reached = np.where(row_minimise, values <= row_threshold, values >= row_threshold)
-        first = np.minimum.reduceat(np.where(reached, np.arange(values.size), values.size), starts)
-        hit = first < ends
-        reached_step[hit] = steps[first[hit]]
-
-    summary = identity
-    summary["n_points"] = count
-    summary["first_step"] = steps[starts]
-    summary["last_step"] = steps[ends - 1]
-    summary["final"] = values[ends - 1]
-    summary["final_window"] = window_sums / (ends - window_starts)
-    summary["auc"] = auc
-    summary["best"] = best
-    summary["steps_to_threshold"] = reached_step
-    return summary
+    if not thresholds:
+        return reached_step
+    count = ends - starts
+    segment_threshold = np.array([thresholds.get(m, np.nan) for m in segment_metrics], dtype=np.float64)
+    row_threshold = np.repeat(segment_threshold, count)
+    row_minimise = np.repeat(minimise, count)
+    reached = np.where(row_minimise, values <= row_threshold, values >= row_threshold)
+    first = np.minimum.reduceat(np.where(reached, np.arange(values.size), values.size), starts)
+    hit = first < ends
+    reached_step[hit] = steps[first[hit]]
+    return reached_step
 
 
 # --- per-group statistics ----------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import SweepData, factor_columns, load_sweep, parquet_safe, write_parquet_atomic
+from analysis.frames import SweepData, factor_columns, parquet_safe, write_parquet_atomic
+from analysis.load import load_sweep
 from analysis.load import swept_factors  # noqa: F401 - swept_factors kept here
 
 METRICS_FILE = "metrics.parquet"

@@ -22,6 +22,7 @@ from matplotlib.colors import PowerNorm
 from analysis.aggregate import (
     DEFAULT_CONFIDENCE,
     DEFAULT_FINAL_WINDOW,
+    MIN_SEEDS_FOR_INTERVAL,
     RandomState,
     aggregate_curves,
     aggregate_runs,
@@ -229,14 +230,11 @@ def plot_metric_vs_alpha(
     so that a few validation items cannot fill the plot; else 10% of the largest magnitude), and holds every dot and
     the reference.
     """
-    from analysis.aggregate import MIN_SEEDS_FOR_INTERVAL
-
     ax = _axes(ax)
     rows = aggregates[aggregates["metric"].astype(str) == metric]
     if rows.empty:
         raise KeyError(f"metric={metric!r} is not in the aggregates; available: "
                        f"{sorted(aggregates['metric'].astype(str).unique())}")
-    low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
     series = [None] if series_key is None else sorted(rows[series_key].astype(str).unique())
     colors = group_colors(series)
     shown: list[np.ndarray] = []
@@ -244,45 +242,64 @@ def plot_metric_vs_alpha(
     for name in series:
         part = rows if name is None else rows[rows[series_key].astype(str) == name]
         part = part.sort_values("alpha")
-        alphas = part["alpha"].to_numpy(dtype=np.float64)
-        center = part[statistic].to_numpy(dtype=np.float64)
-        enough = part["n"].to_numpy() >= MIN_SEEDS_FOR_INTERVAL
-        error = np.vstack([center - part[low_column].to_numpy(dtype=np.float64),
-                           part[high_column].to_numpy(dtype=np.float64) - center])
-        error = np.where(enough & np.isfinite(error), np.clip(error, 0.0, None), 0.0)
-        ax.errorbar(alphas, center, yerr=error, marker="D", markersize=6, capsize=4, linewidth=1.2,
-                    color=colors[name], label=f"{statistic} ± interval" if name is None else str(name), zorder=3)
-        shown.append(center - error[0])
-        shown.append(center + error[1])
+        shown += _alpha_errorbars(ax, part, statistic, color=colors[name],
+                                  label=f"{statistic} ± interval" if name is None else str(name))
         if dots is not None and len(dots):
             seeds = dots if name is None else dots[dots[series_key].astype(str) == name]
-            x = seeds["alpha"].to_numpy(dtype=np.float64)
-            spread = 0.04 * max(1e-9, np.ptp(alphas) if alphas.size > 1 else 1.0)
-            jitter = (np.random.default_rng(0).random(x.size) - 0.5) * 2 * spread  # fixed: the figure is reproducible
-            y = seeds[value].to_numpy(dtype=np.float64)
-            ax.scatter(x + jitter, y, s=18, alpha=0.6, color=colors[name], edgecolors="none", zorder=2,
-                       label="one seed" if name is None else None)
-            shown.append(y)
+            shown.append(_seed_dots(ax, seeds, value, part["alpha"].to_numpy(dtype=np.float64), color=colors[name],
+                                    label="one seed" if name is None else None))
     if reference is not None and np.isfinite(reference):
         ax.axhline(reference, color="0.4", linestyle="--", linewidth=1.0, label=reference_label, zorder=1)
         shown.append(np.array([reference]))
-    values = np.concatenate([np.ravel(v) for v in shown])
-    values = values[np.isfinite(values)]
-    if values.size:
-        low, high = float(values.min()), float(values.max())
-        unit_range = low >= 0.0 and high <= 1.0
-        span = min_span if min_span is not None else (0.1 if unit_range else 0.1 * max(abs(low), abs(high), 1e-12))
-        middle, half = (low + high) / 2.0, max(span, 1.1 * (high - low)) / 2.0
-        bottom, top = middle - half, middle + half
-        if unit_range:  # keep [0, 1] metrics inside [0, 1] without shrinking the span
-            bottom, top = (0.0, 2 * half) if bottom < 0 else (bottom, top)
-            bottom, top = (1.0 - 2 * half, 1.0) if top > 1 else (bottom, top)
-        ax.set_ylim(bottom, top)
+    _honest_ylim(ax, np.concatenate([np.ravel(v) for v in shown]), min_span)
     ax.set_xlabel("alpha")
     ax.set_ylabel(f"{metric} ({value.replace('_', ' ')})")
     ax.set_title(f"{metric} against alpha (dots: seeds)")
     ax.legend(fontsize="small")
     return ax
+
+
+def _alpha_errorbars(ax: Axes, part: pd.DataFrame, statistic: str, *, color: Any, label: str) -> list[np.ndarray]:
+    """One series' group ``statistic`` against alpha with its interval (none below ``MIN_SEEDS_FOR_INTERVAL`` seeds);
+    returns the drawn lower and upper ends, for the y-axis."""
+    low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
+    alphas = part["alpha"].to_numpy(dtype=np.float64)
+    center = part[statistic].to_numpy(dtype=np.float64)
+    enough = part["n"].to_numpy() >= MIN_SEEDS_FOR_INTERVAL
+    error = np.vstack([center - part[low_column].to_numpy(dtype=np.float64),
+                       part[high_column].to_numpy(dtype=np.float64) - center])
+    error = np.where(enough & np.isfinite(error), np.clip(error, 0.0, None), 0.0)
+    ax.errorbar(alphas, center, yerr=error, marker="D", markersize=6, capsize=4, linewidth=1.2,
+                color=color, label=label, zorder=3)
+    return [center - error[0], center + error[1]]
+
+
+def _seed_dots(ax: Axes, seeds: pd.DataFrame, value: str, alphas: np.ndarray, *, color: Any,
+               label: str | None) -> np.ndarray:
+    """Every seed's ``value`` as a dot at its alpha, jittered by up to 4% of the alpha range; returns the values."""
+    x = seeds["alpha"].to_numpy(dtype=np.float64)
+    spread = 0.04 * max(1e-9, np.ptp(alphas) if alphas.size > 1 else 1.0)
+    jitter = (np.random.default_rng(0).random(x.size) - 0.5) * 2 * spread  # fixed: the figure is reproducible
+    y = seeds[value].to_numpy(dtype=np.float64)
+    ax.scatter(x + jitter, y, s=18, alpha=0.6, color=color, edgecolors="none", zorder=2, label=label)
+    return y
+
+
+def _honest_ylim(ax: Axes, values: np.ndarray, min_span: float | None) -> None:
+    """A y-range holding every value and at least ``min_span`` wide (default 0.1 for values in [0, 1], else 10% of
+    the largest magnitude), kept inside [0, 1] for such values, so a small difference cannot fill the plot."""
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return
+    low, high = float(values.min()), float(values.max())
+    unit_range = low >= 0.0 and high <= 1.0
+    span = min_span if min_span is not None else (0.1 if unit_range else 0.1 * max(abs(low), abs(high), 1e-12))
+    middle, half = (low + high) / 2.0, max(span, 1.1 * (high - low)) / 2.0
+    bottom, top = middle - half, middle + half
+    if unit_range:  # keep [0, 1] metrics inside [0, 1] without shrinking the span
+        bottom, top = (0.0, 2 * half) if bottom < 0 else (bottom, top)
+        bottom, top = (1.0 - 2 * half, 1.0) if top > 1 else (bottom, top)
+    ax.set_ylim(bottom, top)
 
 
 # --- histograms --------------------------------------------------------------------------------------------------

@@ -180,17 +180,46 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     document = _Document(out_dir)
-    sweep_names = sorted(data.runs["sweep"].astype(str).unique()) if len(data.runs) else ["(empty)"]
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
+    data = _with_group_columns(data, group_keys)
+    _header_section(document, data, group_keys, options)
+    data.runs.to_csv(out_dir / "runs.csv", index=False)
+    _runs_sections(document, data, group_keys, options)
+    table_metrics = _table_metrics(document, data, options)
+    summaries = None
+    if table_metrics:
+        summaries = run_summaries(data.metrics, metrics=table_metrics, final_window=options.final_window,
+                                  thresholds=dict(options.thresholds))
+        _table_sections(document, summaries, table_metrics, group_keys, options)
+        _power_sections(document, data, summaries, table_metrics, group_keys, options)
+    else:
+        document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
+    document.add("## Figures", "")
+    _figure_sections(document, data, summaries, table_metrics, group_keys, options)
+    report_path = out_dir / "report.md"
+    report_path.write_text("\n".join(document.lines).rstrip() + "\n")
+    write_report_html(report_path)
+    return report_path
+
+
+def _with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:
+    """``data`` with the group keys that are run-table columns only (``config.<key>`` as a factor) copied onto the
+    metrics and histogram tables the report groups; raises when a group key is not a run-table column."""
     unknown = [k for k in group_keys if k not in data.runs.columns]
     if unknown:
         raise KeyError(f"group keys {unknown} are not run-table columns; use identity columns such as alpha, "
                        f"mechanism_label, backend, or config.<key> columns")
     extra_keys = [k for k in group_keys if k not in IDENTITY_COLUMNS]
-    if extra_keys:  # config columns as factors: copy them onto every table the report groups
-        data = SweepData(runs=data.runs, metrics=add_run_columns(data.metrics, data.runs, extra_keys),
-                         histograms=add_run_columns(data.histograms, data.runs, extra_keys) if len(data.histograms)
-                         else data.histograms, manifest=data.manifest, source=data.source)
+    if not extra_keys:
+        return data
+    return SweepData(runs=data.runs, metrics=add_run_columns(data.metrics, data.runs, extra_keys),
+                     histograms=add_run_columns(data.histograms, data.runs, extra_keys) if len(data.histograms)
+                     else data.histograms, manifest=data.manifest, source=data.source)
+
+
+def _header_section(document: _Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
+    """Title, source, run counts and how to read the tables."""
+    sweep_names = sorted(data.runs["sweep"].astype(str).unique()) if len(data.runs) else ["(empty)"]
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     n_included = int(data.runs["included"].sum())
     document.add(
@@ -212,8 +241,10 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
         f"(`scipy.stats.bootstrap`, {options.n_bootstrap} resamples, random_state {options.random_state}), given "
         f"from {MIN_BOOTSTRAP_N} seeds on (below, the bootstrap undercovers).", "",
     )
-    data.runs.to_csv(out_dir / "runs.csv", index=False)
 
+
+def _runs_sections(document: _Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
+    """The summary table, the included runs per group and the excluded runs with their reasons."""
     headline = summary_table(data, options)
     if headline is not None:
         document.add("## Summary", "", to_markdown(headline), "",
@@ -228,35 +259,27 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
     else:
         document.add(f"{len(excluded)} run(s) left out of every aggregate:", "", to_markdown_frame(excluded), "")
 
+
+def _table_metrics(document: _Document, data: SweepData, options: ReportOptions) -> list[str]:
+    """The requested (else default) table metrics that are logged; the others are named in the report."""
     available = set(data.metric_names)
     requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
     missing = [m for m in requested if m not in available]
-    table_metrics = [m for m in requested if m in available]
     if missing:
         document.add(f"Metrics not logged by any included run (left out): {', '.join(missing)}.", "")
+    return [m for m in requested if m in available]
 
-    summaries = None
-    if table_metrics:
-        summaries = run_summaries(data.metrics, metrics=table_metrics, final_window=options.final_window,
-                                  thresholds=dict(options.thresholds))
-        _table_sections(document, summaries, table_metrics, group_keys, options)
-        primary = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
-        plan = (data.manifest or {}).get("plan")
-        target = float(plan["target_mde"]) if plan and plan.get("target_mde") else options.target_effect
-        power_section(document.add, summaries, primary, group_keys, target, options.confidence)
-        variance_section(document.add, summaries, data.runs, primary, group_keys)
-        if plan:
-            plan_section(document.add, plan, summaries, group_keys, options.confidence)
-    else:
-        document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
 
-    document.add("## Figures", "")
-    _figure_sections(document, data, summaries, table_metrics, group_keys, options)
-
-    report_path = out_dir / "report.md"
-    report_path.write_text("\n".join(document.lines).rstrip() + "\n")
-    write_report_html(report_path)
-    return report_path
+def _power_sections(document: _Document, data: SweepData, summaries: pd.DataFrame, table_metrics: Sequence[str],
+                    group_keys: Sequence[str], options: ReportOptions) -> None:
+    """What each comparison of the primary metric can detect, its variance split and the sweep's seed plan."""
+    primary = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
+    plan = (data.manifest or {}).get("plan")
+    target = float(plan["target_mde"]) if plan and plan.get("target_mde") else options.target_effect
+    power_section(document.add, summaries, primary, group_keys, target, options.confidence)
+    variance_section(document.add, summaries, data.runs, primary, group_keys)
+    if plan:
+        plan_section(document.add, plan, summaries, group_keys, options.confidence)
 
 
 def to_markdown_frame(frame: pd.DataFrame) -> str:
@@ -318,8 +341,20 @@ def _figure_sections(
     document: _Document, data: SweepData, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
     group_keys: Sequence[str], options: ReportOptions,
 ) -> None:
+    """Every figure section, in order: curves, final metric against alpha, histograms, gradient statistics, the
+    low-probability share. A figure whose data is missing gets a line saying why it is skipped."""
+    _curve_figures(document, data, table_metrics, group_keys, options)
+    _final_metric_figure(document, data, summaries, table_metrics, group_keys, options)
+    _histogram_figures(document, data, group_keys)
+    _gradient_figures(document, data, group_keys, options)
+    _low_prob_share_figure(document, data, group_keys, options)
+
+
+def _curve_figures(document: _Document, data: SweepData, table_metrics: Sequence[str], group_keys: Sequence[str],
+                   options: ReportOptions) -> None:
+    """One curve figure per metric of :data:`CURVE_METRICS` and of the tables; a metric equal to one drawn above at
+    every step of every run is not drawn again."""
     available = set(data.metric_names)
-    random_state = options.random_state
     curve_metrics = list(dict.fromkeys([*(m for m, _ in CURVE_METRICS), *table_metrics]))
     titles = dict(CURVE_METRICS)
     duplicates = plots.identical_metrics(data.metrics, [m for m in curve_metrics if m in available])
@@ -334,23 +369,31 @@ def _figure_sections(
             continue
         document.figure(title, f"curve_{_slug(metric)}", lambda figure, m=metric: plots.plot_curves(
             data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
-            random_state=random_state, smoothing=curve_smoothing(data.metrics, m)))
+            random_state=options.random_state, smoothing=curve_smoothing(data.metrics, m)))
 
+
+def _final_metric_figure(document: _Document, data: SweepData, summaries: pd.DataFrame | None,
+                         table_metrics: Sequence[str], group_keys: Sequence[str], options: ReportOptions) -> None:
+    """The final value of the first table metric (``val/accuracy`` when tabled) against alpha, one series per value
+    of the next group key."""
     final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
-    if summaries is not None and final_metric is not None and "alpha" in group_keys:
-        series_key = next((k for k in group_keys if k != "alpha"), None)
-        aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys,
-                                    confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                                    random_state=random_state)
-        reference = after_sft_reference(data.metrics, final_metric)
-        document.figure(f"Final {final_metric} against alpha", f"final_vs_alpha_{_slug(final_metric)}",
-                        lambda figure: plots.plot_metric_vs_alpha(
-                            aggregates, final_metric, series_key=series_key, ax=figure.add_subplot(),
-                            per_seed=summaries[summaries["metric"].astype(str) == final_metric],
-                            reference=reference, reference_label="after SFT (step 0)"))
-    else:
+    if summaries is None or final_metric is None or "alpha" not in group_keys:
         document.add("### Final metric against alpha", "", "Skipped: no table metric, or alpha is not a group key.", "")
+        return
+    series_key = next((k for k in group_keys if k != "alpha"), None)
+    aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys,
+                                confidence=options.confidence, n_bootstrap=options.n_bootstrap,
+                                random_state=options.random_state)
+    reference = after_sft_reference(data.metrics, final_metric)
+    document.figure(f"Final {final_metric} against alpha", f"final_vs_alpha_{_slug(final_metric)}",
+                    lambda figure: plots.plot_metric_vs_alpha(
+                        aggregates, final_metric, series_key=series_key, ax=figure.add_subplot(),
+                        per_seed=summaries[summaries["metric"].astype(str) == final_metric],
+                        reference=reference, reference_label="after SFT (step 0)"))
 
+
+def _histogram_figures(document: _Document, data: SweepData, group_keys: Sequence[str]) -> None:
+    """Advantage-weight heatmaps (one panel per group) and the last step's token-probability histogram."""
     histogram_names = set(data.histograms["name"].astype(str).unique()) if len(data.histograms) else set()
     if keys.HIST_WEIGHT in histogram_names:
         n_groups = len(data.histograms[list(group_keys)].drop_duplicates())
@@ -370,28 +413,36 @@ def _figure_sections(
         document.add("### Token-probability histogram", "",
                      f"Skipped: no `{keys.HIST_TOKEN_PROB}` histograms in the run store.", "")
 
-    grad_stats = plots.available_grad_stats(available)
-    if grad_stats:
-        for stat in grad_stats:
-            document.figure(f"Gradient norm by token probability ({stat})", f"grad_by_prob_{stat}",
-                            lambda figure, s=stat: plots.plot_grad_by_bucket(
-                                data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
-                                confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                                random_state=random_state, ax=figure.add_subplot()))
-    else:
+
+def _gradient_figures(document: _Document, data: SweepData, group_keys: Sequence[str],
+                      options: ReportOptions) -> None:
+    """Gradient norm by token-probability bucket, one figure per logged statistic."""
+    grad_stats = plots.available_grad_stats(set(data.metric_names))
+    if not grad_stats:
         document.add("### Gradient norm by token probability", "",
                      f"Skipped: no `{keys.GRAD_BY_PROB_PREFIX}/<bucket>/<stat>` metrics for the stats "
                      f"{', '.join(plots.GRAD_BUCKET_STATS)}.", "")
+        return
+    for stat in grad_stats:
+        document.figure(f"Gradient norm by token probability ({stat})", f"grad_by_prob_{stat}",
+                        lambda figure, s=stat: plots.plot_grad_by_bucket(
+                            data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
+                            confidence=options.confidence, n_bootstrap=options.n_bootstrap,
+                            random_state=options.random_state, ax=figure.add_subplot()))
 
-    if keys.TOKEN_PROB_LOW_FRAC in available:
-        document.figure("Low-probability token share over training", "low_prob_share",
-                        lambda figure: plots.plot_low_prob_share(
-                            data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
-                            confidence=options.confidence, random_state=random_state,
-                            smoothing=curve_smoothing(data.metrics, keys.TOKEN_PROB_LOW_FRAC)))
-    else:
+
+def _low_prob_share_figure(document: _Document, data: SweepData, group_keys: Sequence[str],
+                           options: ReportOptions) -> None:
+    """The share of low-probability tokens over training."""
+    if keys.TOKEN_PROB_LOW_FRAC not in set(data.metric_names):
         document.add("### Low-probability token share over training", "",
                      f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")
+        return
+    document.figure("Low-probability token share over training", "low_prob_share",
+                    lambda figure: plots.plot_low_prob_share(
+                        data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
+                        confidence=options.confidence, random_state=options.random_state,
+                        smoothing=curve_smoothing(data.metrics, keys.TOKEN_PROB_LOW_FRAC)))
 
 
 def after_sft_reference(long: pd.DataFrame, metric: str) -> float | None:

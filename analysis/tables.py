@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -109,6 +109,31 @@ def comparison_table(
     accepted for existing callers and no longer pick a best group.
     """
     del minimize, maximize
+    metrics = _check_table_arguments(aggregates, metrics, group_keys, statistic, style)
+    groups = aggregates[list(group_keys)].drop_duplicates().sort_values(list(group_keys)).reset_index(drop=True)
+    group_labels = [tuple(_format_key(v) for v in row) for row in groups.itertuples(index=False)]
+    cells = pd.DataFrame({key: [label[i] for label in group_labels] for i, key in enumerate(group_keys)})
+    best = pd.DataFrame(False, index=cells.index, columns=cells.columns)
+    for metric in metrics:
+        cells[metric] = _value_cells(_rows_by_group(aggregates, metric, group_keys), group_labels, statistic, style,
+                                     digits)
+        best[metric] = False
+        delta_rows = _rows_by_group(deltas, metric, group_keys) if deltas is not None and len(deltas) else {}
+        if delta_rows:  # paired_differences has a row for every group but the baseline
+            delta_column = DELTA_PREFIX + metric
+            multiple = len(delta_rows) > 1
+            cells[delta_column] = [
+                _format_delta(delta_rows[label], digits, multiple) if label in delta_rows else "baseline"
+                for label in group_labels]
+            best[delta_column] = [label in delta_rows and significant(delta_rows[label]) for label in group_labels]
+    return ComparisonTable(cells=cells, best=best, numbers=_table_numbers(aggregates, deltas, metrics, group_keys),
+                           caption=caption)
+
+
+def _check_table_arguments(aggregates: pd.DataFrame, metrics: Sequence[str] | None, group_keys: Sequence[str],
+                           statistic: str, style: str) -> list[str]:
+    """The table's metrics (default: every metric of ``aggregates``, in order); raises on a style, statistic, group
+    key or metric the aggregates do not have."""
     if style not in TABLE_STYLES:
         raise ValueError(f"style={style!r} is not one of {TABLE_STYLES}")
     if statistic not in ("mean", "iqm"):
@@ -122,38 +147,33 @@ def comparison_table(
     unknown = [m for m in metrics if m not in present]
     if unknown:
         raise KeyError(f"metrics {unknown} are not in the aggregates; available: {present}")
+    return metrics
+
+
+def _rows_by_group(frame: pd.DataFrame, metric: str, group_keys: Sequence[str]) -> dict[tuple[str, ...], pd.Series]:
+    """``frame``'s rows of ``metric`` by their formatted group label."""
+    rows = frame[frame["metric"].astype(str) == metric]
+    return {tuple(_format_key(v) for v in row[list(group_keys)]): row for _, row in rows.iterrows()}
+
+
+def _value_cells(by_group: Mapping[tuple[str, ...], pd.Series], group_labels: Sequence[tuple[str, ...]],
+                 statistic: str, style: str, digits: int) -> list[str]:
+    """One metric's column: each group's ``statistic`` with its interval and n (``n/a`` for a group without runs)."""
     low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
+    column = []
+    for label in group_labels:
+        row = by_group.get(label)
+        if row is None or not row["n"]:
+            column.append("n/a")
+            continue
+        column.append(_format_cell(float(row[statistic]), float(row[low_column]), float(row[high_column]),
+                                   int(row["n"]), style, digits))
+    return column
 
-    groups = aggregates[list(group_keys)].drop_duplicates().sort_values(list(group_keys)).reset_index(drop=True)
-    group_labels = [tuple(_format_key(v) for v in row) for row in groups.itertuples(index=False)]
-    cells = pd.DataFrame({key: [label[i] for label in group_labels] for i, key in enumerate(group_keys)})
-    best = pd.DataFrame(False, index=cells.index, columns=cells.columns)
 
-    def lookup(frame: pd.DataFrame, metric: str) -> dict[tuple[str, ...], pd.Series]:
-        rows = frame[frame["metric"].astype(str) == metric]
-        return {tuple(_format_key(v) for v in row[list(group_keys)]): row for _, row in rows.iterrows()}
-
-    for metric in metrics:
-        by_group = lookup(aggregates, metric)
-        column = []
-        for label in group_labels:
-            row = by_group.get(label)
-            if row is None or not row["n"]:
-                column.append("n/a")
-                continue
-            column.append(_format_cell(float(row[statistic]), float(row[low_column]), float(row[high_column]),
-                                       int(row["n"]), style, digits))
-        cells[metric] = column
-        best[metric] = False
-        delta_rows = lookup(deltas, metric) if deltas is not None and len(deltas) else {}
-        if delta_rows:  # paired_differences has a row for every group but the baseline
-            delta_column = DELTA_PREFIX + metric
-            multiple = len(delta_rows) > 1
-            cells[delta_column] = [
-                _format_delta(delta_rows[label], digits, multiple) if label in delta_rows else "baseline"
-                for label in group_labels]
-            best[delta_column] = [label in delta_rows and significant(delta_rows[label]) for label in group_labels]
-
+def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metrics: Sequence[str],
+                   group_keys: Sequence[str]) -> pd.DataFrame:
+    """The aggregates of the table's metrics joined with the deltas (their interval as ``difference_ci_*``)."""
     numbers = aggregates[aggregates["metric"].astype(str).isin(metrics)]
     if deltas is not None and len(deltas):
         renamed = deltas.rename(columns={"ci_low": "difference_ci_low", "ci_high": "difference_ci_high"}).drop(
@@ -161,7 +181,7 @@ def comparison_table(
         joined_keys = [*group_keys, "metric"]
         numbers = numbers.merge(renamed.astype({k: numbers[k].dtype for k in joined_keys if k in numbers}),
                                 on=joined_keys, how="left")
-    return ComparisonTable(cells=cells, best=best, numbers=numbers.reset_index(drop=True), caption=caption)
+    return numbers.reset_index(drop=True)
 
 
 def to_markdown(table: ComparisonTable) -> str:

@@ -25,7 +25,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis import aggregate, load
-from analysis.testing import write_fake_run
+from analysis.synthetic import write_fake_run
 from benchmarks.common import Row, format_table, interleaved, min_median
 
 TARGET_SECONDS = 2.0

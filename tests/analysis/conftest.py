@@ -1,4 +1,4 @@
-"""Fixtures shared by the analysis tests: small fake sweeps written with :mod:`analysis.testing`."""
+"""Fixtures shared by the analysis tests: small fake sweeps written with :mod:`analysis.synthetic`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.testing import write_fake_sweep
+from analysis.synthetic import write_fake_sweep
 
 ALPHAS = (0.0, 0.5, 1.0)
 SEEDS = (1, 2, 3)

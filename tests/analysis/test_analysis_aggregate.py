@@ -11,7 +11,7 @@ from scipy import stats
 
 from analysis import aggregate, load
 from analysis.load import RunMetrics
-from analysis.testing import write_fake_run
+from analysis.synthetic import write_fake_run
 
 
 def _long(runs: list[dict]) -> pd.DataFrame:

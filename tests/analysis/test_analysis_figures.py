@@ -12,7 +12,7 @@ from matplotlib.collections import QuadMesh
 
 from analysis import load, plots
 from analysis.report import build_report
-from analysis.testing import write_fake_run, write_fake_sweep
+from analysis.synthetic import write_fake_run, write_fake_sweep
 from dataflex_rl import keys
 
 WEIGHT_EDGES = np.linspace(0.0, 4.0, 81)  # the trainer's fixed edges: 80 bins of 0.05

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis import load
-from analysis.testing import write_fake_run
+from analysis.synthetic import write_fake_run
 from dataflex_rl import keys
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis import report
-from analysis.testing import fake_metrics, write_fake_run, write_fake_sweep
+from analysis.synthetic import fake_metrics, write_fake_run, write_fake_sweep
 
 FAST = ["--bootstrap", "200"]
 

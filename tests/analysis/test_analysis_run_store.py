@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from analysis import load, report
-from analysis.testing import write_fake_run
+from analysis.synthetic import write_fake_run
 from dataflex_rl.tracking import RunStore, run_store
 
 from tests.tracking.identities import make_identity

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import aggregate, load, plots
 from analysis.report import main as report_main
-from analysis.testing import write_fake_run
+from analysis.synthetic import write_fake_run
 from sweeps.cli import main
 
 from .conftest import SCRIPTED_TRAIN

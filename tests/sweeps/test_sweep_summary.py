@@ -8,7 +8,7 @@ import re
 from rich.console import Console
 
 from analysis.report import build_report
-from analysis.testing import write_fake_sweep
+from analysis.synthetic import write_fake_sweep
 from sweeps.driver import print_group_summary
 
 

@@ -1,4 +1,4 @@
-"""Hand-made run stores for tests, the notebook test and benchmarks.
+"""Synthetic run stores with a known truth, for tests, the notebook test and benchmarks.
 
 :func:`write_fake_run` writes one run folder in the run-store format of ``docs/run_store.md`` from explicit arrays, so a
 test can hand-compute every aggregate. :func:`write_fake_sweep` writes a whole sweep folder (``sweep.json`` plus one
@@ -71,6 +71,32 @@ def write_fake_run(
     if state not in run_store.STATES:
         raise ValueError(f"state={state!r} is not one of {run_store.STATES}")
     run_dir = Path(run_dir)
+    columns, step_array = _metric_columns(metrics, steps)
+    run = run or (run_name(sweep, alpha, seed) if alpha is not None and seed is not None else run_dir.name)
+    resolved_config = dict(config) if config is not None else _default_config(
+        seed=seed, backend=backend, mechanism=mechanism, alpha=alpha, step_array=step_array)
+    # Written through the run store's own writer, so the fake is exactly the format analysis reads.
+    store = RunStore(run_dir)
+    store.write_config(resolved_config)
+    identity = RunIdentity(sweep=sweep, run=run, backend=backend, mechanism=mechanism,
+                           alpha=0.0 if alpha is None else alpha, seed=0 if seed is None else seed,
+                           config_hash=config_hash(resolved_config), git_commit=git_commit, axes=axes or {})
+    _write_meta(store, identity, mechanism_label=mechanism_label, alpha=alpha, seed=seed)
+    store.set_status("running", step=0)
+    for row_index, step in enumerate(step_array):
+        store.log_metrics(int(step), {k: float(v[row_index]) for k, v in columns.items() if np.isfinite(v[row_index])})
+    for record in histograms or ():
+        store.log_histogram(int(record["step"]), str(record["name"]), record["edges"], record["counts"])
+    last_step = int(step_array[-1]) if len(step_array) else 0
+    _finish(store, state=state, error=error, metrics_format=metrics_format, last_step=last_step,
+            wall_time_s=wall_time_s, keep_histograms=bool(histograms))
+    return run_dir
+
+
+def _metric_columns(metrics: Mapping[str, Sequence[float] | np.ndarray], steps: Sequence[int] | np.ndarray | None
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``({key: (n_steps,) float64}, steps (n_steps,) int64)``; ``steps`` default ``0 .. n_steps-1``. Raises when a
+    metric does not have one value per step."""
     columns = {key: np.asarray(values, dtype=np.float64) for key, values in metrics.items()}
     lengths = {key: column.shape for key, column in columns.items()}
     n_steps = next(iter(lengths.values()))[0] if columns else (0 if steps is None else len(steps))
@@ -78,9 +104,13 @@ def write_fake_run(
     for key, shape in lengths.items():
         if shape != step_array.shape:
             raise ValueError(f"metric {key!r} has shape {shape}, expected {step_array.shape} (one value per step)")
-    run = run or (run_name(sweep, alpha, seed) if alpha is not None and seed is not None else run_dir.name)
+    return columns, step_array
 
-    resolved_config = dict(config) if config is not None else {
+
+def _default_config(*, seed: int | None, backend: str, mechanism: str, alpha: float | None,
+                    step_array: np.ndarray) -> dict[str, Any]:
+    """The resolved config of a fake run: the keys analysis reads (seed, backend, the mechanism, steps, lr)."""
+    return {
         "seed": seed,
         "backend": backend,
         "dataflex": {
@@ -89,30 +119,29 @@ def write_fake_run(
             "actuator": {"name": "advantage_reweight", "params": {"alpha": alpha}},
             "warmup_step": 0,
         },
-        "trainer": {"total_steps": int(step_array[-1]) + 1 if n_steps else 0, "lr": 1.0e-5},
+        "trainer": {"total_steps": int(step_array[-1]) + 1 if len(step_array) else 0, "lr": 1.0e-5},
     }
-    # Written through the run store's own writer, so the fake is exactly the format analysis reads.
-    store = RunStore(run_dir)
-    store.write_config(resolved_config)
-    identity = RunIdentity(sweep=sweep, run=run, backend=backend, mechanism=mechanism,
-                           alpha=0.0 if alpha is None else alpha, seed=0 if seed is None else seed,
-                           config_hash=config_hash(resolved_config), git_commit=git_commit, axes=axes or {})
+
+
+def _write_meta(store: RunStore, identity: RunIdentity, *, mechanism_label: str | None, alpha: float | None,
+                seed: int | None) -> None:
+    """``meta.json`` of ``identity`` (plus the preset label); alpha or seed None: written as null, as a run whose
+    identity lacks them (analysis then reads them from ``sweep.json`` or the run name)."""
     extra: dict[str, Any] = {"mechanism_label": mechanism_label} if mechanism_label is not None else {}
     meta = store.write_meta(identity, extra=extra, now=FAKE_START_TIME)
-    if alpha is None or seed is None:  # a run whose identity lacks them (read from sweep.json or the run name)
+    if alpha is None or seed is None:
         meta.update({key: None for key, value in (("alpha", alpha), ("seed", seed)) if value is None})
         run_store.atomic_write_json(store.path(run_store.META_FILE), meta)
-    store.set_status("running", step=0)
-    for row_index, step in enumerate(step_array):
-        store.log_metrics(int(step), {k: float(v[row_index]) for k, v in columns.items() if np.isfinite(v[row_index])})
-    for record in histograms or ():
-        store.log_histogram(int(record["step"]), str(record["name"]), record["edges"], record["counts"])
-    last_step = int(step_array[-1]) if n_steps else 0
+
+
+def _finish(store: RunStore, *, state: str, error: str | None, metrics_format: MetricsFormat, last_step: int,
+            wall_time_s: float, keep_histograms: bool) -> None:
+    """End the run in ``state`` as the trainer would, then leave the files ``metrics_format`` names."""
     if metrics_format == "jsonl":  # a run still going, or one that crashed before compaction
         store.set_status(state, step=last_step, error=error,
                          traceback=f"Traceback (most recent call last):\n{error}" if error else None)
         store.detach()
-        return run_dir
+        return
     if state in ("failed", "interrupted") and error:
         store.record_error(state, error, traceback=f"Traceback (most recent call last):\n{error}")
     close_state = state if state in CLOSE_STATES else "completed"
@@ -122,9 +151,8 @@ def write_fake_run(
     if metrics_format == "parquet":  # a compacted run whose jsonl files were cleaned away
         for name in (run_store.METRICS_JSONL, run_store.HISTOGRAMS_JSONL):
             store.path(name).unlink(missing_ok=True)
-        if not histograms:
+        if not keep_histograms:
             store.path(run_store.HISTOGRAMS_PARQUET).unlink(missing_ok=True)
-    return run_dir
 
 
 def _plus_seconds(iso: str, seconds: float) -> str:

@@ -180,6 +180,8 @@ def wandb_environment(group: str, tags: Sequence[str] = ()) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dataflex_rl.verl.command EXPERIMENT [ARGS] [--run]``: print the command (or replace this process
+    with it); 2 with the error on a bad argument."""
     parser = argparse.ArgumentParser(
         prog="python -m dataflex_rl.verl.command",
         description="Print (or run) the verl command line of a verl experiment.",

@@ -18,7 +18,8 @@ advantages are written back, so verl's step metrics see them. Each stage's actor
 ``actor/update_stages``.
 
 With a ``dataflex_run.dir`` in the config the trainer also writes the project's run store
-(:mod:`dataflex_rl.verl.run_record`), so the analysis reads verl runs like local ones.
+(:mod:`dataflex_rl.verl.run_record`), so the analysis reads verl runs like local ones, and gives verl's W&B run the
+run's identity (name, group, job type, tags) before verl's ``fit`` opens it.
 
 Shapes: TransferQueue holds each response field as a jagged nested tensor ``(bs, j)``; the mechanism sees the
 padded ``(bs, L)`` tensors (``L`` = longest response in the batch, padding 0, ``response_mask`` 0 there).
@@ -231,7 +232,8 @@ class DataflexSyncTrainer(PPOTrainerSync):
             return super().fit(agent_loop_manager)
         alpha = float(self.mechanism.config.actuator.params.get("alpha", 0.0))
         self.run_record = VerlRunRecord(self.run_place, self.config, self.mechanism.config.mechanism, alpha)
-        # verl's fit starts W&B from trainer.experiment_name and the WANDB_* variables: give it the run's identity.
+        # verl's fit starts W&B from trainer.experiment_name and the WANDB_* variables (read at W&B's first setup in
+        # this process, which is verl's Tracking in fit): give it the run's identity.
         with open_dict(self.config):
             self.config.trainer.experiment_name = self.run_record.wandb_name
         self.run_record.start(self.global_steps)
@@ -324,7 +326,7 @@ class DataflexSyncTrainer(PPOTrainerSync):
 
 @contextlib.contextmanager
 def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``variables`` set inside the block, as it was after it."""
+    """Set ``variables`` in ``os.environ`` for the block; afterwards each is restored (or removed) as before."""
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
     try:

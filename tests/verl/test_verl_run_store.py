@@ -177,8 +177,19 @@ def test_a_verl_sweep_folder_gives_a_report(verl_config, queues, monkeypatch, tm
     assert keys.SCORE_MEAN in final_window
 
 
+@pytest.fixture
+def fresh_wandb_setup():
+    """verl opens W&B in a fresh process (its TaskRunner), whose first ``wandb.init`` reads the environment; W&B
+    ignores environment changes after its setup, so the test starts, and leaves, without one."""
+    import wandb
+
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
 def test_a_verl_run_of_a_grid_records_its_axes_and_names_its_wandb_run_from_them(
-    verl_config, queues, monkeypatch, tmp_path
+    verl_config, queues, monkeypatch, tmp_path, fresh_wandb_setup
 ):
     """As the local backend: W&B name = the run folder's name, group = the sweep, job_type = the non-seed factors,
     read by verl's own Tracking (real wandb, offline) from what the trainer sets; the environment is restored."""

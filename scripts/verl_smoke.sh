@@ -22,8 +22,8 @@ echo "work dir: $WORK"
     dataflex.mechanism=isolate dataflex.actuator.name=lopti dataflex.actuator.params.alpha=0.0
 
 # 2. A small K&K data set: 3-person puzzles only, so short responses can be right.
-"$PYTHON" -m dataflex_rl.tasks.prepare_verl --out "$WORK/data" --people 3 \
-    --train-per-difficulty 64 --test-per-difficulty 16
+"$PYTHON" -m dataflex_rl.verl.data --out "$WORK/data" --task knights_knaves --train-size 64 --test-size 16 \
+    num_people=3
 
 # 3. Two steps per mechanism, small batches, metrics to JSON-lines files and to the run store.
 export WANDB_MODE=offline

@@ -112,6 +112,7 @@ class ArithmeticTask(Task):
     name = TASK_NAME
     config_class = ArithmeticConfig
     terminator = TERMINATOR
+    verl_ability = "math"
 
     def __init__(self, config: ArithmeticConfig) -> None:
         super().__init__(config)
@@ -119,6 +120,7 @@ class ArithmeticTask(Task):
         self._digit_counts = tuple(range(config.min_digits, config.max_digits + 1))
 
     def sample_problem(self, rng: random.Random) -> Problem:
+        """Two operands (digit count uniform, then value uniform) and an operation drawn from ``ops``."""
         left = self._sample_operand(rng)
         right = self._sample_operand(rng)
         op = self._ops[0] if len(self._ops) == 1 else rng.choice(self._ops)
@@ -129,6 +131,7 @@ class ArithmeticTask(Task):
         return rng.randint(low, high)
 
     def build_test_pool(self) -> list[Problem]:
+        """The first ``test_size`` distinct problems drawn from ``test_seed``."""
         rng = random.Random(f"{self.name}/test/{self.config.test_seed}")
         pool: dict[str, Problem] = {}
         while len(pool) < self.config.test_size:
@@ -137,28 +140,39 @@ class ArithmeticTask(Task):
         return list(pool.values())
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
+        """Whether the integer before the first ``;`` equals the answer (see :func:`parse_answer`)."""
         parsed = parse_answer(completion)
         return parsed is not None and parsed == problem.answer
 
     def reward(self, problem: Problem, completion: str) -> float:
+        """1.0 for a correct answer, else 0.0."""
         return 1.0 if self.is_correct(problem, completion) else 0.0
 
     @property
     def max_prompt_chars(self) -> int:
+        """Two ``max_digits`` operands, the operation and ``=``."""
         return 2 * self.config.max_digits + 2  # two operands, the operation, "="
 
     @property
     def max_completion_chars(self) -> int:
+        """The longest result of any allowed operation on ``max_digits`` operands, plus the terminator."""
         largest = 10**self.config.max_digits - 1
         extremes = {"+": largest + largest, "-": 0 - largest, "*": largest * largest}
         return max(len(str(extremes[op])) for op in self._ops) + len(TERMINATOR)
 
     @property
     def alphabet(self) -> str:
+        """Digits, ``=``, the operations and the terminator."""
         characters = set("0123456789=") | set(self._ops) | set(TERMINATOR)
         if "-" in self._ops:
             characters.add("-")
         return "".join(sorted(characters))
+
+    @classmethod
+    def verl_score(cls, response: str, answer: Any, **options: Any) -> dict[str, float]:
+        """verl's reward: :func:`arithmetic_score` as both the score and the accuracy."""
+        score = arithmetic_score(response, answer)
+        return {"score": score, "acc": score}
 
 
 def arithmetic_score(solution_str: str, ground_truth: Any) -> float:

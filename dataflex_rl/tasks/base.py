@@ -6,6 +6,12 @@ A task owns a held-out test pool fixed by its own ``test_seed`` and ``test_size`
 the test set of every seed: a sweep that varies the run seed still evaluates every run on the same problems, none of
 which any run trained on. ``test_problems(count, seed)`` returns the first ``count`` problems of the pool (a prefix of
 a random sample is itself a random sample), in an order shuffled by ``seed``; the set depends only on ``count``.
+
+A task that verl can train on also gives the verl hooks (``verl_score``, ``verl_messages``, ``verl_ability``,
+``verl_reward_options``, optionally ``verl_problems``): the verl backend's reward function
+(:mod:`dataflex_rl.verl.reward`) and data preparation (:mod:`dataflex_rl.verl.data`) find the task by its registered
+name (verl's ``data_source``) and call only these, so adding a task never edits them. The hooks are plain Python:
+this package imports neither torch nor verl.
 """
 
 from __future__ import annotations
@@ -102,6 +108,7 @@ class Task(abc.ABC):
     # --- shared sampling --------------------------------------------------------------------------------------
     @cached_property
     def test_pool(self) -> tuple[Problem, ...]:
+        """The held-out problems (built once, from ``config.test_seed``); duplicate keys raise RuntimeError."""
         pool = tuple(self.build_test_pool())
         keys = {problem.key for problem in pool}
         if len(keys) != len(pool):
@@ -110,6 +117,7 @@ class Task(abc.ABC):
 
     @cached_property
     def test_keys(self) -> frozenset[str]:
+        """The keys of :attr:`test_pool`, which train problems never repeat."""
         return frozenset(problem.key for problem in self.test_pool)
 
     def train_problems(self, count: int, seed: int) -> list[Problem]:
@@ -145,6 +153,38 @@ class Task(abc.ABC):
         random.Random(f"{self.name}/test-order/{seed}").shuffle(problems)
         return problems
 
+    # --- verl hooks (read by dataflex_rl.verl.reward and dataflex_rl.verl.data) ---------------------------------
+    # The ``ability`` column of the task's verl rows (a free label verl carries along), and the names of the
+    # ``reward.custom_reward_function.reward_kwargs`` that :meth:`verl_score` accepts.
+    verl_ability: ClassVar[str] = ""
+    verl_reward_options: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def has_verl_reward(cls) -> bool:
+        """Whether the task overrides :meth:`verl_score`, i.e. verl can train on it."""
+        return cls.verl_score.__func__ is not Task.verl_score.__func__
+
+    @classmethod
+    def verl_score(cls, response: str, answer: Any, **options: Any) -> dict[str, float]:
+        """Score one decoded verl response: ``{"score": reward, "acc": 1.0 if right else 0.0}``.
+
+        ``response``: the generated text only (verl's ``solution_str``); ``answer``: ``problem.answer`` as decoded
+        from the row's JSON ground truth; ``options``: the reward kwargs named in :attr:`verl_reward_options`.
+        A task without this hook is local-only.
+        """
+        raise NotImplementedError(f"task {cls.name!r} has no verl reward: {cls.__name__} does not define verl_score")
+
+    @classmethod
+    def verl_messages(cls, problem: Problem) -> list[dict[str, str]]:
+        """The chat messages of verl's ``prompt`` column (verl applies the model's chat template); by default the
+        task's prompt as the one user message."""
+        return [{"role": "user", "content": problem.prompt}]
+
+    def verl_problems(self, train_size: int, test_size: int, seed: int) -> dict[str, list[Problem]]:
+        """The problems of verl's ``train`` and ``test`` files: by default ``train_problems(train_size, seed)`` and
+        the first ``test_size`` problems of the held-out pool; a task overrides this for another split."""
+        return {"train": self.train_problems(train_size, seed), "test": self.test_problems(test_size, seed)}
+
 
 def build_task(name: str, params: Mapping[str, Any] | None = None) -> Task:
     """The task registered as ``name`` (or a dotted path ``pkg.module:TaskClass``) built from ``params``."""
@@ -178,6 +218,7 @@ def check_int(task_name: str, key: str, value: Any, minimum: int, maximum: int |
 
 
 def check_choice(task_name: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    """``value`` when it is one of ``allowed``; otherwise a ValueError naming key, value and the choices."""
     if value not in allowed:
         raise ValueError(f"{task_name} task param {key}={value!r} is invalid; allowed: {', '.join(map(repr, allowed))}")
     return value

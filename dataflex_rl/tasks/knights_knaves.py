@@ -72,6 +72,8 @@ NAMES = (
     "Jacob", "Emily", "Michael", "Elizabeth", "Daniel", "Sofia", "Jackson", "Avery", "Sebastian", "Ella",
     "Aiden", "Scarlett", "Matthew", "Grace", "Samuel", "Chloe", "David", "Victoria", "Joseph", "Riley",
 )  # fmt: skip
+# The verl reward kwarg choosing the reward (reward.custom_reward_function.reward_kwargs.knights_knaves_reward).
+VERL_REWARD_OPTION = "knights_knaves_reward"
 # Draws without a uniquely solvable puzzle (or without a new distinct one) after which generation gives up.
 PUZZLE_PATIENCE = 20_000
 
@@ -90,6 +92,7 @@ class Puzzle:
 
     @property
     def num_people(self) -> int:
+        """N, the number of inhabitants (and of statements)."""
         return len(self.names)
 
     @property
@@ -98,6 +101,7 @@ class Puzzle:
         return render_compact_prompt(self)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form (the ground truth of verl rows and ``Problem.answer``); :meth:`from_dict` inverts it."""
         return {
             "num_people": self.num_people,
             "names": list(self.names),
@@ -132,6 +136,8 @@ class Puzzle:
 
 
 def statement_to_dict(statement: Statement) -> dict[str, Any]:
+    """The JSON form of a statement: ``{"op": "knight", "who": 1}``, ``{"op": "not", "arg": S}``,
+    ``{"op": "and", "args": [S, S]}``."""
     kind = statement[0]
     if kind in LEAF_KINDS:
         return {"op": kind, "who": statement[1]}
@@ -373,6 +379,7 @@ def _compact_combine(kind: str, children: list[str]) -> str:
 
 
 def render_compact_statement(statement: Statement) -> str:
+    """E.g. ``~B&C`` ("B is a knave and C is a knight")."""
     return _render(statement, _compact_leaf, _compact_combine)
 
 
@@ -397,6 +404,7 @@ def parse_compact_answer(completion: str, num_people: int) -> tuple[bool, ...] |
 
 
 def compact_prompt_bound(num_people: int, max_depth: int, max_width: int) -> int:
+    """Upper bound on the compact prompt's length for ``num_people`` people and the statement limits."""
     statement = _length_bound(max_depth, max_width, len("~A"), _compact_combine)
     return num_people * (len("A:") + statement) + (num_people - 1) + len("?")
 
@@ -444,6 +452,7 @@ def _chat_quiz(names: Sequence[str], speakers: Sequence[str], statement_texts: S
 
 
 def render_chat_quiz(puzzle: Puzzle) -> str:
+    """The puzzle in the K&K dataset's words (the chat rendering's user message)."""
     texts = [render_chat_statement(statement, puzzle.names) for _, statement in puzzle.statements]
     return _chat_quiz(puzzle.names, [puzzle.names[speaker] for speaker, _ in puzzle.statements], texts)
 
@@ -528,6 +537,7 @@ def logic_rl_score(response: str, puzzle: Puzzle) -> float:
 
 
 def chat_prompt_bound(num_people: int, max_depth: int, max_width: int) -> int:
+    """Upper bound on the chat prompt's length: the longest name everywhere and the longest statement each."""
     longest_name = "x" * max(map(len, NAMES))
     leaf = len(f"{longest_name} is a knight")
     statement = "x" * _length_bound(max_depth, max_width, leaf, _chat_combine)
@@ -537,6 +547,7 @@ def chat_prompt_bound(num_people: int, max_depth: int, max_width: int) -> int:
 
 
 def chat_completion_bound(num_people: int) -> int:
+    """Upper bound on :func:`render_chat_completion`'s length for ``num_people`` people."""
     longest_name = "x" * max(map(len, NAMES))
     fixed = len(f"<think>\n{_CHAT_CLOSING}\n</think>\n<answer>\n</answer>")
     per_person = (
@@ -585,6 +596,7 @@ class KnightsKnavesConfig:
 
     @property
     def people_counts(self) -> tuple[int, ...]:
+        """``num_people`` as a tuple of counts (one count for an int)."""
         return (self.num_people,) if isinstance(self.num_people, int) else tuple(self.num_people)
 
 
@@ -595,6 +607,8 @@ class KnightsKnavesTask(Task):
     name = TASK_NAME
     config_class = KnightsKnavesConfig
     terminator = COMPACT_TERMINATOR  # per instance: CHAT_TERMINATOR with the chat rendering
+    verl_ability = "logic"
+    verl_reward_options = (VERL_REWARD_OPTION,)
 
     def __init__(self, config: KnightsKnavesConfig) -> None:
         super().__init__(config)
@@ -602,6 +616,7 @@ class KnightsKnavesTask(Task):
         self._counts = config.people_counts
 
     def make_problem(self, puzzle: Puzzle) -> Problem:
+        """The puzzle as a problem in this task's rendering; ``answer`` is :meth:`Puzzle.to_dict`."""
         if self.config.rendering == "compact":
             prompt, completion = render_compact_prompt(puzzle), render_compact_completion(puzzle.solution)
         else:
@@ -609,6 +624,7 @@ class KnightsKnavesTask(Task):
         return Problem(prompt, completion, puzzle.to_dict(), puzzle.num_people, puzzle.key)
 
     def sample_problem(self, rng: random.Random) -> Problem:
+        """One uniquely solvable puzzle, its number of people drawn uniformly from ``num_people``."""
         num_people = self._counts[0] if len(self._counts) == 1 else rng.choice(self._counts)
         return self.make_problem(sample_puzzle(rng, num_people, self.config.max_depth, self.config.max_width))
 
@@ -617,7 +633,7 @@ class KnightsKnavesTask(Task):
         size, counts = self.config.test_size, self._counts
         per_count = [
             generate_puzzles(
-                size // len(counts) + (position < size % len(counts)),
+                _share(size, position, len(counts)),
                 num_people,
                 self.config.test_seed,
                 max_depth=self.config.max_depth,
@@ -635,28 +651,87 @@ class KnightsKnavesTask(Task):
         return parse_chat_answer(completion, problem.answer["names"])
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
+        """Whether the completion states the unique solution (parsed by :meth:`parse`)."""
         parsed = self.parse(problem, completion)
         return parsed is not None and list(parsed) == problem.answer["solution"]
 
     def reward(self, problem: Problem, completion: str) -> float:
+        """``logic_rl``: :func:`logic_rl_score` (3, -0.5, -1, -3); ``binary``: 1.0 correct, else 0.0."""
         if self.config.reward == "logic_rl":
             return logic_rl_score(completion, Puzzle.from_dict(problem.answer))
         return 1.0 if self.is_correct(problem, completion) else 0.0
 
     @property
     def max_prompt_chars(self) -> int:
+        """The rendering's prompt bound at the largest people count."""
         bound = compact_prompt_bound if self.config.rendering == "compact" else chat_prompt_bound
         return max(bound(count, self.config.max_depth, self.config.max_width) for count in self._counts)
 
     @property
     def max_completion_chars(self) -> int:
+        """One letter per person plus ``;`` (compact), or the chat completion's bound."""
         if self.config.rendering == "compact":
             return max(self._counts) + len(COMPACT_TERMINATOR)
         return max(chat_completion_bound(count) for count in self._counts)
 
     @property
     def alphabet(self) -> str:
+        """Printable ASCII (chat), or the compact rendering's letters and symbols."""
         if self.config.rendering == "chat":
             return "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
         people = LETTERS[: max(self._counts)]
         return "".join(sorted(set(people) | set("~!&|=>():? KN") | set(COMPACT_TERMINATOR)))
+
+    # --- verl hooks ---------------------------------------------------------------------------------------------
+    @classmethod
+    def verl_score(cls, response: str, answer: Any, knights_knaves_reward: str = "logic_rl") -> dict[str, float]:
+        """The chat rendering's parser on ``response`` with the ``logic_rl`` reward (3, -0.5, -1, -3) or, with
+        ``reward_kwargs.knights_knaves_reward=binary``, 1.0/0.0; ``acc`` is 1.0 exactly when the answer is right.
+
+        ``answer`` is the whole :meth:`Puzzle.to_dict` (the parser needs the names, not only the solution).
+        """
+        puzzle = Puzzle.from_dict(answer)
+        correct = 1.0 if parse_chat_answer(response, puzzle.names) == puzzle.solution else 0.0
+        if knights_knaves_reward == "logic_rl":
+            return {"score": logic_rl_score(response, puzzle), "acc": correct}
+        if knights_knaves_reward == "binary":
+            return {"score": correct, "acc": correct}
+        raise ValueError(
+            f"{VERL_REWARD_OPTION}={knights_knaves_reward!r} is invalid; allowed: {', '.join(map(repr, REWARDS))}"
+        )
+
+    @classmethod
+    def verl_messages(cls, problem: Problem) -> list[dict[str, str]]:
+        """The chat rendering's system and user messages, whatever this task's rendering."""
+        return render_chat_messages(Puzzle.from_dict(problem.answer))
+
+    def verl_problems(self, train_size: int, test_size: int, seed: int) -> dict[str, list[Problem]]:
+        """Distinct puzzles split evenly over the people counts, as in arXiv:2505.12929 (and Logic-RL).
+
+        Per count, the test puzzles are drawn first from ``config.test_seed`` (the first ones of the local test
+        pool with that seed) and train puzzles with their keys are excluded; within a split no puzzle repeats.
+        Train problems are shuffled by ``seed``; test problems are interleaved by count, so every prefix (verl's
+        ``data.val_max_samples``) mixes the difficulties.
+        """
+        train: list[Problem] = []
+        test_by_count: list[list[Problem]] = []
+        for position, num_people in enumerate(self._counts):
+            test_puzzles = self._verl_puzzles(_share(test_size, position, len(self._counts)), num_people,
+                                              self.config.test_seed)
+            train_puzzles = self._verl_puzzles(_share(train_size, position, len(self._counts)), num_people, seed,
+                                               exclude=[puzzle.key for puzzle in test_puzzles])
+            test_by_count.append([self.make_problem(puzzle) for puzzle in test_puzzles])
+            train.extend(self.make_problem(puzzle) for puzzle in train_puzzles)
+        random.Random(f"{TASK_NAME}/verl-train-order/{seed}").shuffle(train)
+        longest = max(map(len, test_by_count))
+        test = [problems[row] for row in range(longest) for problems in test_by_count if row < len(problems)]
+        return {"train": train, "test": test}
+
+    def _verl_puzzles(self, count: int, num_people: int, seed: int, exclude: Iterable[str] = ()) -> list[Puzzle]:
+        return generate_puzzles(count, num_people, seed, max_depth=self.config.max_depth,
+                                max_width=self.config.max_width, exclude=exclude)
+
+
+def _share(total: int, position: int, parts: int) -> int:
+    """The ``position``-th of ``parts`` near-equal shares of ``total`` (the first ``total % parts`` get one more)."""
+    return total // parts + (position < total % parts)

@@ -1,44 +1,27 @@
-"""Write Knights-and-Knaves puzzles as verl RL dataset parquet files (``train.parquet``, ``test.parquet``).
+"""The paper's Knights-and-Knaves verl files, in the older spelling (kept for old commands)::
 
     python -m dataflex_rl.tasks.prepare_verl --out DIR [--people 3 4 5 6 7] [--train-per-difficulty 1000]
-        [--test-per-difficulty 100] [--seed 0] [--test-seed 12345]
+        [--test-per-difficulty 100] [--seed 0] [--test-seed 12345] [--max-depth 2] [--max-width 2]
 
-Each row is :func:`dataflex_rl.tasks.reward_fn.verl_row` of a chat-rendered puzzle, the columns verl's
-``RLHFDataset`` reads: ``prompt`` (system and user chat messages; verl applies the model's chat template),
-``data_source`` (``knights_knaves``, which selects the reward in ``compute_score``), ``reward_model.ground_truth``
-(the puzzle as JSON), ``extra_info`` (``split``, ``index``, ``difficulty`` = number of people, ``key``) and
-``ability``. As in arXiv:2505.12929 (and Logic-RL), training mixes puzzles of 3 to 7 people in equal numbers.
-
-Train and test are disjoint: the test puzzles of each difficulty are drawn first from ``--test-seed`` and every
-train puzzle with the same key (the puzzle up to names) is excluded; within a split no puzzle repeats. The test
-puzzles of a difficulty are the first ones the local backend's ``knights_knaves`` task draws for its test pool
-with the same ``test_seed`` (both call ``generate_puzzles(count, people, test_seed)``).
+The same as ``python -m dataflex_rl.verl.data --task knights_knaves`` with ``num_people`` = the people,
+``--train-size``/``--test-size`` = the per-difficulty counts times the number of difficulties, and the chat rendering
+with the ``logic_rl`` reward (:mod:`dataflex_rl.verl.data` writes the files; ``KnightsKnavesTask.verl_problems``
+chooses the puzzles: per difficulty, test puzzles from ``--test-seed`` first, train puzzles disjoint from them).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from dataflex_rl.tasks.knights_knaves import MAX_PEOPLE, MIN_PEOPLE, TASK_NAME
+from dataflex_rl.verl.data import COLUMNS, TEST_FILE, TRAIN_FILE, write_files, write_parquet
+from dataflex_rl.verl.data import build_rows as build_task_rows
 
-from dataflex_rl.tasks.knights_knaves import (
-    MAX_PEOPLE,
-    MIN_PEOPLE,
-    TASK_NAME,
-    KnightsKnavesConfig,
-    KnightsKnavesTask,
-    generate_puzzles,
-)
-from dataflex_rl.tasks.reward_fn import verl_row
-
+__all__ = ["COLUMNS", "TEST_FILE", "TRAIN_FILE", "build_rows", "main", "write_parquet"]
 DEFAULT_PEOPLE = (3, 4, 5, 6, 7)
-TRAIN_FILE = "train.parquet"
-TEST_FILE = "test.parquet"
-COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 
 
 def build_rows(
@@ -51,45 +34,14 @@ def build_rows(
     max_width: int = 2,
 ) -> dict[str, list[dict[str, Any]]]:
     """``{"train": rows, "test": rows}``; train rows shuffled by ``seed``, test rows interleaved by difficulty."""
-    config = KnightsKnavesConfig(
-        num_people=list(people), rendering="chat", reward="logic_rl", max_depth=max_depth, max_width=max_width
-    )
-    task = KnightsKnavesTask(config)
-    train_problems, test_by_difficulty = [], []
-    for num_people in config.people_counts:
-        test_puzzles = generate_puzzles(
-            test_per_difficulty, num_people, test_seed, max_depth=max_depth, max_width=max_width
-        )
-        train_puzzles = generate_puzzles(
-            train_per_difficulty,
-            num_people,
-            seed,
-            max_depth=max_depth,
-            max_width=max_width,
-            exclude=[puzzle.key for puzzle in test_puzzles],
-        )
-        test_by_difficulty.append([task.make_problem(puzzle) for puzzle in test_puzzles])
-        train_problems.extend(task.make_problem(puzzle) for puzzle in train_puzzles)
-    random.Random(f"{TASK_NAME}/verl-train-order/{seed}").shuffle(train_problems)
-    # Interleaved, so every prefix of the test file (verl's data.val_max_samples) mixes the difficulties.
-    test_problems = [
-        problems[row] for row in range(test_per_difficulty) for problems in test_by_difficulty if row < len(problems)
-    ]
-    return {
-        "train": [verl_row(problem, TASK_NAME, "train", index) for index, problem in enumerate(train_problems)],
-        "test": [verl_row(problem, TASK_NAME, "test", index) for index, problem in enumerate(test_problems)],
-    }
-
-
-def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
-    """Write rows atomically (temp file, then rename)."""
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    temporary = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(temporary, index=False)
-    temporary.replace(path)
+    params = {"num_people": list(people), "rendering": "chat", "reward": "logic_rl", "max_depth": max_depth,
+              "max_width": max_width, "test_seed": test_seed}
+    return build_task_rows(TASK_NAME, params, train_per_difficulty * len(people), test_per_difficulty * len(people),
+                           seed=seed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dataflex_rl.tasks.prepare_verl``: check the arguments, build every row, then write both files."""
     parser = argparse.ArgumentParser(
         prog="python -m dataflex_rl.tasks.prepare_verl", description="Write K&K puzzles as verl parquet files."
     )
@@ -110,21 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(not MIN_PEOPLE <= count <= MAX_PEOPLE for count in options.people):
         parser.error(f"--people = {options.people} is not allowed: each must be in [{MIN_PEOPLE}, {MAX_PEOPLE}]")
     try:
-        rows = build_rows(
-            options.people,
-            options.train_per_difficulty,
-            options.test_per_difficulty,
-            seed=options.seed,
-            test_seed=options.test_seed,
-            max_depth=options.max_depth,
-            max_width=options.max_width,
-        )
+        rows = build_rows(options.people, options.train_per_difficulty, options.test_per_difficulty,
+                          seed=options.seed, test_seed=options.test_seed, max_depth=options.max_depth,
+                          max_width=options.max_width)
     except ValueError as error:
         parser.error(str(error))
-    options.out.mkdir(parents=True, exist_ok=True)
-    for split, filename in (("train", TRAIN_FILE), ("test", TEST_FILE)):
-        write_parquet(rows[split], options.out / filename)
-        print(f"{split}: {len(rows[split])} rows -> {options.out / filename}")
+    write_files(rows, options.out)
     return 0
 
 

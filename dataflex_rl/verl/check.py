@@ -62,17 +62,21 @@ class Report:
         self.failures: list[str] = []
 
     def ok(self, what: str, detail: str = "") -> None:
+        """Print a passed check."""
         print(f"ok    {what}" + (f": {detail}" if detail else ""), flush=True)
 
     def fail(self, what: str, detail: str) -> None:
+        """Print a failed check with what to do about it, and count it."""
         self.failures.append(what)
         print(f"FAIL  {what}: {detail}", flush=True)
 
     def note(self, text: str) -> None:
+        """Print a remark that is neither a pass nor a failure."""
         print(f"      {text}", flush=True)
 
 
 def distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` from its metadata; None when it is not installed."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -92,6 +96,7 @@ def check_versions(report: Report) -> None:
 
 
 def check_cuda(report: Report) -> None:
+    """Report the CUDA devices torch sees; only a note without any (the other checks hold on a CPU)."""
     import torch
 
     if torch.cuda.is_available():
@@ -198,6 +203,7 @@ def check_command(report: Report, arguments: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dataflex_rl.verl.check [COMMAND]``: run the checks in order; 0 when all passed, else 1."""
     parser = argparse.ArgumentParser(prog="python -m dataflex_rl.verl.check", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs=argparse.REMAINDER,

@@ -1,6 +1,6 @@
 """Build the ``python -m verl.trainer.main_ppo ...`` command line of a verl experiment.
 
-An experiment file (``conf/experiment/verl_*.yaml``) holds ``backend: verl``, a ``verl`` block of variables plus
+An experiment file (``conf/verl_experiment/verl_*.yaml``) holds ``backend: verl``, a ``verl`` block of variables plus
 an ``overrides`` list of verl Hydra overrides that use them (``${verl.model}``), and a ``dataflex`` block. The
 command is::
 
@@ -10,7 +10,7 @@ command is::
 The dataflex block is validated here (the same :class:`ConfigError` as the trainer raises) and written out in
 full, so verl's logged config holds every mechanism parameter. Usage::
 
-    python -m dataflex_rl.verl.command conf/experiment/verl_kk_3b.yaml model=/models/Qwen2.5-3B-Instruct \\
+    python -m dataflex_rl.verl.command conf/verl_experiment/verl_kk_3b.yaml model=/models/Qwen2.5-3B-Instruct \\
         data_dir=/data/kk dataflex.actuator.params.alpha=0.5 trainer.total_epochs=1          # prints it
     python -m dataflex_rl.verl.command verl_kk_3b model=... data_dir=... --run                  # runs it
 
@@ -39,14 +39,14 @@ from dataflex_rl.validation import ConfigError, to_plain
 
 TRAINER_MODE_OVERRIDE = "trainer.v1.trainer_mode=dataflex_sync"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
-EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "experiment"
+EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
 # A Hydra override value that needs no quotes: an identifier-like word or a path, not a reserved word.
 _PLAIN_VALUE = re.compile(r"[A-Za-z_/][\w\-./]*")
 _HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
 
 
 def resolve_experiment(experiment: str | Path) -> Path:
-    """The experiment file: an existing path, or a name under ``conf/experiment/`` (``verl_kk_3b``)."""
+    """The experiment file: an existing path, or a name under ``conf/verl_experiment/`` (``verl_kk_3b``)."""
     path = Path(experiment)
     if path.is_file():
         return path
@@ -180,11 +180,13 @@ def wandb_environment(group: str, tags: Sequence[str] = ()) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dataflex_rl.verl.command EXPERIMENT [ARGS] [--run]``: print the command (or replace this process
+    with it); 2 with the error on a bad argument."""
     parser = argparse.ArgumentParser(
         prog="python -m dataflex_rl.verl.command",
         description="Print (or run) the verl command line of a verl experiment.",
     )
-    parser.add_argument("experiment", help="experiment file, or its name under conf/experiment/")
+    parser.add_argument("experiment", help="experiment file, or its name under conf/verl_experiment/")
     parser.add_argument("arguments", nargs="*", help="NAME=value, dataflex.KEY=value, or verl overrides")
     parser.add_argument("--run", action="store_true", help="run the command instead of printing it")
     options = parser.parse_args(argv)

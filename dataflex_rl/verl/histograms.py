@@ -27,6 +27,7 @@ class WandbHistogramLogger:
         self._tagged_run_id: str | None = None
 
     def log(self, step: int, histograms: Mapping[str, Histogram]) -> None:
+        """Log ``histograms`` at ``step`` into the current W&B run (nothing without a run or histograms)."""
         import wandb
 
         run = wandb.run

@@ -15,6 +15,13 @@ without ``dataflex_run.dir`` no run store is written)::
 
 ``sweep`` defaults to ``trainer.project_name``, ``name`` to the folder's name, ``seed`` to ``data.seed``,
 ``mechanism_label`` to the mechanism; ``axes`` (the grid's axes, recorded with their values in ``meta.json``) to none.
+
+verl's W&B run is named like the local backend's, from the same :class:`RunIdentity`: name = the run folder's name
+for a run of a grid (else ``<sweep>-a<alpha>-s<seed>``), group = the sweep, job_type = the non-seed factors
+(``a0.5-lr0.0003``), tags = mechanism and backend. verl starts W&B itself (``wandb.init(name=
+trainer.experiment_name)``, the rest from ``WANDB_RUN_GROUP``, ``WANDB_JOB_TYPE``, ``WANDB_TAGS``), so the record
+sets ``trainer.experiment_name`` in the config it records (:attr:`VerlRunRecord.wandb_name`) and gives the trainer
+the variables (:meth:`VerlRunRecord.wandb_environment`).
 """
 
 from __future__ import annotations
@@ -30,13 +37,15 @@ from typing import Any
 from dataflex_rl import keys
 from dataflex_rl.validation import ConfigError, check_keys, to_plain
 from dataflex_rl.metrics import Histogram
-from dataflex_rl.tracking import RunIdentity, RunStore
+from dataflex_rl.tracking import RunIdentity, RunStore, config_hash
 
 BACKEND = "verl"
 RUN_BLOCK = "dataflex_run"
 RUN_KEYS = ("dir", "sweep", "name", "mechanism_label", "seed", "axes")
 # verl's validation accuracy of one data source (the K&K reward returns an accuracy, verl averages it).
 VAL_ACC_PREFIX, VAL_ACC_SUFFIX = "val-core/", "/acc/mean@1"
+# The environment variables through which verl's wandb.init takes a run's group, job type and tags.
+WANDB_GROUP_VARIABLE, WANDB_JOB_TYPE_VARIABLE, WANDB_TAGS_VARIABLE = "WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_TAGS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,18 +118,42 @@ def scalar(value: Any) -> float | None:
 
 
 class VerlRunRecord:
-    """One verl run's :class:`RunStore`: opened at the start of ``fit``, one line per step, closed at its end."""
+    """One verl run's :class:`RunStore`: opened at the start of ``fit``, one line per step, closed at its end.
+
+    ``identity`` is the run's :class:`RunIdentity` (axes read from the verl config at ``place.axes``); ``config``
+    the recorded config: verl's resolved config plus ``mechanism_label``, with ``trainer.experiment_name`` = the W&B
+    run name, so ``config.yaml``, the config hash and W&B agree.
+    """
 
     def __init__(self, place: RunPlace, resolved_config: Mapping[str, Any], mechanism: str, alpha: float) -> None:
         self.place = place
         self.store = RunStore(place.dir)
-        self.config = {**to_plain(resolved_config), "mechanism_label": place.mechanism_label}
-        self.identity = RunIdentity.for_config(
-            self.config, sweep=place.sweep, run=place.name, backend=BACKEND, mechanism=mechanism, alpha=alpha,
+        config = {**to_plain(resolved_config), "mechanism_label": place.mechanism_label}
+        identity = RunIdentity.for_config(
+            config, sweep=place.sweep, run=place.name, backend=BACKEND, mechanism=mechanism, alpha=alpha,
             seed=place.seed, axis_keys=place.axes,
         )
-        if "seed" in self.identity.axes:  # verl's seeds live in several places; the run's seed is the block's
-            self.identity = dataclasses.replace(self.identity, axes={**self.identity.axes, "seed": place.seed})
+        if "seed" in identity.axes:  # verl's seeds live in several places; the run's seed is the block's
+            identity = dataclasses.replace(identity, axes={**identity.axes, "seed": place.seed})
+        config["trainer"] = {**(config.get("trainer") or {}), "experiment_name": identity.wandb_name}
+        self.config = config
+        self.identity = dataclasses.replace(identity, config_hash=config_hash(config))
+
+    @property
+    def wandb_name(self) -> str:
+        """The W&B run's name (:attr:`RunIdentity.wandb_name`: the run folder's name in a grid)."""
+        return self.identity.wandb_name
+
+    def wandb_environment(self, environment: Mapping[str, str]) -> dict[str, str]:
+        """The W&B variables to set for verl's ``wandb.init``: group = the sweep, job_type = the non-seed factors
+        (left as in ``environment`` outside a grid), tags = mechanism and backend after any already in
+        ``environment``'s ``WANDB_TAGS``."""
+        tags = [tag for tag in environment.get(WANDB_TAGS_VARIABLE, "").split(",") if tag]
+        tags += [tag for tag in self.identity.tags if tag not in tags]
+        variables = {WANDB_GROUP_VARIABLE: self.identity.sweep, WANDB_TAGS_VARIABLE: ",".join(tags)}
+        if self.identity.job_type:
+            variables[WANDB_JOB_TYPE_VARIABLE] = self.identity.job_type
+        return variables
 
     def start(self, global_step: int) -> None:
         """Meta, config and status ``running``; on a resume at ``global_step`` > 0 the lines after it are dropped

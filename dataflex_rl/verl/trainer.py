@@ -18,7 +18,8 @@ advantages are written back, so verl's step metrics see them. Each stage's actor
 ``actor/update_stages``.
 
 With a ``dataflex_run.dir`` in the config the trainer also writes the project's run store
-(:mod:`dataflex_rl.verl.run_record`), so the analysis reads verl runs like local ones.
+(:mod:`dataflex_rl.verl.run_record`), so the analysis reads verl runs like local ones, and gives verl's W&B run the
+run's identity (name, group, job type, tags) before verl's ``fit`` opens it.
 
 Shapes: TransferQueue holds each response field as a jagged nested tensor ``(bs, j)``; the mechanism sees the
 padded ``(bs, L)`` tensors (``L`` = longest response in the batch, padding 0, ``response_mask`` 0 there).
@@ -26,14 +27,16 @@ padded ``(bs, L)`` tensors (``L`` = longest response in the batch, padding 0, ``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 import transfer_queue as tq
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -190,10 +193,12 @@ class DataflexSyncTrainer(PPOTrainerSync):
     # so it answers "sync"; the registered name stays in ``trainer.v1.trainer_mode``.
     @property
     def trainer_mode(self) -> str:
+        """``"sync"``: verl's base class treats this trainer as its sync trainer."""
         return "sync"
 
     @trainer_mode.setter
     def trainer_mode(self, registered_name: str) -> None:
+        """Keep the name verl registered the trainer under (``dataflex_sync``) as ``registered_name``."""
         self.registered_name = registered_name
 
     # Set by the advantage step when the mechanism asks for staged updates; taken by the next actor update.
@@ -228,15 +233,21 @@ class DataflexSyncTrainer(PPOTrainerSync):
             return super().fit(agent_loop_manager)
         alpha = float(self.mechanism.config.actuator.params.get("alpha", 0.0))
         self.run_record = VerlRunRecord(self.run_place, self.config, self.mechanism.config.mechanism, alpha)
+        # verl's fit starts W&B from trainer.experiment_name and the WANDB_* variables (read at W&B's first setup in
+        # this process, which is verl's Tracking in fit): give it the run's identity.
+        with open_dict(self.config):
+            self.config.trainer.experiment_name = self.run_record.wandb_name
         self.run_record.start(self.global_steps)
         try:
-            super().fit(agent_loop_manager)
+            with environment_set(self.run_record.wandb_environment(os.environ)):
+                super().fit(agent_loop_manager)
         except BaseException as error:
             self.run_record.finish(error)
             raise
         self.run_record.finish()
 
     def on_train_begin(self) -> None:
+        """verl's hook before the first training step; from then on validations go out with their step."""
         self._train_begun = True
         super().on_train_begin()
 
@@ -312,6 +323,21 @@ class DataflexSyncTrainer(PPOTrainerSync):
         metrics.update(merge_stage_metrics(per_stage))
         metrics[keys.UPDATE_STAGES] = float(len(stages.stage_masks))
         return batch
+
+
+@contextlib.contextmanager
+def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
+    """Set ``variables`` in ``os.environ`` for the block; afterwards each is restored (or removed) as before."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def put_advantages(batch: KVBatchMeta, advantages: torch.Tensor, nested_response_mask: torch.Tensor) -> KVBatchMeta:

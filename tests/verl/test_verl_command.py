@@ -46,7 +46,7 @@ def test_command_starts_verl_with_the_dataflex_trainer():
     assert arguments["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
     assert arguments["algorithm.adv_estimator"] == "grpo"
     assert arguments["data.train_files"] == "/data/kk/train.parquet"
-    assert arguments["reward.custom_reward_function.path"] == "pkg://dataflex_rl.tasks.reward_fn"
+    assert arguments["reward.custom_reward_function.path"] == "pkg://dataflex_rl.verl.reward"
     assert arguments["reward.custom_reward_function.name"] == "compute_score"
     # The full, validated dataflex block.
     assert arguments["+dataflex.mechanism"] == "reweight"

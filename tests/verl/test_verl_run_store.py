@@ -11,26 +11,32 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pathlib
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.tracking import Tracking
 
 from analysis.load import load_sweep
 from analysis.report import main as report_main
 from dataflex_rl import ConfigError, keys
-from dataflex_rl.tracking import load_histograms, load_metrics
+from dataflex_rl.tracking import config_hash, load_histograms, load_metrics
+from dataflex_rl.tracking.wandb_offline import read_run
 from dataflex_rl.verl.run_record import numeric_metrics, run_place
 from dataflex_rl.verl.trainer import DataflexSyncTrainer, mechanism_from_verl_config
 
 # Sibling test module (tests/verl is on sys.path under pytest's default import mode, as for conftest.py).
 from test_verl_trainer import fill_queue, random_rows  # noqa: E402
+from tests.tracking import wandb_records
 
 SWEEP = "kk-verl"
 STEPS = 3
 VAL_KEY = "val-core/knights_knaves/acc/mean@1"
+WANDB_VARIABLES = ("WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_TAGS")
 
 
 def fake_score(alpha: float, seed: int, step: int) -> float:
@@ -38,12 +44,30 @@ def fake_score(alpha: float, seed: int, step: int) -> float:
 
 
 class FakeVerl:
-    """verl's ``fit`` loop, ``_validate`` and the verl part of ``_compute_metrics``, as fakes (see module doc)."""
+    """verl's ``fit`` loop, ``_validate`` and the verl part of ``_compute_metrics``, as fakes (see module doc).
 
-    def __init__(self, queues, rows, fail_at_step: int | None = None) -> None:
-        self.queues, self.rows, self.fail_at_step = queues, rows, fail_at_step
+    ``with_wandb``: start verl's own ``Tracking`` with W&B as verl's ``fit`` does (from ``trainer.experiment_name``
+    and the environment), log each step to it and finish it; ``self.environment`` keeps the W&B variables it saw.
+    """
+
+    def __init__(self, queues, rows, fail_at_step: int | None = None, with_wandb: bool = False) -> None:
+        self.queues, self.rows, self.fail_at_step, self.with_wandb = queues, rows, fail_at_step, with_wandb
+        self.tracking, self.environment, self.wandb_run_id = None, {}, None
 
     def fit(self, trainer, agent_loop_manager) -> None:
+        if self.with_wandb:
+            self.environment = {name: value for name, value in os.environ.items() if name in WANDB_VARIABLES}
+            self.tracking = Tracking(project_name=trainer.config.trainer.project_name,
+                                     experiment_name=trainer.config.trainer.experiment_name, default_backend="wandb",
+                                     config=OmegaConf.to_container(trainer.config, resolve=True))
+            self.wandb_run_id = self.tracking.logger["wandb"].run.id
+        try:
+            self.steps(trainer)
+        finally:
+            if self.tracking is not None:
+                self.tracking.finish()
+
+    def steps(self, trainer) -> None:
         trainer._validate()
         trainer.on_train_begin()
         for step in range(1, STEPS + 1):
@@ -54,6 +78,8 @@ class FakeVerl:
             metrics: dict = {}
             trainer._compute_advantage(batch, metrics=metrics)
             trainer._compute_metrics(batch, metrics, {}, global_steps=step, epoch=0)
+            if self.tracking is not None:
+                self.tracking.log(data={keys.SCORE_MEAN: metrics[keys.SCORE_MEAN]}, step=step)
 
     @staticmethod
     def validate(trainer) -> dict:
@@ -68,17 +94,18 @@ class FakeVerl:
         metrics["dapo_filtered_reward_counts"] = {"0": 3}  # not a number: kept out of the run store
 
 
-def verl_run(verl_config, queues, monkeypatch, tmp_path, *, alpha, seed, fail_at_step=None):
-    """One fake verl run into ``tmp_path/SWEEP/<run>``; returns the run folder."""
-    name = f"ar-a{alpha:g}-s{seed}"
+def verl_run(verl_config, queues, monkeypatch, tmp_path, *, alpha, seed, fail_at_step=None, axes=None, fake=None):
+    """One fake verl run into ``tmp_path/SWEEP/<run>``; returns the run folder. ``axes``: the grid's axis keys
+    (``+dataflex_run.axes``), whose run is named after its cell as the sweep driver names it."""
+    name = f"ar-a{alpha:g}-s{seed}" + ("-lr1e-06" if axes else "")
     OmegaConf.set_struct(verl_config, False)
     verl_config.dataflex = {"mechanism": "reweight", "scorer": {"name": "token_prob"},
                             "actuator": {"name": "advantage_reweight", "params": {"alpha": alpha}}}
     verl_config.dataflex_run = {"dir": str(tmp_path / SWEEP / name), "sweep": SWEEP, "name": name,
-                                "mechanism_label": "ar", "seed": seed}
+                                "mechanism_label": "ar", "seed": seed, **({"axes": axes} if axes else {})}
     OmegaConf.set_struct(verl_config, True)
     verl_config.actor_rollout_ref.rollout.n = 4
-    fake = FakeVerl(queues, random_rows(seed=seed, prompts=2, group=4), fail_at_step)
+    fake = fake or FakeVerl(queues, random_rows(seed=seed, prompts=2, group=4), fail_at_step)
     monkeypatch.setattr(PPOTrainerSync, "fit", lambda trainer, agent_loop_manager: fake.fit(trainer, agent_loop_manager))
     monkeypatch.setattr(PPOTrainer, "_validate", fake.validate)
     monkeypatch.setattr(PPOTrainer, "_compute_metrics", fake.compute_metrics)
@@ -148,6 +175,57 @@ def test_a_verl_sweep_folder_gives_a_report(verl_config, queues, monkeypatch, tm
     assert keys.SCORE_MEAN in report and "ar-a0.5-s4" in report
     final_window = (sweep_dir / "report" / "table_final_window.csv").read_text()
     assert keys.SCORE_MEAN in final_window
+
+
+@pytest.fixture
+def fresh_wandb_setup():
+    """verl opens W&B in a fresh process (its TaskRunner), whose first ``wandb.init`` reads the environment; W&B
+    ignores environment changes after its setup, so the test starts, and leaves, without one."""
+    import wandb
+
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+def test_a_verl_run_of_a_grid_records_its_axes_and_names_its_wandb_run_from_them(
+    verl_config, queues, monkeypatch, tmp_path, fresh_wandb_setup
+):
+    """As the local backend: W&B name = the run folder's name, group = the sweep, job_type = the non-seed factors,
+    read by verl's own Tracking (real wandb, offline) from what the trainer sets; the environment is restored."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_TAGS", "user-tag")
+    monkeypatch.delenv("WANDB_JOB_TYPE", raising=False)
+    monkeypatch.setenv("WANDB_RUN_GROUP", "left-as-it-was")
+    axes = ["mechanism_label", "dataflex.actuator.params.alpha", "actor_rollout_ref.actor.optim.lr", "seed"]
+    fake = FakeVerl(queues, random_rows(seed=2, prompts=2, group=4), with_wandb=True)
+    run_dir = verl_run(verl_config, queues, monkeypatch, tmp_path, alpha=0.5, seed=2, axes=axes, fake=fake)
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["axes"] == {"mechanism_label": "ar", "alpha": 0.5, "actor_rollout_ref.actor.optim.lr": 1e-6, "seed": 2}
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["trainer"]["experiment_name"] == "ar-a0.5-s2-lr1e-06" == run_dir.name
+    assert meta["config_hash"] == config_hash(config)  # the hash is that of the config recorded beside it
+
+    assert fake.environment == {"WANDB_RUN_GROUP": SWEEP, "WANDB_JOB_TYPE": "ar-a0.5-lr1e-06",
+                                "WANDB_TAGS": "user-tag,reweight,verl"}
+    offline = read_run(wandb_records.run_file(pathlib.Path(os.environ["WANDB_DIR"]), fake.wandb_run_id))
+    assert (offline.name, offline.group, offline.job_type) == (run_dir.name, SWEEP, "ar-a0.5-lr1e-06")
+    assert set(offline.tags) >= {"user-tag", "reweight", "verl"}
+    assert offline.config["trainer"]["experiment_name"] == run_dir.name
+    assert {name: os.environ.get(name) for name in WANDB_VARIABLES} == {
+        "WANDB_RUN_GROUP": "left-as-it-was", "WANDB_JOB_TYPE": None, "WANDB_TAGS": "user-tag"}
+
+
+def test_a_run_outside_a_grid_gets_the_local_backends_wandb_name(verl_config, tmp_path):
+    from dataflex_rl.verl.run_record import VerlRunRecord
+
+    OmegaConf.set_struct(verl_config, False)
+    verl_config.dataflex_run = {"dir": str(tmp_path / "solo"), "sweep": "s", "seed": 3}
+    record = VerlRunRecord(run_place(verl_config, "reweight"), verl_config, "reweight", 0.25)
+    assert record.wandb_name == "s-a0.25-s3" == record.config["trainer"]["experiment_name"]
+    assert record.wandb_environment({}) == {"WANDB_RUN_GROUP": "s", "WANDB_TAGS": "reweight,verl"}
+    assert verl_config.trainer.experiment_name != "s-a0.25-s3"  # the record changes its own copy only
 
 
 def test_without_a_run_dir_no_run_store_is_written(verl_config):

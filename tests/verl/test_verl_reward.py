@@ -14,7 +14,8 @@ import pytest
 from dataflex_rl.tasks import build_task
 from dataflex_rl.tasks.arithmetic import make_problem
 from dataflex_rl.tasks.knights_knaves import Puzzle, generate_puzzles, render_chat_completion
-from dataflex_rl.tasks.reward_fn import compute_score, verl_row
+from dataflex_rl.verl.data import verl_row
+from dataflex_rl.verl.reward import compute_score
 
 PUZZLE = Puzzle(
     names=("Zoey", "Oliver"),

@@ -8,6 +8,12 @@ configs' own validation (:mod:`sweeps.commands`) before anything starts; a bad o
 Command-line conveniences (so that ``make sweep ALPHA=0.0,0.25,0.5`` works): ``alpha=0.0,0.25,0.5`` is read as
 the list ``alpha=[0.0,0.25,0.5]`` (the same for ``seeds``, ``mechanisms`` and ``eta``), and ``extra=[a=1 b=2]``
 (space-separated overrides, as ``make sweep EXTRA="a=1 b=2"`` writes it) is read as the list ``['a=1', 'b=2']``.
+
+Launchers: ``launcher=<name>`` picks the Hydra config ``conf/sweeps/launcher/<name>.yaml`` (a config group in
+``default.yaml``'s defaults list); the names allowed are those registered in :data:`sweeps.launchers.LAUNCHERS`,
+and older names are aliases (``launcher=local`` is ``process``). The chosen launcher's ``<name>:`` block
+(``slurm.partition=gpu``) becomes :attr:`SweepConfig.launcher_settings`, typed by the launcher's own settings
+class; another launcher's block is refused, since it would have no effect.
 """
 
 from __future__ import annotations

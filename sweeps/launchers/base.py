@@ -49,7 +49,7 @@ class Outcome:
 class Job:
     """A launched run: the plan and the launcher's handle (process, submitit job or Ray job id)."""
 
-    run: Any  # a RunToLaunch (sweeps.commands.PlannedRun)
+    run: RunToLaunch
     handle: Any
     info: dict[str, Any]
     started: float = dataclasses.field(default_factory=time.monotonic)

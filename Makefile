@@ -16,14 +16,15 @@ STAMP := $(VENV)/.installed
 #> JOBS      runs at once (default: the core count)
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
 #> BACKEND   local (CPU trainer, default) | verl (GPUs)
-#> LAUNCHER  local (processes here, default) | slurm (submitit job array) | ray (Ray Jobs to RAY_ADDRESS)
+#> LAUNCHER  process (child processes here, default; older name local) | slurm (submitit job array) | ray (Ray Jobs)
+#> SWEEP_ARGS more sweep-driver keys (conf/sweeps/), e.g. SWEEP_ARGS="slurm.partition=gpu threads=2"
 #> DRY_RUN   DRY_RUN=1 prints every command line and starts nothing
 #> EXTRA     training overrides for every run, e.g. EXTRA="task=knights_knaves trainer.lr=3e-4"
 #> ARGS      make train: Hydra overrides of one run
 ALPHA ?=
 SEEDS ?=
 BACKEND ?= local
-LAUNCHER ?= local
+LAUNCHER ?= process
 JOBS ?=
 STEPS ?=
 SWEEP ?=
@@ -31,6 +32,7 @@ MECH ?=
 ETA ?=
 EXTRA ?=
 DRY_RUN ?=
+SWEEP_ARGS ?=
 # Seeds planned for a target precision: make sweep TARGET_MDE=0.01 MAX_SEEDS=20 (SEEDS is the pilot)
 TARGET_MDE ?=
 MAX_SEEDS ?=
@@ -70,12 +72,12 @@ sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEED
 		$(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
 		$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) \
 		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]') \
-		$(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) $(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS))
+		$(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) $(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS)) $(SWEEP_ARGS)
 
 tune: $(STAMP) ## Optuna search over alpha, ~15 min (LR=1 adds trainer.lr; DRY_RUN=1 prints commands and estimate)
 	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \
-		$(if $(SEEDS),seeds=$(SEEDS)) $(if $(LR),tune_lr=true) $(if $(DRY_RUN),dry_run=true) \
-		$(if $(EXTRA),'extra=[$(EXTRA)]')
+		$(if $(SEEDS),seeds=$(SEEDS)) $(if $(LR),tune_lr=true) $(if $(DRY_RUN),dry_run=true) launcher=$(LAUNCHER) \
+		$(if $(EXTRA),'extra=[$(EXTRA)]') $(SWEEP_ARGS)
 
 report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep
 	$(PY) -m analysis.report runs/$(SWEEP)

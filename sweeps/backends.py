@@ -26,6 +26,7 @@ from sweeps.commands import (
 )
 from sweeps.config import SweepConfig
 from sweeps.grid import RunSpec
+from sweeps.launchers import launcher_class
 
 BACKENDS = Registry("backend")
 
@@ -112,7 +113,7 @@ class VerlBackend(Backend):
 
     def check_machine(self, config: SweepConfig) -> None:
         """Runs launched on this machine need a CUDA GPU (verl's rollout does); dry runs and clusters do not."""
-        if config.launcher == "local" and not config.dry_run:
+        if launcher_class(config.launcher).runs_here and not config.dry_run:
             check_gpu_available()
 
 

@@ -3,8 +3,12 @@
 Keys (conf/sweeps/default.yaml documents each):
 
     alpha=0.0,0.25,0.5  seeds=1,2  name=NAME  steps=N  jobs=N  threads=N  backend=local|verl
-    launcher=local|slurm|ray  mechanisms=baseline,ar  eta=0.1,0.5  extra=[trainer.lr=1e-3 trainer.kl_coef=0,0.01]
+    mechanisms=baseline,ar  eta=0.1,0.5  extra=[trainer.lr=1e-3 trainer.kl_coef=0,0.01]
+    launcher=process|slurm|ray  slurm.partition=gpu  ray.address=http://HOST:8265
     add_baseline=false  dry_run=true  report=false  root=runs
+
+launcher=... picks conf/sweeps/launcher/<name>.yaml (local is the older name of process); slurm.* and ray.* are
+the settings of that launcher only.
 
 extra holds train overrides for every run; one written as a Hydra sweep (key=a,b) is a grid axis.
 --cfg (or Hydra's --cfg job) prints the composed sweep config and exits; --help prints this text.

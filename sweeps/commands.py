@@ -52,6 +52,7 @@ class PlannedRun:
 
     @property
     def name(self) -> str:
+        """The run's name (its folder and W&B name)."""
         return self.spec.name
 
     def shell_line(self) -> str:
@@ -224,7 +225,7 @@ def check_gpu_available() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError("backend = 'verl' is not allowed with launcher=local on this machine: it has no CUDA GPU "
+        raise ConfigError("backend = 'verl' is not allowed with launcher=process on this machine: it has no CUDA GPU "
                           "(torch.cuda.is_available() is False). Use launcher=slurm or launcher=ray to send the runs "
                           "to a GPU cluster, dry_run=true to print the command lines, or backend=local")
 

@@ -8,6 +8,12 @@ configs' own validation (:mod:`sweeps.commands`) before anything starts; a bad o
 Command-line conveniences (so that ``make sweep ALPHA=0.0,0.25,0.5`` works): ``alpha=0.0,0.25,0.5`` is read as
 the list ``alpha=[0.0,0.25,0.5]`` (the same for ``seeds``, ``mechanisms`` and ``eta``), and ``extra=[a=1 b=2]``
 (space-separated overrides, as ``make sweep EXTRA="a=1 b=2"`` writes it) is read as the list ``['a=1', 'b=2']``.
+
+Launchers: ``launcher=<name>`` picks the Hydra config ``conf/sweeps/launcher/<name>.yaml`` (a config group in
+``default.yaml``'s defaults list); the names allowed are those registered in :data:`sweeps.launchers.LAUNCHERS`,
+and older names are aliases (``launcher=local`` is ``process``). The chosen launcher's ``<name>:`` block
+(``slurm.partition=gpu``) becomes :attr:`SweepConfig.launcher_settings`, typed by the launcher's own settings
+class; another launcher's block is refused, since it would have no effect.
 """
 
 from __future__ import annotations
@@ -23,13 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number, to_plain
+from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY
+from sweeps.launchers import canonical_launcher, launcher_class, parse_settings
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SWEEP_CONF_DIR = CONF_DIR / "sweeps"
 PRESET_DIR = CONF_DIR / "dataflex"
 BACKENDS = ("local", "verl")
-LAUNCHERS = ("local", "slurm", "ray")
-SLURM_CLUSTERS = ("slurm", "local", "debug")
+# The launchers registered when this module was imported (sweeps/launchers/); checks use the live registry.
+LAUNCHERS = tuple(LAUNCHER_REGISTRY.names())
+DEFAULT_LAUNCHER = "process"  # conf/sweeps/default.yaml's defaults list
 LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
 DEFAULT_ALPHA = (0.0, 0.5)
 # The default sweep: 2 alphas x 8 seeds x 120 RL steps takes about 15 minutes on 2 cores and can detect a difference
@@ -62,53 +71,6 @@ def available_presets() -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SlurmSettings:
-    """Resources of each SLURM job (``slurm.*``); one job per run, submitted as one job array through submitit."""
-
-    cluster: str = "slurm"  # slurm | local (submitit's local executor, for testing) | debug (in-process)
-    partition: str | None = None
-    timeout_min: int = 1440
-    cpus_per_task: int = 8
-    gpus_per_node: int = 0
-    mem_gb: float | None = None
-    additional_parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    setup: tuple[str, ...] = ()  # shell lines run before each job (module load ..., source venv)
-
-    def __post_init__(self) -> None:
-        check_choice("slurm.cluster", self.cluster, SLURM_CLUSTERS)
-        check_int_at_least("slurm.timeout_min", self.timeout_min, 1)
-        check_int_at_least("slurm.cpus_per_task", self.cpus_per_task, 1)
-        check_int_at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
-        if self.mem_gb is not None:
-            check_number("slurm.mem_gb", self.mem_gb, minimum=0.0, exclusive=True)
-        if not isinstance(self.additional_parameters, Mapping):
-            raise ConfigError(f"slurm.additional_parameters = {self.additional_parameters!r} is not allowed: it must "
-                              f"be a mapping of sbatch options, e.g. {{constraint: a100}}")
-
-
-@dataclasses.dataclass(frozen=True)
-class RaySettings:
-    """Ray Jobs (``ray.*``): one job per run, submitted with ``JobSubmissionClient`` to ``address``."""
-
-    address: str | None = None  # None: $RAY_ADDRESS (the dashboard address, http://HOST:8265)
-    entrypoint_num_cpus: float | None = None
-    entrypoint_num_gpus: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("entrypoint_num_cpus", "entrypoint_num_gpus"):
-            value = getattr(self, name)
-            if value is not None:
-                check_number(f"ray.{name}", value, minimum=0.0)
-
-    def resolved_address(self) -> str:
-        address = self.address or os.environ.get("RAY_ADDRESS")
-        if not address:
-            raise ConfigError("ray.address = None is not allowed with launcher=ray when RAY_ADDRESS is unset: give "
-                              "ray.address=http://HOST:8265 (the Ray dashboard) or export RAY_ADDRESS")
-        return address
-
-
-@dataclasses.dataclass(frozen=True)
 class SweepConfig:
     """One sweep: the grid (``alpha`` x ``seeds`` x ``mechanisms`` x ``eta`` x extra axes) and how to run it."""
 
@@ -126,7 +88,7 @@ class SweepConfig:
     max_seeds: int = 20
     plan_metric: str = "val/accuracy"
     backend: str = "local"
-    launcher: str = "local"
+    launcher: str = DEFAULT_LAUNCHER
     jobs: int | None = None
     threads: int | None = None
     dry_run: bool = False
@@ -137,15 +99,14 @@ class SweepConfig:
     verl_experiment: str = "verl_kk_3b"
     grace_s: float = 30.0
     poll_s: float = 0.25
-    slurm: SlurmSettings = dataclasses.field(default_factory=SlurmSettings)
-    ray: RaySettings = dataclasses.field(default_factory=RaySettings)
+    launcher_settings: Any = None  # the launcher's typed ``<launcher>:`` block (sweeps/launchers/), None if it has none
 
     def __post_init__(self) -> None:
         if self.name is not None and not _NAME.fullmatch(self.name):
             raise ConfigError(f"name = {self.name!r} is not allowed: a sweep name is a folder name of letters, "
                               f"digits, '.', '_' and '-', starting with a letter or digit")
         check_choice("backend", self.backend, BACKENDS)
-        check_choice("launcher", self.launcher, LAUNCHERS)
+        self._check_launcher()
         if not self.seeds:
             raise ConfigError("seeds = [] is not allowed: give at least one seed, e.g. seeds=1,2")
         if self.steps is not None:
@@ -174,6 +135,19 @@ class SweepConfig:
         if unknown:
             raise ConfigError(f"mechanisms = {unknown[0]!r} is not allowed: no conf/dataflex/{unknown[0]}.yaml; "
                               f"presets: {', '.join(available_presets())}")
+
+    def _check_launcher(self) -> None:
+        """An older launcher name becomes the registered one; settings default to the launcher's own."""
+        object.__setattr__(self, "launcher", canonical_launcher(self.launcher))
+        settings_type = launcher_class(self.launcher).settings
+        if settings_type is None:
+            if self.launcher_settings is not None:
+                raise ConfigError(f"launcher = {self.launcher!r} takes no settings, got {self.launcher_settings!r}")
+        elif self.launcher_settings is None:
+            object.__setattr__(self, "launcher_settings", settings_type())
+        elif not isinstance(self.launcher_settings, settings_type):
+            raise ConfigError(f"{self.launcher} = {self.launcher_settings!r} is not allowed: it must be a "
+                              f"{settings_type.__name__}")
 
     @property
     def alphas(self) -> tuple[float, ...]:
@@ -243,21 +217,30 @@ def _optional_int(key: str, value: Any) -> int | None:
     return check_int_at_least(key, value, 1)
 
 
-def _section(where: str, cls: type, given: Any) -> Any:
-    given = {} if given is None else given
-    if not isinstance(given, Mapping):
-        raise ConfigError(f"{where} = {given!r} is not allowed: it must be a mapping")
-    allowed = [field.name for field in dataclasses.fields(cls)]
-    unknown = [key for key in given if key not in allowed]
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]} is not allowed: unknown key; allowed keys: {', '.join(allowed)}")
-    values = dict(given)
-    if "setup" in values:
-        values["setup"] = tuple(str(line) for line in _as_list(f"{where}.setup", values["setup"]))
-    return cls(**values)
+SWEEP_KEYS = tuple(field.name for field in dataclasses.fields(SweepConfig) if field.name != "launcher_settings")
 
 
-SWEEP_KEYS = tuple(field.name for field in dataclasses.fields(SweepConfig))
+def settings_blocks() -> tuple[str, ...]:
+    """Config keys that hold a launcher's settings (``slurm``, ``ray``): the names of launchers that have some."""
+    return tuple(name for name in LAUNCHER_REGISTRY.names() if LAUNCHER_REGISTRY.get(name).settings is not None)
+
+
+def _launcher_values(raw: Mapping[str, Any]) -> tuple[str, Any]:
+    """(the launcher's registered name, its typed settings) from a raw sweep config; a settings block of another
+    launcher is refused (it would have no effect)."""
+    name = canonical_launcher(raw.get("launcher", DEFAULT_LAUNCHER))
+    launcher_class(name)  # an unknown name raises, listing the registered ones
+    for block in settings_blocks():
+        if block in raw and block != name:
+            raise ConfigError(foreign_settings_message(block, raw[block], name))
+    return name, parse_settings(name, raw.get(name)) if name in settings_blocks() else None
+
+
+def foreign_settings_message(key: str, value: Any, launcher: str) -> str:
+    """The error for ``<block>.<key>=...`` given with another launcher (``slurm.partition=x`` with process)."""
+    block = key.split(".", 1)[0]
+    return (f"{key} = {value!r} is not allowed with launcher={launcher}: {block}.* are the settings of "
+            f"launcher={block} (conf/sweeps/launcher/{block}.yaml); add launcher={block}")
 
 
 def _default_steps(values: Mapping[str, Any]) -> int | None:
@@ -279,10 +262,11 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     if not isinstance(raw, Mapping):
         raise ConfigError(f"sweep config = {raw!r} is not allowed: it must be a mapping")
     raw = {key: value for key, value in raw.items() if key not in allowed_extra_keys}
-    unknown = [key for key in raw if key not in SWEEP_KEYS]
+    unknown = [key for key in raw if key not in SWEEP_KEYS and key not in settings_blocks()]
     if unknown:
         raise ConfigError(f"{unknown[0]} is not allowed: unknown sweep key; allowed keys: {', '.join(SWEEP_KEYS)}")
-    values: dict[str, Any] = dict(raw)
+    values: dict[str, Any] = {key: value for key, value in raw.items() if key not in settings_blocks()}
+    values["launcher"], values["launcher_settings"] = _launcher_values(raw)
     values["seeds"] = _parse_seeds(raw.get("seeds"))
     values["mechanisms"] = _unique([str(item) for item in _as_list("mechanisms", raw.get("mechanisms"))])
     # alpha unset: the default alpha grid, or with mechanism presets each preset's own alpha (GRPO, +AR, +Lopti,
@@ -306,8 +290,6 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
         values["mechanisms"] = ("baseline", *values["mechanisms"])  # the unweighted GRPO run is always compared
     if raw.get("name") is not None:
         values["name"] = str(raw["name"])
-    values["slurm"] = _section("slurm", SlurmSettings, raw.get("slurm"))
-    values["ray"] = _section("ray", RaySettings, raw.get("ray"))
     return SweepConfig(**values)
 
 
@@ -352,11 +334,14 @@ def split_extra(text: str) -> list[str]:
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Rewrite the command-line conveniences (module doc) into Hydra's override grammar."""
+    """Rewrite the command-line conveniences (module doc) into Hydra's override grammar; an older launcher name
+    (``launcher=local``) becomes the registered one (``launcher=process``)."""
     normalized = []
     for argument in argv:
         key, equals, value = argument.partition("=")
-        if equals and key in LIST_KEYS and "," in value and not value.lstrip().startswith("["):
+        if equals and key == "launcher":
+            argument = f"launcher={canonical_launcher(value)}"
+        elif equals and key in LIST_KEYS and "," in value and not value.lstrip().startswith("["):
             argument = f"{key}=[{value}]"
         elif equals and key == "extra":
             stripped = value.strip()
@@ -367,6 +352,26 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return normalized
 
 
+def check_launcher_overrides(overrides: Sequence[str]) -> None:
+    """Before composing: the chosen launcher (the last ``launcher=``) must be registered and have its
+    ``conf/sweeps/launcher/<name>.yaml``, and settings overrides must belong to it (``slurm.*`` needs
+    ``launcher=slurm``): :class:`ConfigError` naming the key, the value and what is allowed."""
+    chosen = DEFAULT_LAUNCHER
+    for item in overrides:
+        key, equals, value = item.partition("=")
+        if equals and key == "launcher":
+            chosen = value
+    launcher_class(chosen)
+    if not (SWEEP_CONF_DIR / "launcher" / f"{chosen}.yaml").is_file():
+        raise ConfigError(f"launcher = {chosen!r} is not allowed: it is registered but has no config file "
+                          f"conf/sweeps/launcher/{chosen}.yaml")
+    for item in overrides:
+        key, equals, value = item.partition("=")
+        block = key.lstrip("+~").split(".", 1)[0]
+        if equals and block in settings_blocks() and block != chosen:
+            raise ConfigError(foreign_settings_message(key.lstrip("+~"), value, chosen))
+
+
 def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     """Compose ``conf/sweeps/<config_name>.yaml`` with the (normalized) overrides; Hydra's errors become
     :class:`ConfigError`."""
@@ -375,6 +380,7 @@ def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = normalize_argv(argv)
+    check_launcher_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
             return compose(config_name=config_name, overrides=overrides)

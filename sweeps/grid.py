@@ -12,7 +12,9 @@ non-numeric value; the full key when two axes share a last part).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import json
 import re
 from collections.abc import Mapping, Sequence
 
@@ -199,3 +201,13 @@ def grid_description(config: SweepConfig) -> dict[str, object]:
     return {"alpha": list(config.alphas), "seed": list(config.seeds), "mechanism": list(config.mechanisms),
             "eta": list(config.eta), "axes": {axis.key: list(axis.values) for axis in axes},
             "common_overrides": common}
+
+
+def default_name(config: SweepConfig, prefix: str = "sweep") -> str:
+    """``<prefix>-<8 hex>``: the hash covers the grid and the overrides, so the same command finds (and resumes)
+    the same sweep on any later day, while a different grid gets its own folder."""
+    identity = {"backend": config.backend, "alpha": list(config.alphas), "seeds": list(config.seeds),
+                "mechanisms": list(config.mechanisms), "eta": list(config.eta), "extra": list(config.extra),
+                "steps": config.steps, "train_module": config.train_module}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{prefix}-{digest}"

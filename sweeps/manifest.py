@@ -51,6 +51,7 @@ class ManifestError(ConfigError):
 
 
 def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second (every time stamp in sweep.json)."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
@@ -144,6 +145,7 @@ class Manifest:
         self._by_name = {entry["run"]: entry for entry in self.data["runs"]}
 
     def previous(self, name: str) -> dict[str, Any] | None:
+        """The recorded entry of run ``name`` (None when the sweep never listed it)."""
         return self._by_name.get(name)
 
     def entry(self, name: str, fields: Mapping[str, Any], warm_start: bool = False) -> dict[str, Any]:
@@ -161,6 +163,7 @@ class Manifest:
         return entry
 
     def save(self) -> None:
+        """Write sweep.json atomically, stamped ``updated`` now."""
         self.data["updated"] = utc_now()
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.sweep_dir / MANIFEST_FILE, self.data)

@@ -57,9 +57,11 @@ class SeedPlan:
 
     @property
     def capped(self) -> bool:
+        """Whether ``max_seeds`` cut the plan below the seeds needed."""
         return self.seeds_needed > self.max_seeds
 
     def to_json(self) -> dict[str, Any]:
+        """The plan as recorded under ``plan`` in sweep.json."""
         data = dataclasses.asdict(self)
         data.update(pilot_seeds=list(self.pilot_seeds), seeds=list(self.seeds), capped=self.capped,
                     comparisons=[dict(c) for c in self.comparisons])
@@ -153,7 +155,7 @@ def record_plan(sweep_dir: Path, plan: SeedPlan) -> None:
 
 def run_planned_sweep(config: Any, argv: Sequence[str], run_once: Callable[[Any, Sequence[str]], int]) -> int:
     """Pilot, plan, extension (module doc). ``run_once(config, argv)`` runs one sweep invocation (the driver's)."""
-    from sweeps.driver import default_name
+    from sweeps.grid import default_name
 
     name = config.name or default_name(config)  # the pilot's name: the extension grows the same folder
     sweep_dir = Path(config.root) / name
@@ -172,7 +174,7 @@ def run_planned_sweep(config: Any, argv: Sequence[str], run_once: Callable[[Any,
     code = run_once(dataclasses.replace(config, name=name, seeds=plan.seeds, report=False), argv)
     record_plan(sweep_dir, plan)
     if config.report and code <= 128:
-        from sweeps.driver import write_report
+        from sweeps.summary import write_report
 
         status, message = write_report(sweep_dir)
         print(message, flush=True)

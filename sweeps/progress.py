@@ -146,6 +146,7 @@ class ActiveRun:
 
     @property
     def fraction(self) -> float | None:
+        """Steps done over steps planned (None before the total is known)."""
         return min(1.0, self.step / self.total) if self.total else None
 
     def describe(self) -> str:

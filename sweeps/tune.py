@@ -4,7 +4,9 @@ run's last ``final_window`` evaluations, as the report uses) averaged over seeds
 time is printed before it starts; ``dry_run=true`` prints the first trial's command lines and the estimate only.
 
 - One OS process per run: each trial runs its seeds as child processes through the sweep's own launcher and
-  scheduling loop (:class:`sweeps.driver.SweepRunner`), ``jobs`` at once.
+  scheduling loop (:class:`sweeps.runner.SweepRunner`), ``jobs`` at once, inside the same
+  :class:`~sweeps.session.SweepSession` as a grid sweep (folder lock, ``sweep.json``, invocation record, SFT warm
+  start, exit code).
 - Storage: ``<root>/<name>/optuna.db`` (sqlite), so the same command resumes the study: it runs only the trials
   still missing to reach ``n_trials`` finished (completed or pruned) ones. A trial left running by a killed driver
   is marked failed and, like any failed trial, tried again (up to ``retries`` times) with the same parameters and
@@ -30,20 +32,13 @@ from dataflex_rl import keys
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain, unknown_keys
 from sweeps.backends import plan_runs, plan_warm_starts
 from sweeps.commands import PlannedRun
-from sweeps.config import SweepConfig, available_cores
-from sweeps.driver import (
-    EXIT_FAILED,
-    EXIT_REFUSED,
-    SweepPlan,
-    SweepRunner,
-    SweepStopped,
-    concurrency,
-    default_name,
-)
-from sweeps.grid import ALPHA_KEY, RunSpec, format_number, parse_extra
-from sweeps.launchers import Job, build_launcher
-from sweeps.manifest import Manifest, utc_now
+from sweeps.config import SweepConfig
+from sweeps.driver import concurrency, warm_start_threads
+from sweeps.grid import ALPHA_KEY, RunSpec, default_name, format_number, parse_extra
+from sweeps.launchers import Job
 from sweeps.planning import describe_estimate, estimate_seconds, final_window_mean, run_shape
+from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepPlan, SweepRunner
+from sweeps.session import SessionRefused, SweepSession
 
 TUNE_KEYS = ("n_trials", "metric", "direction", "search", "enqueue", "sampler", "pruner", "retries", "final_window",
              "tune_lr")
@@ -88,6 +83,7 @@ class SearchParam:
             raise ConfigError(f"{where}.low = {self.low!r} is not allowed with log: true: it must be > 0")
 
     def suggest(self, trial: Any) -> Any:
+        """This parameter's value for ``trial`` (``suggest_float``, ``suggest_int`` or ``suggest_categorical``)."""
         if self.type == "categorical":
             return trial.suggest_categorical(self.name, list(self.choices))
         if self.type == "int":
@@ -98,6 +94,8 @@ class SearchParam:
 
 @dataclasses.dataclass(frozen=True)
 class TuneConfig:
+    """A study: the sweep settings its runs use (``sweep``) and the search (``conf/sweeps/optuna.yaml``)."""
+
     sweep: SweepConfig
     n_trials: int
     metric: str
@@ -111,6 +109,8 @@ class TuneConfig:
 
 
 def parse_tune_config(cfg: Any) -> TuneConfig:
+    """Validate a composed ``optuna.yaml`` into a :class:`TuneConfig`; :class:`ConfigError` naming the key, the
+    value and what is allowed."""
     from sweeps.config import parse_sweep_config
 
     raw = to_plain(cfg)
@@ -163,6 +163,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
 
 
 def build_sampler(settings: Mapping[str, Any]) -> Any:
+    """The Optuna sampler named by ``sampler.name`` (tpe | random), its other keys as arguments."""
     import optuna
 
     options = {key: value for key, value in settings.items() if key != "name"}
@@ -172,6 +173,7 @@ def build_sampler(settings: Mapping[str, Any]) -> Any:
 
 
 def build_pruner(settings: Mapping[str, Any]) -> Any:
+    """The Optuna pruner named by ``pruner.name`` (median | none), its other keys as MedianPruner's arguments."""
     import optuna
 
     options = {key: value for key, value in settings.items() if key != "name"}
@@ -214,6 +216,7 @@ class TrialReporter:
         self.pruned = False
 
     def report_new_steps(self) -> None:
+        """``trial.report`` the seed mean at every step all runs have logged since the last call."""
         curves = [read_curve(run.run_dir, self.metric) for run in self.runs]
         common = set.intersection(*(set(curve) for curve in curves)) if curves else set()
         for step in sorted(common - self.reported):
@@ -247,6 +250,7 @@ def recover_trials(study: Any, retries: int) -> list[int]:
 
 
 def print_trials(study: Any, tune: TuneConfig) -> None:
+    """A rich table of every trial (state, seed-mean metric, parameters, last step, duration), then the best."""
     from optuna.trial import TrialState
     from rich.console import Console
     from rich.table import Table
@@ -288,44 +292,64 @@ def study_estimate(tune: TuneConfig, trials: int, jobs: int) -> str:
     return describe_estimate(trials * per_trial, f"{trials} trial(s) x {len(tune.sweep.seeds)} seed(s) x {steps} steps")
 
 
-def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
-    import optuna
-    from filelock import FileLock, Timeout
-    from optuna.trial import TrialState
-
-    config = tune.sweep
+def study_name(tune: TuneConfig) -> str:
+    """``name``, else ``tune-<hash>`` (``tune-lr-<hash>`` when lr is searched: its own study per search space)."""
     searches_lr = any(param.name == LR_SEARCH["name"] for param in tune.search)
-    name = config.name or default_name(config, prefix="tune-lr" if searches_lr else "tune")  # own study per space
+    return tune.sweep.name or default_name(tune.sweep, prefix="tune-lr" if searches_lr else "tune")
+
+
+def first_trial_params(tune: TuneConfig) -> dict[str, Any]:
+    """The parameters at their lower bounds (a categorical's first choice): the runs validated up front."""
+    return {param.name: (param.choices[0] if param.type == "categorical" else
+                         (int(param.low) if param.type == "int" else float(param.low))) for param in tune.search}
+
+
+def plan_study(tune: TuneConfig) -> SweepPlan:
+    """The study's plan: its folder, concurrency and shared warm starts, after validating the runs of a first trial
+    (:func:`first_trial_params`); raises :class:`ConfigError` naming the first bad value. Trials plan their own
+    runs as they come."""
+    config = tune.sweep
+    name = study_name(tune)
     sweep_dir = Path(config.root) / name
     jobs, threads = concurrency(config, len(config.seeds))
-    plan = SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads, warm_starts=[],
-                     runs=[])
-    try:
-        # Validate the runs of a first trial (parameters at their lower bounds) before anything starts.
-        probe = {param.name: (param.choices[0] if param.type == "categorical" else
-                              (int(param.low) if param.type == "int" else float(param.low))) for param in tune.search}
-        plan_runs(config, trial_specs(tune, probe, "t000"), name, sweep_dir, threads)
-        # The warm start runs alone, before the trials: on the local launcher it may use every core.
-        warm_threads = config.threads or (available_cores() if config.launcher == "local" else threads)
-        plan.warm_starts = plan_warm_starts(config, trial_specs(tune, {}, "t000"), sweep_dir, warm_threads)
-    except ConfigError as error:
-        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
-        return EXIT_REFUSED
-    if config.dry_run:
-        for run in plan_runs(config, trial_specs(tune, probe, "t000"), name, sweep_dir, threads):
-            print(f"# {run.name} (trial 0 with the lower bounds)\n{run.shell_line()}")
-        print(study_estimate(tune, tune.n_trials, jobs))
-        return 0
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(sweep_dir / ".sweep.lock")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        print(f"error: study {name} is being run by another driver (lock {lock.lock_file})", file=sys.stderr)
-        return EXIT_REFUSED
+    plan_runs(config, trial_specs(tune, first_trial_params(tune), "t000"), name, sweep_dir, threads)
+    warm_starts = plan_warm_starts(config, trial_specs(tune, {}, "t000"), sweep_dir,
+                                   warm_start_threads(config, threads))
+    return SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads,
+                     warm_starts=warm_starts, runs=[])
+
+
+def print_study_dry_run(tune: TuneConfig, plan: SweepPlan) -> None:
+    """The first trial's command lines and the study's estimate (``dry_run=true``: nothing is started)."""
+    runs = plan_runs(plan.config, trial_specs(tune, first_trial_params(tune), "t000"), plan.name, plan.sweep_dir,
+                     plan.threads)
+    for run in runs:
+        print(f"# {run.name} (trial 0 with the lower bounds)\n{run.shell_line()}")
+    print(study_estimate(tune, tune.n_trials, plan.jobs))
+
+
+def study_storage(plan: SweepPlan) -> str:
+    """The study's sqlite URL, ``<study folder>/optuna.db``."""
+    return f"sqlite:///{(plan.sweep_dir / STUDY_FILE).resolve()}"
+
+
+def study_header(tune: TuneConfig, plan: SweepPlan) -> dict[str, Any]:
+    """The study's sweep.json header: the search instead of a grid."""
+    config = tune.sweep
+    return {"sweep": plan.name, "backend": config.backend, "launcher": config.launcher,
+            "study": {"storage": study_storage(plan), "n_trials": tune.n_trials, "metric": tune.metric,
+                      "direction": tune.direction, "search": [dataclasses.asdict(p) for p in tune.search]},
+            "jobs": plan.jobs, "threads": plan.threads, "train_module": config.train_module}
+
+
+def open_study(tune: TuneConfig, plan: SweepPlan) -> tuple[Any, int]:
+    """(the study, trials still to run): created or loaded from its storage, the enqueued trials added to a new
+    one, failed trials queued again (:func:`recover_trials`); prints where it stands and the estimate."""
+    import optuna
+    from optuna.trial import TrialState
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{(sweep_dir / STUDY_FILE).resolve()}"
-    study = optuna.create_study(study_name=name, storage=storage, direction=tune.direction,
+    study = optuna.create_study(study_name=plan.name, storage=study_storage(plan), direction=tune.direction,
                                 sampler=build_sampler(tune.sampler), pruner=build_pruner(tune.pruner),
                                 load_if_exists=True)
     if not study.get_trials(deepcopy=False):
@@ -334,79 +358,88 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
     queued = recover_trials(study, tune.retries)
     finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
     remaining = max(0, tune.n_trials - finished)
-    print(f"study {name}: {finished} trial(s) finished, {remaining} to run"
+    print(f"study {plan.name}: {finished} trial(s) finished, {remaining} to run"
           + (f" ({len(queued)} failed trial(s) queued again)" if queued else "")
-          + f"; {len(config.seeds)} seed(s) per trial, {jobs} run(s) at once; folder {sweep_dir}", flush=True)
+          + f"; {len(tune.sweep.seeds)} seed(s) per trial, {plan.jobs} run(s) at once; folder {plan.sweep_dir}",
+          flush=True)
     if remaining:
-        print(study_estimate(tune, remaining, jobs), flush=True)
-    try:
-        manifest = Manifest(sweep_dir, {"sweep": name, "backend": config.backend, "launcher": config.launcher,
-                                        "study": {"storage": storage, "n_trials": tune.n_trials,
-                                                  "metric": tune.metric, "direction": tune.direction,
-                                                  "search": [dataclasses.asdict(p) for p in tune.search]},
-                                        "jobs": jobs, "threads": threads, "train_module": config.train_module})
-    except ConfigError as error:
-        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
-        lock.release()
-        return EXIT_REFUSED
-    invocation = {"argv": list(argv), "start": utc_now(), "end": None, "exit_code": None}
-    manifest.data["invocations"].append(invocation)
-    exit_code = 0
-    try:
-        launcher = build_launcher(config, sweep_dir, name, jobs)
-    except ConfigError as error:
-        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
-        lock.release()
-        return EXIT_REFUSED
+        print(study_estimate(tune, remaining, plan.jobs), flush=True)
+    return study, remaining
 
-    failed_trials: list[int] = []
 
-    def objective(trial: Any) -> float:
+class TrialObjective:
+    """Optuna's objective: run a trial's seeds through the session's runner, report their curves for pruning,
+    return the seed mean of the final-window ``metric``. Failed trials are listed in ``failed_trials``."""
+
+    def __init__(self, tune: TuneConfig, plan: SweepPlan, runner: SweepRunner) -> None:
+        self.tune = tune
+        self.plan = plan
+        self.runner = runner
+        self.failed_trials: list[int] = []
+
+    def _fail(self, trial: Any, message: str) -> TrialFailed:
+        self.failed_trials.append(trial.number)
+        return TrialFailed(message)
+
+    def __call__(self, trial: Any) -> float:
+        """One trial (a retry reuses the run folders of the trial it retries, so its runs resume)."""
+        import optuna
+
+        tune, plan = self.tune, self.plan
         params = {param.name: param.suggest(trial) for param in tune.search}
         root = int(trial.user_attrs.get("retry_of", trial.number))
-        runs = plan_runs(config, trial_specs(tune, params, f"t{root:03d}"), name, sweep_dir, threads)
+        runs = plan_runs(tune.sweep, trial_specs(tune, params, f"t{root:03d}"), plan.name, plan.sweep_dir,
+                         plan.threads)
         trial.set_user_attr("runs", [run.name for run in runs])
         reporter = TrialReporter(trial, runs, tune.metric)
-        states = runner.run_all(runner.pending_runs(runs), on_poll=reporter)
+        states = self.runner.run_all(self.runner.pending_runs(runs), on_poll=reporter)
         if reporter.pruned:
-            runner.say(f"trial {trial.number} pruned at step {max(reporter.reported, default=0)}")
+            self.runner.say(f"trial {trial.number} pruned at step {max(reporter.reported, default=0)}")
             raise optuna.TrialPruned()
         failed = [run for run, state in states.items() if state != "completed"]
         if failed:
-            failed_trials.append(trial.number)
-            raise TrialFailed(f"run(s) {', '.join(failed)} failed; see {sweep_dir / 'logs'}")
+            raise self._fail(trial, f"run(s) {', '.join(failed)} failed; see {plan.sweep_dir / 'logs'}")
         reporter.report_new_steps()
         values = [final_window_mean(run.run_dir, tune.metric, tune.final_window) for run in runs]
         missing = [run.name for run, value in zip(runs, values, strict=True) if value is None]
         if missing:
-            failed_trials.append(trial.number)
-            raise TrialFailed(f"no {tune.metric} in the run store of {', '.join(missing)}")
+            raise self._fail(trial, f"no {tune.metric} in the run store of {', '.join(missing)}")
         trial.set_user_attr("per_seed", dict(zip([run.name for run in runs], values, strict=True)))
         return sum(values) / len(values)  # type: ignore[arg-type]
 
+
+def _optimize(tune: TuneConfig, session: SweepSession, study: Any, remaining: int) -> int:
+    """The warm start, then ``remaining`` trials; 0, or EXIT_FAILED when the warm start or a trial failed."""
+    if not remaining:
+        return 0
+    if not session.warm_start():
+        return EXIT_FAILED
+    objective = TrialObjective(tune, session.plan, session.runner)
+    study.optimize(objective, n_trials=remaining, catch=(TrialFailed,))
+    return EXIT_FAILED if objective.failed_trials else 0
+
+
+def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
+    """The whole study in a :class:`~sweeps.session.SweepSession` (lock, sweep.json, invocation record, warm
+    start); returns the exit status (0, 1 when a trial failed, 2 refused, 128+n stopped)."""
     try:
-        with SweepRunner(plan, launcher, manifest) as runner:
-            try:
-                if remaining and plan.warm_starts:
-                    states = runner.run_all(plan.warm_starts, warm_start=True)
-                    if any(state != "completed" for state in states.values()):
-                        print("error: the SFT warm start failed; see the log in "
-                              f"{sweep_dir / 'logs'}", file=sys.stderr)
-                        remaining, exit_code = 0, EXIT_FAILED
-                if remaining:
-                    study.optimize(objective, n_trials=remaining, catch=(TrialFailed,))
-            except SweepStopped as stopped:
-                exit_code = 128 + stopped.signum
-    finally:
-        lock.release()
-    if not exit_code and failed_trials:
-        exit_code = EXIT_FAILED
-    manifest.data["state"] = "interrupted" if exit_code > 128 else "failed" if exit_code else "completed"
-    invocation.update(end=utc_now(), exit_code=exit_code)
-    manifest.save()
+        plan = plan_study(tune)
+    except ConfigError as error:
+        print(f"error: study refused, nothing was started: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    if tune.sweep.dry_run:
+        print_study_dry_run(tune, plan)
+        return 0
+    try:
+        with SweepSession(plan, argv, header=study_header(tune, plan), kind="study") as session:
+            study, remaining = open_study(tune, plan)
+            session.run(lambda runner: _optimize(tune, session, study, remaining))
+    except SessionRefused as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_REFUSED
     print_trials(study, tune)
-    print(f"study folder: {sweep_dir}; dashboard: optuna-dashboard {storage}", flush=True)
-    return exit_code
+    print(f"study folder: {plan.sweep_dir}; dashboard: optuna-dashboard {study_storage(plan)}", flush=True)
+    return session.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,87 @@
+"""``launcher=process`` (formerly ``local``): each run a child process of the driver on this machine.
+
+Each run is started with ``subprocess.Popen`` in its own session (a terminal's Ctrl-C reaches only the driver, which
+then stops the runs itself); on Linux each child gets SIGTERM if the driver dies (``PR_SET_PDEATHSIG``), so no run
+outlives a hard-killed driver. Config: ``conf/sweeps/launcher/process.yaml`` (no settings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sweeps.launchers.base import LAUNCHERS, Job, Launcher, Outcome, RunToLaunch, process_matches
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name, use_errno=True) if name else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc() if os.name == "posix" and os.uname().sysname == "Linux" else None
+
+
+def _die_with_parent() -> None:
+    """Child-side setup: receive SIGTERM when the driver dies, so a hard-killed driver leaves no orphan run."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@LAUNCHERS.register("process")
+class ProcessLauncher(Launcher):
+    """Each run a child process of the driver, in its own session (see the module doc)."""
+
+    name = "process"
+    aliases = ("local",)  # the name before 2026-12; sweep.json files and commands that say local keep working
+    runs_here = True
+
+    def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
+        """``Popen`` each run with its output appended to its log."""
+        jobs = []
+        for run in runs:
+            run.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(run.log_path, "ab") as log:
+                process = subprocess.Popen(
+                    list(run.command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env={**os.environ, **run.env}, start_new_session=True,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509  (this launcher's driver starts no threads)
+                )
+            jobs.append(Job(run=run, handle=process, info={"pid": process.pid}))
+        return jobs
+
+    def poll(self, job: Job) -> Outcome | None:
+        """The child's exit code once it has ended."""
+        code = job.handle.poll()
+        return None if code is None else Outcome(code)
+
+    def _signal(self, job: Job, signum: int) -> None:
+        # The child leads its own process group (start_new_session): signal the group, helpers included.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.handle.pid, signum)
+
+    def terminate(self, job: Job) -> None:
+        """SIGTERM to the run's process group."""
+        self._signal(job, signal.SIGTERM)
+
+    def kill(self, job: Job) -> None:
+        """SIGKILL to the run's process group."""
+        self._signal(job, signal.SIGKILL)
+
+    def still_running(self, info: Mapping[str, Any], run: RunToLaunch) -> bool:
+        """Whether the recorded pid is alive and still runs this run (its command line names the run folder)."""
+        pid = info.get("pid")
+        return isinstance(pid, int) and process_matches(pid, str(run.run_dir))
+
+
+LocalLauncher = ProcessLauncher  # the class's name before the launcher was renamed

@@ -1,0 +1,281 @@
+"""The scheduling loop shared by the grid driver (:mod:`sweeps.driver`) and the Optuna search (:mod:`sweeps.tune`).
+
+:class:`SweepRunner` launches planned runs through a launcher, at most ``jobs`` at once, keeping ``sweep.json``
+current; :class:`SweepPlan` is everything a sweep will do, fixed before the first process starts.
+
+Resume: a run whose ``status.json`` says ``completed`` is skipped; any other is launched again with the same
+command, and the trainer resumes it from its last checkpoint. SIGINT/SIGTERM to the driver stop it cleanly: each
+running run gets SIGTERM (it marks itself interrupted and keeps its checkpoint), SIGKILL after ``grace_s``; a second
+signal skips the grace period.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+from dataflex_rl.validation import ConfigError
+from sweeps.commands import PlannedRun
+from sweeps.config import SweepConfig
+from sweeps.grid import grid_description
+from sweeps.launchers import Job, Launcher, Outcome, write_log_header
+from sweeps.manifest import Manifest, utc_now
+from sweeps.progress import SweepView
+
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+INTERRUPTED_CODES = (130, 143, -signal.SIGINT, -signal.SIGTERM)
+
+
+class SweepStopped(Exception):
+    """The driver got SIGINT/SIGTERM; ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    """Everything a sweep will do, fixed before the first process starts."""
+
+    name: str
+    sweep_dir: Path
+    config: SweepConfig
+    jobs: int
+    threads: int | None
+    warm_starts: list[PlannedRun]
+    runs: list[PlannedRun]
+
+    def header(self) -> dict[str, Any]:
+        """The sweep.json header: what fixes the sweep besides its runs."""
+        return {"sweep": self.name, "backend": self.config.backend, "launcher": self.config.launcher,
+                "grid": grid_description(self.config), "steps": self.config.steps, "jobs": self.jobs,
+                "threads": self.threads, "train_module": self.config.train_module}
+
+
+# --- run store helpers ---------------------------------------------------------------------------------------------
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """A run's ``status.json`` through the run store's reader; None when absent or damaged."""
+    from dataflex_rl.tracking import run_store
+
+    try:
+        return run_store.read_status(run_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def mark_run_store(run_dir: Path, state: str, error: str) -> None:
+    """After the process is gone: turn a ``running`` status.json (the run could not write its own end, e.g. after
+    SIGKILL) into ``state`` with ``error``, so the run store never claims a dead run is running."""
+    status = read_status(run_dir)
+    if status is None or status.get("state") != "running":
+        return
+    from dataflex_rl.tracking.run_store import RunStore
+
+    RunStore(run_dir).set_status(state, step=status.get("step"), error=error)
+
+
+def final_metric(run_dir: Path, key: str) -> float | None:
+    """The last logged value of ``key`` (the run store's :func:`~dataflex_rl.tracking.run_store.final_value`), or
+    None."""
+    from dataflex_rl.tracking import run_store
+
+    try:
+        return run_store.final_value(run_dir, key)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def describe_exit(outcome: Outcome) -> str | None:
+    """The error recorded for a run's end: the launcher's message, the killing signal or the exit code; None
+    for a clean exit."""
+    if outcome.error:
+        return outcome.error
+    code = outcome.exit_code
+    if code is None or code == 0:
+        return None
+    if code < 0:
+        return f"process ended by signal {signal.Signals(-code).name} (exit code {code})"
+    return f"process exited with code {code}"
+
+
+# --- scheduling ----------------------------------------------------------------------------------------------------
+class SweepRunner:
+    """Launches planned runs through a launcher, at most ``jobs`` at once, keeping sweep.json current.
+
+    ``on_poll(active_runs)`` (optional) is called every poll; returning True stops the active runs and ends
+    :meth:`run_all` early (the Optuna driver prunes this way).
+    """
+
+    def __init__(self, plan: SweepPlan, launcher: Launcher, manifest: Manifest, quiet: bool = False,
+                 view: SweepView | None = None) -> None:
+        self.plan = plan
+        self.view = view
+        self.launcher = launcher
+        self.manifest = manifest
+        self.quiet = quiet
+        self.stop_signal: int | None = None
+        self._forced = False
+        self._previous_handlers: dict[int, Any] = {}
+
+    # signals
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        self.launcher.close()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.stop_signal is not None:
+            self._forced = True
+        self.stop_signal = signum
+
+    def say(self, text: str) -> None:
+        """Print one progress line (unless ``quiet``)."""
+        if not self.quiet:
+            print(text, flush=True)
+
+    # entries
+    def _entry(self, run: PlannedRun, warm_start: bool = False, **fields: Any) -> dict[str, Any]:
+        base = {"log": str(run.log_path.relative_to(self.plan.sweep_dir.resolve())),
+                "command": list(run.command), "env": dict(run.env)}
+        if not warm_start:
+            base.update(run.spec.describe(), backend=self.plan.config.backend,
+                        run_dir=str(run.run_dir.relative_to(self.plan.sweep_dir.resolve())))
+        return self.manifest.entry(run.name, {**base, **fields}, warm_start=warm_start)
+
+    def pending_runs(self, runs: Sequence[PlannedRun]) -> list[PlannedRun]:
+        """Runs to launch: all but the completed ones (run store says so; without a run store, as verl runs are,
+        sweep.json does). Refuses runs still alive from an earlier invocation."""
+        to_launch = []
+        for run in runs:
+            previous = self.manifest.previous(run.name) or {}
+            status = read_status(run.run_dir)
+            completed = (status.get("state") == "completed" if status is not None
+                         else previous.get("state") == "completed" and previous.get("exit_code") == 0)
+            if completed:
+                self._entry(run, state="completed", exit_code=previous.get("exit_code", 0),
+                            error=None)
+                continue
+            if previous.get("state") == "running":
+                if self.launcher.still_running(previous.get("launch", {}), run):
+                    raise ConfigError(f"run {run.name} is still running from an earlier invocation "
+                                      f"({previous.get('launch')}); stop it or wait for it before resuming the sweep")
+                mark_run_store(run.run_dir, "interrupted", "its sweep driver ended before the run did")
+            self._entry(run, state="pending", exit_code=None, error=None)
+            to_launch.append(run)
+        self.manifest.save()
+        return to_launch
+
+    def _start(self, runs: Sequence[PlannedRun], warm_start: bool = False) -> list[Job]:
+        for run in runs:
+            entry = self._entry(run, warm_start=warm_start)
+            attempt = int(entry.get("attempts", 0)) + 1
+            write_log_header(run.log_path, attempt, run.shell_line())
+        try:
+            jobs = self.launcher.launch(runs)
+        except Exception as error:  # noqa: BLE001  (a launch that fails is that run's failure, reported as such)
+            for run in runs:
+                self._entry(run, warm_start=warm_start, state="failed", exit_code=None, start=utc_now(),
+                            end=utc_now(), error=f"launch failed: {error}")
+            self.manifest.save()
+            return []
+        for job in jobs:
+            entry = self._entry(job.run, warm_start=warm_start)
+            self._entry(job.run, warm_start=warm_start, state="running", start=utc_now(), end=None, exit_code=None,
+                        error=None, launch=job.info, attempts=int(entry.get("attempts", 0)) + 1)
+            self.say(f"started {job.run.name}  (log: {job.run.log_path})")
+            if self.view is not None:
+                self.view.started(job.run.name, job.run.command, None if warm_start else job.run.run_dir,
+                                  job.run.log_path, warm_start=warm_start)
+        self.manifest.save()
+        return jobs
+
+    def _finish(self, job: Job, outcome: Outcome, warm_start: bool = False) -> str:
+        if outcome.exit_code == 0 and outcome.error is None:
+            state = "completed"
+        elif self.stop_signal is not None or outcome.exit_code in INTERRUPTED_CODES:
+            state = "interrupted"
+        else:
+            state = "failed"
+        error = describe_exit(outcome)
+        if not warm_start and state != "completed":
+            mark_run_store(job.run.run_dir, state, error or state)
+        entry = self._entry(job.run, warm_start=warm_start)
+        wall = float(entry.get("wall_time_s") or 0.0) + (time.monotonic() - job.started)
+        self._entry(job.run, warm_start=warm_start, state=state, exit_code=outcome.exit_code, end=utc_now(),
+                    error=error, wall_time_s=round(wall, 3))
+        self.manifest.save()
+        self.say(f"{state} {job.run.name}" + (f": {error}" if error else ""))
+        if self.view is not None:
+            self.view.finished(job.run.name, state)
+        return state
+
+    def run_all(self, runs: Sequence[PlannedRun], warm_start: bool = False,
+                on_poll: Callable[[Sequence[Job]], bool] | None = None) -> dict[str, str]:
+        """Run ``runs`` to their end (or until stopped); return each run's final state. Raises :class:`SweepStopped`
+        after stopping the active runs when the driver got a signal."""
+        queue = deque(runs)
+        active: list[Job] = []
+        states: dict[str, str] = {}
+        limit = len(runs) if self.launcher.batch else max(1, self.plan.jobs)
+        while queue or active:
+            if self.stop_signal is not None:
+                self._stop(active, warm_start, states)
+                raise SweepStopped(self.stop_signal)
+            if queue and len(active) < limit:
+                batch = [queue.popleft() for _ in range(min(len(queue), limit - len(active)))]
+                started = self._start(batch, warm_start)
+                active += started
+                for run in batch:
+                    if run.name not in {job.run.name for job in started}:
+                        states[run.name] = "failed"
+            for job in list(active):
+                outcome = self.launcher.poll(job)
+                if outcome is not None:
+                    active.remove(job)
+                    states[job.run.name] = self._finish(job, outcome, warm_start)
+            if on_poll is not None and active and on_poll(active):
+                self._stop(active, warm_start, states, reason="stopped by the driver")
+                return states
+            if self.view is not None:
+                self.view.refresh()
+            time.sleep(self.plan.config.poll_s)
+        return states
+
+    def _stop(self, active: list[Job], warm_start: bool, states: dict[str, str],
+              reason: str = "interrupted") -> None:
+        """SIGTERM every active run, wait up to ``grace_s`` (less after a second signal), then SIGKILL."""
+        if active:
+            self.say(f"{reason}: stopping {len(active)} run(s) (SIGTERM, SIGKILL after {self.plan.config.grace_s:g} s)")
+        for job in active:
+            self.launcher.terminate(job)
+        deadline = time.monotonic() + self.plan.config.grace_s
+        killed = False
+        while active:
+            if not killed and (self._forced or time.monotonic() > deadline):
+                for job in active:
+                    self.launcher.kill(job)
+                killed = True
+            for job in list(active):
+                outcome = self.launcher.poll(job)
+                if outcome is not None:
+                    active.remove(job)
+                    if self.stop_signal is None:  # pruning: an early stop is an interruption, not a failure
+                        outcome = Outcome(outcome.exit_code if outcome.exit_code == 0 else 130, outcome.error)
+                    states[job.run.name] = self._finish(job, outcome, warm_start)
+            time.sleep(min(0.1, self.plan.config.poll_s))

@@ -8,8 +8,8 @@ with ``conf/train.yaml`` and validated by ``parse_train_config``; the first bad 
 
 Backend ``verl``: ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync <experiment overrides>
 +dataflex.* ...`` from :func:`dataflex_rl.verl.command.build_verl_command`, with ``seed=<s>``,
-``trainer.total_training_steps=<steps>``, ``trainer.experiment_name=<sweep>-<run>`` and
-``trainer.default_local_dir=<sweep folder>/<run>/checkpoints`` and the run store's place
+``trainer.total_training_steps=<steps>``, ``trainer.experiment_name=<run>`` (the W&B run name, the same as the
+local backend's), ``trainer.default_local_dir=<sweep folder>/<run>/checkpoints`` and the run store's place
 (``+dataflex_run.{dir,sweep,name,seed,mechanism_label}``, so the trainer writes ``<sweep folder>/<run>`` as the local
 backend does); W&B's group comes from ``WANDB_RUN_GROUP``.
 """
@@ -192,7 +192,7 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
     extra = [f"seed={spec.seed}"]
     if config.steps is not None:
         extra.append(f"trainer.total_training_steps={config.steps}")
-    extra += [*common, *spec.axis_overrides, f"trainer.experiment_name={sweep}-{spec.name}",
+    extra += [*common, *spec.axis_overrides, f"trainer.experiment_name={spec.name}",
               f"trainer.default_local_dir={hydra_path(sweep_dir / spec.name / 'checkpoints')}",
               f"+dataflex_run.dir={hydra_path(sweep_dir / spec.name)}", f"+dataflex_run.sweep={hydra_value(sweep)}",
               f"+dataflex_run.name={hydra_value(spec.name)}", f"+dataflex_run.seed={spec.seed}"]

@@ -63,7 +63,7 @@ def test_verl_backend_builds_verl_command_lines_in_a_dry_run(tmp_path, capsys):
     assert "-m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync" in line
     for part in ("+dataflex.actuator.params.alpha=0.25", "actor_rollout_ref.model.path=/models/qwen",
                  "data.train_files=/data/kk/train.parquet", "data.seed=1", "trainer.total_training_steps=5",
-                 "trainer.experiment_name=gpu-a0.25-s1", "trainer.n_gpus_per_node=8",
+                 "trainer.experiment_name=a0.25-s1", "trainer.n_gpus_per_node=8",
                  f"trainer.default_local_dir={(tmp_path / 'runs' / 'gpu' / 'a0.25-s1' / 'checkpoints').resolve()}",
                  # the run store the trainer writes (dataflex_rl/verl/run_record.py)
                  f"+dataflex_run.dir={(tmp_path / 'runs' / 'gpu' / 'a0.25-s1').resolve()}", "+dataflex_run.sweep=gpu",

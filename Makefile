@@ -67,17 +67,21 @@ test-full: $(STAMP) ## Every test, including the long real runs
 bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 	$(PY) -m benchmarks
 
+# The overrides each target passes, blanks squeezed so the echoed command is one clean line.
+SWEEP_OVERRIDES = $(strip $(if $(ALPHA),alpha=$(ALPHA)) $(if $(SEEDS),seeds=$(SEEDS)) backend=$(BACKEND) \
+	launcher=$(LAUNCHER) $(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
+	$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) $(if $(DRY_RUN),dry_run=true) \
+	$(if $(EXTRA),'extra=[$(EXTRA)]') $(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) \
+	$(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS)) $(SWEEP_ARGS))
+TUNE_OVERRIDES = $(strip $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \
+	$(if $(SEEDS),seeds=$(SEEDS)) $(if $(LR),tune_lr=true) $(if $(DRY_RUN),dry_run=true) launcher=$(LAUNCHER) \
+	$(if $(EXTRA),'extra=[$(EXTRA)]') $(SWEEP_ARGS))
+
 sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEEDS, JOBS, STEPS, SWEEP, EXTRA)
-	$(PY) -m sweeps $(if $(ALPHA),alpha=$(ALPHA)) $(if $(SEEDS),seeds=$(SEEDS)) backend=$(BACKEND) launcher=$(LAUNCHER) \
-		$(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
-		$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) \
-		$(if $(DRY_RUN),dry_run=true) $(if $(EXTRA),'extra=[$(EXTRA)]') \
-		$(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) $(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS)) $(SWEEP_ARGS)
+	$(PY) -m sweeps $(SWEEP_OVERRIDES)
 
 tune: $(STAMP) ## Optuna search over alpha, ~15 min (LR=1 adds trainer.lr; DRY_RUN=1 prints commands and estimate)
-	$(PY) -m sweeps.tune $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \
-		$(if $(SEEDS),seeds=$(SEEDS)) $(if $(LR),tune_lr=true) $(if $(DRY_RUN),dry_run=true) launcher=$(LAUNCHER) \
-		$(if $(EXTRA),'extra=[$(EXTRA)]') $(SWEEP_ARGS)
+	$(PY) -m sweeps.tune $(TUNE_OVERRIDES)
 
 report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep
 	$(PY) -m analysis.report runs/$(SWEEP)

@@ -49,9 +49,9 @@ def test_make_help_lists_the_sweep_variables():
 def test_make_sweep_passes_each_variable_once_on_one_line():
     if shutil.which("make") is None:
         pytest.fail("make is not installed")
-    text = subprocess.run(["make", "-n", "-o", ".venv/.installed", "sweep", "ALPHA=0.0,0.5", "SEEDS=1,2",
-                           "EXTRA=trainer.lr=1e-4,3e-4 sft.steps=20"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, check=True).stdout.strip()
+    text = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "sweep", "ALPHA=0.0,0.5",
+                           "SEEDS=1,2", "EXTRA=trainer.lr=1e-4,3e-4 sft.steps=20"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=True).stdout.strip()
     assert "\n" not in text and "\\" not in text  # one command line, no blank continuations
     assert text.endswith("-m sweeps alpha=0.0,0.5 seeds=1,2 backend=local launcher=process "
                          "'extra=[trainer.lr=1e-4,3e-4 sft.steps=20]'")

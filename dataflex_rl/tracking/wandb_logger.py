@@ -6,7 +6,8 @@ Settings: the ``logger.wandb`` block (``conf/logger/wandb/default.yaml``, checke
   (needs credentials: ``WANDB_API_KEY``, ``wandb login`` or a netrc entry) or ``disabled`` (wandb is not even
   imported and nothing is written). The configured mode wins over a ``WANDB_MODE`` environment variable: set
   ``logger.wandb.mode`` instead.
-- group = sweep, name = ``<sweep>-a<alpha>-s<seed>``, tags = mechanism, backend and the configured tags,
+- group = sweep, name = the run folder's name in a grid (built from its axes; else ``<sweep>-a<alpha>-s<seed>``),
+  job_type = the non-seed factors, tags = mechanism, backend and the configured tags,
   config = the resolved config plus ``run_identity`` (the :class:`RunIdentity` fields, for analysis through the W&B
   API).
 - The W&B run id is derived from (sweep, run), so a resumed run continues the same W&B run (``resume="allow"``).

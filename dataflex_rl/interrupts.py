@@ -35,12 +35,13 @@ def held_interrupts() -> Iterator[None]:
         yield
         return
     received: list[int] = []
-    previous = {signum: signal.getsignal(signum) for signum in HELD_SIGNALS}
+    # None: a handler installed outside Python, which Python cannot put back; such a signal is not held.
+    previous = {signum: handler for signum in HELD_SIGNALS if (handler := signal.getsignal(signum)) is not None}
 
     def hold(signum, frame):  # noqa: ARG001
         received.append(signum)
 
-    for signum in HELD_SIGNALS:
+    for signum in previous:
         signal.signal(signum, hold)
     try:
         yield

@@ -52,3 +52,14 @@ def test_sigterm_raises_keyboard_interrupt_after_install(restore_handlers):
     raise_on_sigterm()
     with pytest.raises(KeyboardInterrupt, match="signal 15"):
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_nested_blocks_deliver_once_when_the_outer_one_ends(restore_handlers):
+    raise_on_sigterm()
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with held_interrupts():
+            with held_interrupts():
+                os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("after the inner block")  # the inner block handed the signal to the outer one
+    assert reached == ["after the inner block"]

@@ -235,8 +235,11 @@ class DataflexSyncTrainer(PPOTrainerSync):
         self.run_record = VerlRunRecord(self.run_place, self.config, self.mechanism.config.mechanism, alpha)
         # verl's fit starts W&B from trainer.experiment_name and the WANDB_* variables (read at W&B's first setup in
         # this process, which is verl's Tracking in fit): give it the run's identity.
+        # run_identity: the same block the local backend's W&B config carries, so analysis loads verl runs from W&B
+        # with their seed and axes (verl's trackers log this config); the run store's copy is already recorded.
         with open_dict(self.config):
             self.config.trainer.experiment_name = self.run_record.wandb_name
+            self.config.run_identity = self.run_record.identity.to_dict()
         self.run_record.start(self.global_steps)
         try:
             with environment_set(self.run_record.wandb_environment(os.environ)):

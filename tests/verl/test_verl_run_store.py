@@ -213,6 +213,11 @@ def test_a_verl_run_of_a_grid_records_its_axes_and_names_its_wandb_run_from_them
     assert (offline.name, offline.group, offline.job_type) == (run_dir.name, SWEEP, "ar-a0.5-lr1e-06")
     assert set(offline.tags) >= {"user-tag", "reweight", "verl"}
     assert offline.config["trainer"]["experiment_name"] == run_dir.name
+    assert offline.config["run_identity"]["axes"] == meta["axes"]  # analysis reads seed and factors from W&B too
+    from analysis.load import load_wandb_offline
+
+    runs = load_wandb_offline(pathlib.Path(os.environ["WANDB_DIR"])).runs
+    assert len(runs) == 1 and runs.iloc[0]["seed"] == 2 and runs.iloc[0]["actor_rollout_ref.actor.optim.lr"] == 1e-6
     assert {name: os.environ.get(name) for name in WANDB_VARIABLES} == {
         "WANDB_RUN_GROUP": "left-as-it-was", "WANDB_JOB_TYPE": None, "WANDB_TAGS": "user-tag"}
 

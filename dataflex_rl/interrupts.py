@@ -28,18 +28,21 @@ def raise_on_sigterm() -> None:
 
 @contextlib.contextmanager
 def held_interrupts() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM during the block; the first one that arrived is delivered, to the handler that was
-    in place before, once the block has ended (also when it raised). Outside the main thread, where Python cannot
+    """Hold SIGINT and SIGTERM during the block; each one that arrived is delivered, to the handler that was in
+    place before, once the block has ended (also when it raised). Outside the main thread, where Python cannot
     set handlers, the block runs unprotected."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    # None: a handler installed outside Python, which Python cannot put back; such a signal is not held.
-    previous = {signum: handler for signum in HELD_SIGNALS if (handler := signal.getsignal(signum)) is not None}
+    # Not held: an ignored signal (nohup, a background job) stays ignored, and a handler installed outside Python
+    # (None) cannot be put back.
+    previous = {signum: handler for signum in HELD_SIGNALS
+                if (handler := signal.getsignal(signum)) is not None and handler is not signal.SIG_IGN}
 
     def hold(signum, frame):  # noqa: ARG001
-        received.append(signum)
+        if signum not in received:
+            received.append(signum)
 
     for signum in previous:
         signal.signal(signum, hold)
@@ -48,5 +51,5 @@ def held_interrupts() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if received:
-            signal.raise_signal(received[0])
+        for signum in received:  # in arrival order; the first handler that raises ends the delivery
+            signal.raise_signal(signum)

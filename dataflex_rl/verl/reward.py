@@ -49,14 +49,17 @@ def reward_options(task_class: type[Task], reward_kwargs: Mapping[str, Any]) -> 
 
     Options of other tasks are dropped, so one ``reward_kwargs`` block serves a data set mixing tasks.
     """
+    own = task_class.verl_reward_options
+    if all(key in own for key in reward_kwargs):  # the common case, once per response: no registry walk
+        return dict(reward_kwargs)
     known = {option for name in verl_tasks() for option in TASKS.get(name).verl_reward_options}
     for key, value in reward_kwargs.items():
-        if key not in known and key not in task_class.verl_reward_options:
+        if key not in known and key not in own:
             raise ValueError(
                 f"reward.custom_reward_function.reward_kwargs.{key}={value!r} is not allowed: no task reads it; "
                 f"allowed: {', '.join(sorted(known)) or '(none)'}"
             )
-    return {key: value for key, value in reward_kwargs.items() if key in task_class.verl_reward_options}
+    return {key: value for key, value in reward_kwargs.items() if key in own}
 
 
 def compute_score(

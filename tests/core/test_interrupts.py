@@ -63,3 +63,13 @@ def test_nested_blocks_deliver_once_when_the_outer_one_ends(restore_handlers):
                 os.kill(os.getpid(), signal.SIGTERM)
             reached.append("after the inner block")  # the inner block handed the signal to the outer one
     assert reached == ["after the inner block"]
+
+
+def test_an_ignored_sigint_does_not_swallow_a_held_sigterm(restore_handlers):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup
+    raise_on_sigterm()
+    with pytest.raises(KeyboardInterrupt, match="signal 15"):
+        with held_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

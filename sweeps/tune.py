@@ -434,7 +434,7 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
         with SweepSession(plan, argv, header=study_header(tune, plan), kind="study") as session:
             study, remaining = open_study(tune, plan)
             session.run(lambda runner: _optimize(tune, session, study, remaining))
-    except SessionRefused as error:
+    except (SessionRefused, ConfigError) as error:  # ConfigError: a trial's run still alive from an earlier driver
         print(f"error: {error}", file=sys.stderr)
         return EXIT_REFUSED
     print_trials(study, tune)

@@ -86,6 +86,19 @@ def test_a_failing_run_fails_its_trial_and_the_driver_exit_status(tmp_path, repo
     assert [trial.state for trial in load_study(tmp_path).trials] == [TrialState.FAIL]
 
 
+def test_a_trial_run_still_alive_from_a_dead_driver_refuses_the_study(tmp_path, repo_on_path, monkeypatch, capsys):
+    from sweeps import runner as runner_module
+
+    def still_alive(self, runs):
+        raise ConfigError(f"run {runs[0].name} is still running from an earlier invocation (pid 4242)")
+
+    monkeypatch.setattr(runner_module.SweepRunner, "pending_runs", still_alive)
+    assert main(tune_argv(tmp_path, "n_trials=1", "enqueue=[{alpha: 0.5}]")) == 2  # refused, not a traceback
+    assert "run t000-s1 is still running from an earlier invocation" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(tune_argv(tmp_path, "n_trials=1", "enqueue=[{alpha: 0.5}]")) == 0  # lock released: it resumes
+
+
 @pytest.mark.parametrize(("argv", "named"), [
     (["search=[]"], "search = []"),
     (["search=[{name: alpha, type: float, low: 1.0, high: 0.5}]"], "search.alpha.low = 1.0"),

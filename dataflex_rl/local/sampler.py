@@ -21,10 +21,14 @@ COMPACT_FRACTION = 0.75  # drop finished rows from the cache once at most this s
 
 @torch.no_grad()
 def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-           temperature: float | None, eos_token_id: int, pad_token_id: int
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+           temperature: float | None, eos_token_id: int, pad_token_id: int,
+           row_generators: list[torch.Generator] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(responses (N, R), log_probs (N, R) | None)`` for left-padded prompts ``(N, P)``; ``temperature=None``
-    is greedy. ``log_probs`` are the sampled tokens' log-softmax of ``logits / T`` (0 after a row's end)."""
+    is greedy. ``log_probs`` are the sampled tokens' log-softmax of ``logits / T`` (0 after a row's end).
+
+    ``row_generators``: one generator per row, each drawing its row's tokens, so a row's sample does not depend on
+    which other rows share the batch (a server batching requests as they arrive); without it, one multinomial
+    over the batch from torch's global generator, as HF ``generate`` draws."""
     rows, prompt_length = prompt_ids.shape
     total = padded_length(prompt_length + max_new_tokens)  # columns past the end stay masked
     layers = len(weights.layers)
@@ -43,7 +47,7 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
         scores[:, pad_token_id] = 1.0  # finished rows: any fixed distribution (their draw is discarded)
         scores[active] = logits / temperature if temperature else logits
         if temperature:
-            tokens = torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            tokens = _draw(F.softmax(scores, dim=-1), row_generators)
             log_probs.append(torch.where(finished, 0.0, F.log_softmax(scores, dim=-1).gather(
                 -1, tokens.unsqueeze(-1)).squeeze(-1)))
         else:
@@ -62,6 +66,15 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
                          key_valid[active])
     response_ids = torch.stack(responses, dim=1)
     return response_ids, (torch.stack(log_probs, dim=1) if temperature else None)
+
+
+def _draw(probabilities: torch.Tensor, row_generators: list[torch.Generator] | None) -> torch.Tensor:
+    """One token per row ``(N,)`` from ``probabilities (N, vocab)``: one multinomial call, or one per row with
+    its own generator."""
+    if row_generators is None:
+        return torch.multinomial(probabilities, num_samples=1).squeeze(1)
+    return torch.cat([torch.multinomial(row, num_samples=1, generator=generator)
+                      for row, generator in zip(probabilities, row_generators, strict=True)])
 
 
 def _prefill(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

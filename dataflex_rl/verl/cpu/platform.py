@@ -1,0 +1,153 @@
+"""verl's ``cpu`` platform: the device layer verl 0.9.1 asks for, answered without an accelerator.
+
+verl reaches the device only through its platform (``verl.plugin.platform``); 0.9.1 ships ``nvidia``, ``huawei``
+and ``amd`` and falls back to ``nvidia`` (``platform_manager._detect_platform_name``). ``VERL_PLATFORM=cpu`` picks
+this one. What verl needs from it:
+
+- ``device_name`` ``"cpu"``: FSDP, tensors and the engine registry key (``EngineRegistry`` looks engines up by it);
+- ``current_device()`` returning the *string* ``"cpu"``: verl writes ``tensor.to(get_device_id())``, and an int
+  there means ``cuda:N``;
+- ``device_module``: a ``torch.cuda`` stand-in (:data:`CPU_DEVICE_MODULE`) whose memory, cache and stream calls
+  are no-ops or report the host's memory, since verl calls ``get_torch_device().empty_cache()`` and friends on
+  every step;
+- process-group backend ``gloo``; Ray resource ``GPU``, served by Ray's logical GPUs
+  (``+ray_kwargs.ray_init.num_gpus=N``: Ray does not check them against hardware).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import torch
+from verl.plugin.platform.platform_base import PlatformBase
+
+PLATFORM_NAME = "cpu"
+
+
+def _host_memory() -> tuple[int, int]:
+    """``(free, total)`` bytes of host memory, as ``torch.cuda.mem_get_info`` reports a GPU's."""
+    pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    free_pages = os.sysconf("SC_AVPHYS_PAGES")
+    return free_pages * page_size, pages * page_size
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """A device call that has nothing to do on the CPU."""
+
+
+def _zero(*args: Any, **kwargs: Any) -> int:
+    """A device memory counter: the CPU has no separate device memory, so 0 bytes."""
+    return 0
+
+
+# The ``torch.cuda`` functions verl 0.9.1 calls through ``get_torch_device()`` (every one, by a grep of its
+# sources), answered on the CPU: torch.cpu's own where it has them, otherwise no-ops and zero counters.
+CPU_DEVICE_MODULE = SimpleNamespace(
+    __name__="dataflex_rl.verl.cpu.device",
+    is_available=lambda: True,
+    device_count=lambda: 1,
+    current_device=lambda: PLATFORM_NAME,
+    set_device=_nothing,
+    get_device_name=lambda *args: PLATFORM_NAME,
+    synchronize=_nothing,
+    empty_cache=_nothing,
+    ipc_collect=_nothing,
+    set_per_process_memory_fraction=_nothing,
+    mem_get_info=lambda *args: _host_memory(),
+    memory_allocated=_zero,
+    memory_reserved=_zero,
+    max_memory_allocated=_zero,
+    max_memory_reserved=_zero,
+    reset_peak_memory_stats=_nothing,
+    manual_seed=torch.manual_seed,
+    manual_seed_all=torch.manual_seed,
+    get_rng_state=torch.get_rng_state,
+    set_rng_state=torch.set_rng_state,
+    Stream=torch.cpu.Stream,
+    Event=torch.cpu.Event,
+    current_stream=torch.cpu.current_stream,
+    stream=torch.cpu.stream,
+    memory=SimpleNamespace(_set_allocator_settings=_nothing),
+)
+
+
+class PlatformCPU(PlatformBase):
+    """verl's platform interface on the host CPU (see the module docstring)."""
+
+    @property
+    def device_name(self) -> str:
+        return PLATFORM_NAME
+
+    @property
+    def vendor_name(self) -> str:
+        return PLATFORM_NAME
+
+    @property
+    def device_module(self) -> ModuleType:
+        return CPU_DEVICE_MODULE  # type: ignore[return-value]
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        # Never auto-detected: only VERL_PLATFORM=cpu picks it, so a GPU machine keeps its accelerator.
+        return False
+
+    def current_device(self) -> str:  # type: ignore[override]
+        return PLATFORM_NAME
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        # Ray sets CUDA_VISIBLE_DEVICES for its logical GPUs; nothing on the CPU reads it.
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextlib.contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "GPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None

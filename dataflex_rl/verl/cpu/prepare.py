@@ -1,0 +1,136 @@
+"""``python -m dataflex_rl.verl.cpu.prepare``: the model folder and data files a verl CPU-mode run trains on.
+
+    python -m dataflex_rl.verl.cpu.prepare --out DIR [--train-size N] [--test-size N] [--seed S] [OVERRIDES...]
+
+``OVERRIDES`` are the local backend's Hydra overrides (``conf/train.yaml``: ``task=...``, ``model.*``, ``sft.*``,
+``task.*``), so the model is the local backend's tiny model after the same SFT warm start (trained once and
+cached under ``sft.cache_dir``, shared with local runs of the same config). Written, nothing downloaded:
+
+- ``DIR/model``: the Hugging Face checkpoint (``config.json``, safetensors);
+- ``DIR/tokenizer``: the character tokenizer as a Hugging Face fast tokenizer (``tokenizer.json``) whose chat
+  template renders the messages as the local backend's prompt, ``<bos>`` + the user's text, so verl's prompts are
+  the token ids the model was warm-started on. It is a folder of its own: transformers swaps in the architecture's
+  own tokenizer class for a ``qwen2`` model folder and ignores a ``tokenizer.json`` there;
+- ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: the task's verl rows (:mod:`dataflex_rl.verl.data`); the
+  test rows are the task's held-out pool, which training never samples;
+- ``DIR/done.json``: what was written from which config, last, so a folder with it is complete.
+
+A folder whose ``done.json`` records the same inputs is left as it is; other inputs are refused (a different
+folder is needed), so a run's model never changes under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MODEL_FOLDER = "model"
+TOKENIZER_FOLDER = "tokenizer"
+DATA_FOLDER = "data"
+DONE_FILE = "done.json"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+# The chat template of the character tokenizer: <bos> then the messages' text, as the local backend encodes a
+# prompt (dataflex_rl.local.sequences.encode_prompts); nothing is added for the generation prompt.
+CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+def hf_char_tokenizer(char_tokenizer: Any) -> Any:
+    """A ``PreTrainedTokenizerFast`` with the same ids as ``char_tokenizer`` (one token per character, specials
+    ``<pad>``, ``<bos>``, ``<eos>``) and :data:`CHAT_TEMPLATE`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from dataflex_rl.local.tokenizer import SPECIAL_TOKENS
+
+    vocabulary = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    vocabulary.update({char: char_tokenizer.encode(char)[0] for char in char_tokenizer.alphabet})
+    backend = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    pad, bos, eos = SPECIAL_TOKENS
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, bos_token=bos, eos_token=eos)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def compose_train_config(overrides: Sequence[str]) -> Any:
+    """``conf/train.yaml`` with ``overrides``, validated into the local backend's ``TrainConfig``."""
+    from hydra import compose, initialize_config_dir
+
+    from dataflex_rl.local.config import parse_train_config
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        config = compose(config_name="train", overrides=[*overrides, "run_dir=unused", "mode=sft"])
+    return parse_train_config(config)
+
+
+def inputs_record(overrides: Sequence[str], train_size: int, test_size: int, seed: int, sft_key: str) -> dict:
+    """What a prepared folder was written from (compared on a second call with the same ``--out``)."""
+    return {"overrides": list(overrides), "train_size": train_size, "test_size": test_size, "seed": seed,
+            "sft_key": sft_key}
+
+
+def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, test_size: int = 256,
+            seed: int = 0) -> Path:
+    """Write (or keep) ``out`` as described in the module docstring; returns ``out``. Raises ``ConfigError`` for
+    a bad override and ``FileExistsError`` for a folder prepared from other inputs."""
+    from dataflex_rl.local.sft import sft_cache_key, warm_start
+    from dataflex_rl.verl.data import build_rows, write_files
+
+    train_config = compose_train_config(overrides)
+    key = sft_cache_key(train_config.model, train_config.task, train_config.sft)
+    record = inputs_record(overrides, train_size, test_size, seed, key)
+    done = out / DONE_FILE
+    if done.exists():
+        found = json.loads(done.read_text())
+        if found == record:
+            return out
+        raise FileExistsError(f"--out = {str(out)!r} is not allowed: it was prepared from other inputs "
+                              f"({found}); give another folder or delete this one")
+    task = train_config.task.built
+    rows = build_rows(train_config.task.name, train_config.task.params, train_size, test_size, seed=seed)
+    model, tokenizer, _ = warm_start(train_config.model, train_config.task, train_config.sft, task)
+    out.mkdir(parents=True, exist_ok=True)
+    for folder in (MODEL_FOLDER, TOKENIZER_FOLDER):
+        shutil.rmtree(out / folder, ignore_errors=True)
+    model.save_pretrained(out / MODEL_FOLDER)
+    hf_char_tokenizer(tokenizer).save_pretrained(out / TOKENIZER_FOLDER)
+    write_files(rows, out / DATA_FOLDER)
+    temporary = done.with_name(f".{DONE_FILE}.tmp")
+    temporary.write_text(json.dumps(record, indent=2))
+    os.replace(temporary, done)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Prepare the folder; exit 2 naming the problem on a bad argument."""
+    from dataflex_rl.validation import ConfigError
+
+    parser = argparse.ArgumentParser(prog="python -m dataflex_rl.verl.cpu.prepare",
+                                     description="Write the model, tokenizer and data of a verl CPU-mode run.")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--train-size", type=int, default=4096, help="train rows")
+    parser.add_argument("--test-size", type=int, default=256, help="held-out test rows")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train problems")
+    parser.add_argument("overrides", nargs="*", help="local-backend overrides (task=..., sft.steps=..., model.*)")
+    options = parser.parse_args(argv)
+    for name in ("train_size", "test_size"):
+        if getattr(options, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} = {getattr(options, name)} is not allowed: it must be >= 1")
+    try:
+        prepare(options.out, options.overrides, options.train_size, options.test_size, options.seed)
+    except (ConfigError, FileExistsError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"prepared {options.out}: {MODEL_FOLDER}/, {TOKENIZER_FOLDER}/, {DATA_FOLDER}/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,317 @@
+"""The ``dataflex_cpu`` rollout: verl's token-in-token-out generation server, on the CPU, with the project's sampler.
+
+verl 0.9.1 serves rollouts from vLLM, SGLang or TRT-LLM servers only; its ``HFRollout`` is in neither registry.
+This module gives verl what those backends give it, through the same two registries
+(:func:`dataflex_rl.verl.cpu.patches.register_rollout`):
+
+- :class:`CPURolloutReplica` (``RolloutReplicaRegistry``): in the sync trainer's hybrid mode, launches one
+  :class:`CPURolloutServer` Ray actor per replica and hands verl its handle.
+- :class:`CPURolloutServer`: verl's agent loop calls its async ``generate(prompt_ids, sampling_params,
+  request_id, ...)`` once per sample and gets a ``TokenOutput`` (tokens up to and including EOS, their
+  log-probs, ``extra_fields["global_steps"]``). Requests arriving together are sampled as one batch by
+  :func:`dataflex_rl.local.sampler.sample` (KV-cached, repeated prompts prefilled once), each row with its own
+  generator seeded from the run's seed, the weights' version, the prompt and its occurrence, so a sample does
+  not depend on which requests shared its batch. Sleep, wake-up, abort, KV-cache and profiler calls are no-ops.
+- :class:`CPUServerAdapter` (``_ROLLOUT_REGISTRY[("dataflex_cpu", "async")]``): the in-worker side verl's
+  ``update_weights`` (``engine_workers.py``, checkpoint engine ``naive``) pushes the trainer's weights into; every
+  rank gathers each full tensor (a collective under FSDP), rank 0 of the replica sends them to the server, and the
+  server's digest of the weights it now holds must equal the digest of what was sent.
+
+Only plain sampling is served: temperature (0 is greedy), ``top_k`` off (-1 or 0), ``top_p`` 1,
+``repetition_penalty`` 1; anything else is refused naming the parameter. Architectures outside
+:func:`dataflex_rl.local.decoder.supported` are refused when the server starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
+
+from dataflex_rl.local.decoder import DecoderWeights, supported
+from dataflex_rl.local.sampler import sample
+
+# Requests of one training step arrive within milliseconds of each other; the server waits this long after the
+# first before sampling, so they share one batch.
+COLLECT_SECONDS = 0.05
+# Sampling parameters the project's sampler does not implement, and the value that means "off".
+PLAIN_SAMPLING = {"top_p": (1.0, None), "top_k": (-1, 0, None), "repetition_penalty": (1.0, None)}
+
+
+def server_name(replica_rank: int, suffix: str = "") -> str:
+    """The Ray actor name of a replica's server (the adapter finds its server by it)."""
+    return f"dataflex_cpu_rollout_{replica_rank}{suffix}"
+
+
+def weights_digest(state: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over ``(name, float32 bytes)`` in name order: equal digests mean equal weights, bit for bit."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state, key=lambda item: item[0]):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int) -> int:
+    """A 63-bit generator seed from the run seed, the weights' version, the prompt and how many times this prompt
+    was already asked for at this version (a GRPO group asks for the same prompt ``n`` times)."""
+    payload = f"{seed}:{version}:{occurrence}:{','.join(map(str, prompt_ids))}".encode()
+    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little") >> 1
+
+
+def check_sampling(sampling_params: dict[str, Any]) -> None:
+    """Refuse sampling the project's sampler does not implement (ValueError naming parameter and value)."""
+    for key, allowed in PLAIN_SAMPLING.items():
+        value = sampling_params.get(key)
+        if value not in allowed:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.{key} = {value!r} is not allowed with rollout.name=dataflex_cpu: it "
+                f"samples from softmax(logits / temperature) only; allowed: {[v for v in allowed if v is not None]}"
+            )
+
+
+@dataclasses.dataclass
+class Request:
+    """One ``generate`` call waiting for its batch."""
+
+    prompt_ids: list[int]
+    temperature: float
+    max_tokens: int
+    want_log_probs: bool
+    seed: int
+    future: asyncio.Future
+
+
+class CPURolloutServer:
+    """A Ray actor serving ``generate`` from a copy of the policy on the CPU (see the module docstring)."""
+
+    def __init__(self, config: Any, model_config: Any, replica_rank: int) -> None:
+        from transformers import AutoModelForCausalLM
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        # As verl's vLLM server does: the replica hands over DictConfigs, the server works on verl's dataclasses.
+        config = omega_conf_to_dataclass(config)
+        model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        self.config = config
+        self.replica_rank = replica_rank
+        self.model = AutoModelForCausalLM.from_pretrained(model_config.local_path, dtype=torch.float32,
+                                                          local_files_only=True).eval()
+        reason = supported(self.model)
+        if reason is not None:
+            raise ValueError(f"actor_rollout_ref.model.path = {model_config.local_path!r} is not allowed with "
+                             f"rollout.name=dataflex_cpu: its sampler does not cover {reason}")
+        self.weights = DecoderWeights(self.model)
+        tokenizer = model_config.tokenizer
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
+        self.seed = int(getattr(config, "seed", 0) or 0)
+        self.global_steps: int | None = None
+        self.version = 0
+        self.occurrences: Counter = Counter()
+        self.pending: list[Request] = []
+        self.batcher: asyncio.Task | None = None
+        self.lock = asyncio.Lock()
+
+    # --- generation -------------------------------------------------------------------------------------------
+    def max_tokens(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
+        """The response budget, as verl's vLLM server computes it: the request's, else the configured response
+        length, within the model's context."""
+        budget = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+        if budget is None:
+            budget = min(self.config.response_length,
+                         self.config.prompt_length + self.config.response_length - len(prompt_ids))
+        context = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
+        return max(1, min(int(budget), int(context) - len(prompt_ids)))
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                       **unused: Any) -> TokenOutput:
+        """Sample one response for ``prompt_ids`` (batched with the requests that arrive with it)."""
+        check_sampling(sampling_params)
+        prompt_ids = [int(token) for token in prompt_ids]
+        key = (self.version, tuple(prompt_ids))
+        occurrence = self.occurrences[key]
+        self.occurrences[key] += 1
+        request = Request(
+            prompt_ids=prompt_ids,
+            temperature=float(sampling_params.get("temperature") or 0.0),
+            max_tokens=self.max_tokens(prompt_ids, sampling_params),
+            want_log_probs=bool(sampling_params.get("logprobs")),
+            seed=request_seed(self.seed, self.version, prompt_ids, occurrence),
+            future=asyncio.get_running_loop().create_future(),
+        )
+        self.pending.append(request)
+        if self.batcher is None or self.batcher.done():
+            self.batcher = asyncio.get_running_loop().create_task(self.run_batches())
+        return await request.future
+
+    async def run_batches(self) -> None:
+        """Sample pending requests in batches of equal (temperature, budget) until none are left."""
+        while self.pending:
+            await asyncio.sleep(COLLECT_SECONDS)
+            batch, self.pending = self.pending, []
+            groups: dict[tuple[float, int], list[Request]] = {}
+            for request in batch:
+                groups.setdefault((request.temperature, request.max_tokens), []).append(request)
+            for group in groups.values():
+                try:
+                    async with self.lock:
+                        outputs = await asyncio.to_thread(self.sample_batch, group)
+                except Exception as error:  # every waiting caller gets the error, none hangs
+                    for request in group:
+                        request.future.set_exception(error)
+                    continue
+                for request, output in zip(group, outputs, strict=True):
+                    request.future.set_result(output)
+
+    def sample_batch(self, requests: list[Request]) -> list[TokenOutput]:
+        """One sampler call for requests of equal temperature and budget."""
+        length = max(len(request.prompt_ids) for request in requests)
+        prompt_ids = torch.full((len(requests), length), self.pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros((len(requests), length), dtype=torch.long)
+        for row, request in enumerate(requests):
+            prompt_ids[row, length - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            prompt_mask[row, length - len(request.prompt_ids):] = 1
+        temperature = requests[0].temperature or None
+        generators = [torch.Generator().manual_seed(request.seed) for request in requests] if temperature else None
+        responses, log_probs = sample(self.weights, prompt_ids, prompt_mask, requests[0].max_tokens, temperature,
+                                      self.eos_token_id, self.pad_token_id, row_generators=generators)
+        outputs = []
+        for row, request in enumerate(requests):
+            tokens = responses[row].tolist()
+            if self.eos_token_id in tokens:
+                tokens = tokens[: tokens.index(self.eos_token_id) + 1]
+            token_log_probs = None
+            if request.want_log_probs and log_probs is not None:
+                token_log_probs = log_probs[row, : len(tokens)].tolist()
+            outputs.append(TokenOutput(token_ids=tokens, log_probs=token_log_probs, stop_reason="completed",
+                                       extra_fields={"global_steps": self.global_steps}))
+        return outputs
+
+    # --- weights ----------------------------------------------------------------------------------------------
+    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> str:
+        """Load the trainer's weights (every parameter must be named; a tied ``lm_head`` may be absent); returns
+        :func:`weights_digest` of what the model now holds under the sent names."""
+        async with self.lock:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+            if unexpected or set(missing) - tied:
+                raise ValueError(f"weights sent to the rollout do not match its model: missing "
+                                 f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+            self.weights = DecoderWeights(self.model)
+            self.global_steps = global_steps
+            self.version += 1
+            self.occurrences.clear()
+            held = dict(self.model.state_dict())
+            return weights_digest((name, held[name]) for name in state)
+
+    def weights_now(self) -> str:
+        """:func:`weights_digest` of every parameter the server's model holds."""
+        return weights_digest(self.model.state_dict().items())
+
+    # --- what verl calls on every server, with nothing to do on the CPU ----------------------------------------
+    async def ready(self) -> bool:
+        """True once the actor has loaded its model."""
+        return True
+
+    async def sleep(self, *args: Any, **kwargs: Any) -> None:
+        """No device memory to free."""
+
+    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
+        """No device memory to restore."""
+
+    async def abort_all_requests(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Nothing is aborted: the sync trainer waits for its rollouts to finish."""
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing was paused."""
+
+    async def clear_kv_cache(self, *args: Any, **kwargs: Any) -> None:
+        """The sampler's cache lives for one batch."""
+
+    async def release_kv_cache(self, *args: Any, **kwargs: Any) -> None:
+        """The sampler's cache lives for one batch."""
+
+    async def resume_kv_cache(self, *args: Any, **kwargs: Any) -> None:
+        """The sampler's cache lives for one batch."""
+
+    async def start_profile(self, *args: Any, **kwargs: Any) -> None:
+        """No device profiler."""
+
+    async def stop_profile(self, *args: Any, **kwargs: Any) -> None:
+        """No device profiler."""
+
+
+class CPURolloutReplica(RolloutReplica):
+    """One :class:`CPURolloutServer` per replica, beside the trainer's workers (hybrid mode only)."""
+
+    def rollout_worker_use_gpu(self) -> bool:
+        """The server needs no (logical) GPU."""
+        return False
+
+    async def launch_servers(self) -> None:
+        """Start the replica's server on its first worker's node and wait until its model is loaded."""
+        if self.rollout_mode != RolloutMode.HYBRID:
+            raise NotImplementedError(
+                f"rollout.name=dataflex_cpu runs in verl's hybrid mode only (the sync trainer's); got "
+                f"{self.rollout_mode}"
+            )
+        node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
+        name = server_name(self.replica_rank, self.name_suffix)
+        server = ray.remote(CPURolloutServer).options(
+            name=name,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            max_concurrency=self.max_concurrency,
+        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        await server.ready.remote()
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"ray-actor:{name}"
+
+
+class CPUServerAdapter(BaseRollout):
+    """The worker's side of the weight sync (see the module docstring)."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        replica_size = (self.config.tensor_model_parallel_size * self.config.data_parallel_size
+                        * self.config.pipeline_model_parallel_size)
+        self.replica_rank = rank // replica_size if replica_rank == -1 else replica_rank
+        self.sends = rank % replica_size == 0
+        self.server: Any = None
+
+    async def resume(self, tags: list[str]) -> None:
+        """Nothing was released."""
+
+    async def release(self) -> None:
+        """No device memory to release."""
+
+    async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], wire_format: str = "named_tensors",
+                             **kwargs: Any) -> None:
+        """Gather every full tensor (all ranks), send them to the server (rank 0 of the replica) and check that
+        the server now holds exactly them."""
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"rollout.name=dataflex_cpu takes full named tensors, not {wire_format!r}")
+        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        if not self.sends:
+            return
+        if self.server is None:
+            self.server = ray.get_actor(server_name(self.replica_rank))
+        held = await self.server.update_weights.remote(state, kwargs.get("global_steps"))
+        sent = weights_digest(state.items())
+        if held != sent:
+            raise RuntimeError(f"the rollout server's weights differ from the trainer's after the sync "
+                               f"(digest {held[:12]} != {sent[:12]})")

@@ -21,8 +21,10 @@ from sweeps.commands import (
     thread_environment,
     train_command,
     validate_local,
+    validate_verl,
     verl_command,
     verl_environment,
+    verl_prepare,
 )
 from sweeps.config import SweepConfig
 from sweeps.grid import RunSpec
@@ -43,7 +45,7 @@ class Backend:
         """The argv of one run."""
         raise NotImplementedError
 
-    def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+    def environment(self, config: SweepConfig, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
         """The environment variables one run adds to the driver's."""
         return {}
 
@@ -63,7 +65,7 @@ class Backend:
         """Every run's command, environment, run folder and log, validated."""
         sweep_dir = sweep_dir.resolve()
         planned = [PlannedRun(spec=spec, command=self.command(config, spec, sweep, sweep_dir, threads),
-                              env=self.environment(sweep, spec, threads), run_dir=sweep_dir / spec.name,
+                              env=self.environment(config, sweep, spec, threads), run_dir=sweep_dir / spec.name,
                               log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log") for spec in specs]
         self.validate(config, planned)
         return planned
@@ -80,7 +82,7 @@ class LocalBackend(Backend):
         """``python -m dataflex_rl.train`` with the run's overrides (:func:`sweeps.commands.local_overrides`)."""
         return train_command(config, local_overrides(config, spec, sweep, sweep_dir, threads))
 
-    def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+    def environment(self, config: SweepConfig, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
         """OpenMP/MKL thread caps, so parallel runs never oversubscribe the cores."""
         return thread_environment(threads)
 
@@ -107,14 +109,26 @@ class VerlBackend(Backend):
         """The verl argv, with the run store's place and axes (:func:`sweeps.commands.verl_command`)."""
         return verl_command(config, spec, sweep, sweep_dir)
 
-    def environment(self, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
-        """W&B's group and tags through the environment (verl starts W&B itself)."""
-        return verl_environment(sweep, spec)
+    def environment(self, config: SweepConfig, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
+        """W&B's group and tags through the environment (verl starts W&B itself), and verl's CPU mode for an
+        experiment with ``platform: cpu``."""
+        return verl_environment(config, sweep, spec)
+
+    def validate(self, config: SweepConfig, planned: Sequence[PlannedRun]) -> None:
+        """Compose verl's config of every run and check it as the trainer will (unless ``validate=false``)."""
+        if config.validate:
+            validate_verl(config, planned)
 
     def check_machine(self, config: SweepConfig) -> None:
-        """Runs launched on this machine need a CUDA GPU (verl's rollout does); dry runs and clusters do not."""
+        """Runs launched on this machine need a CUDA GPU (verl's rollout does) unless the experiment runs in verl's
+        CPU mode; dry runs and clusters do not."""
         if launcher_class(config.launcher).runs_here and not config.dry_run:
-            check_gpu_available()
+            check_gpu_available(config)
+
+    def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                    threads: int | None) -> list[PlannedRun]:
+        """The experiment's prepare step (model, tokenizer, data), when it has one (:func:`verl_prepare`)."""
+        return verl_prepare(config, sweep_dir, threads)
 
 
 def backend_for(config: SweepConfig) -> Backend:
@@ -130,5 +144,6 @@ def plan_runs(config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_d
 
 def plan_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                      threads: int | None) -> list[PlannedRun]:
-    """The backend's shared warm starts (local: :func:`sweeps.commands.local_warm_starts`; verl: none)."""
+    """The backend's shared warm starts (local: :func:`sweeps.commands.local_warm_starts`; verl: the experiment's
+    prepare step, if any)."""
     return backend_for(config).warm_starts(config, specs, sweep_dir, threads)

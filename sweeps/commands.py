@@ -16,26 +16,25 @@ backend does); W&B's group comes from ``WANDB_RUN_GROUP``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import re
 import shlex
 import sys
-import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from dataflex_rl.validation import ConfigError
+from dataflex_rl.verl.check import quiet_verl_import
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig
 from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
 
 _PLAIN = re.compile(r"[\w\-./]+")
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LOG_FOLDER = "logs"
+PREPARED_FOLDER = "verl_prepared"  # what an experiment's prepare step writes (model, tokenizer, data)
 # The SFT warm start is cached by model + task + sft config: only axes over these need a warm start of their own.
 SFT_CACHE_GROUPS = ("model", "task", "sft")
 
@@ -111,22 +110,6 @@ def train_command(config: SweepConfig, overrides: Sequence[str]) -> tuple[str, .
     return (sys.executable, "-m", config.train_module, *overrides)
 
 
-@contextlib.contextmanager
-def _quiet_verl_import() -> Iterator[None]:
-    """Validation imports verl's algorithm registries; keep its start-up notices (no accelerator, optional engines
-    missing) off the driver's console. Only this process's import is affected: runs keep their environment."""
-    previous = os.environ.get("VERL_LOGGING_LEVEL")
-    os.environ["VERL_LOGGING_LEVEL"] = previous or "ERROR"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
-    finally:
-        if previous is None:
-            os.environ.pop("VERL_LOGGING_LEVEL", None)
-
-
 def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[Any]:
     """Compose ``conf/train.yaml`` with each (run name, overrides) and validate it; raise at the first bad one.
 
@@ -138,7 +121,7 @@ def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[
     from dataflex_rl.local.config import parse_train_config
 
     parsed = []
-    with _quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for name, overrides in override_lists:
             try:
                 parsed.append(parse_train_config(compose(config_name="train", overrides=list(overrides))))
@@ -200,19 +183,59 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
         extra.append(f"+dataflex_run.mechanism_label={spec.mechanism}")
     if spec.axis_keys:
         extra.append(f"+dataflex_run.axes=[{','.join(spec.axis_keys)}]")
+    if verl_prepare_block(config) is not None:
+        extra.append(f"prepared={hydra_path(sweep_dir / PREPARED_FOLDER)}")
     try:
         return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
     except ConfigError as error:
         raise ConfigError(f"run {spec.name}: {error}") from None
 
 
-def verl_environment(sweep: str, spec: RunSpec) -> dict[str, str]:
-    """W&B's group (the sweep), tags (the preset) and job type (the non-seed factors, ``WANDB_JOB_TYPE``) for a
-    verl run, which starts W&B itself."""
-    from dataflex_rl.tracking.identity import job_type_of
-    from dataflex_rl.verl.command import wandb_environment
+def verl_prepare_block(config: SweepConfig) -> Any:
+    """The experiment's ``prepare`` block (what ``python -m dataflex_rl.verl.cpu.prepare`` writes before the
+    runs: model, tokenizer, data), or None when its runs read a model and data the user gives."""
+    from dataflex_rl.verl.command import load_experiment
 
-    environment = wandb_environment(sweep, [spec.mechanism] if spec.mechanism else [])
+    return load_experiment(config.verl_experiment).get("prepare")
+
+
+def verl_prepare(config: SweepConfig, sweep_dir: Path, threads: int | None) -> list[PlannedRun]:
+    """The experiment's prepare step as the sweep's one warm start, into ``<sweep>/verl_prepared`` (a no-op when
+    that folder was prepared from the same inputs, refused when from others); none without a ``prepare`` block."""
+    block = verl_prepare_block(config)
+    if block is None:
+        return []
+    sweep_dir = sweep_dir.resolve()
+    prepare = OmegaConf.to_container(block, resolve=True)
+    command = (sys.executable, "-m", "dataflex_rl.verl.cpu.prepare", "--out", str(sweep_dir / PREPARED_FOLDER),
+               "--train-size", str(prepare["train_size"]), "--test-size", str(prepare["test_size"]),
+               *[str(item) for item in prepare.get("overrides") or []])
+    return [PlannedRun(spec=RunSpec(name="verl-prepare", seed=0), command=command, env=thread_environment(threads),
+                       run_dir=sweep_dir / PREPARED_FOLDER, log_path=sweep_dir / LOG_FOLDER / "verl-prepare.log")]
+
+
+def validate_verl(config: SweepConfig, planned: Sequence[PlannedRun]) -> None:
+    """Refuse the sweep when any run's verl config would be refused by the trainer (composed and checked as the
+    doctor does: :func:`dataflex_rl.verl.check.validate_overrides`), before anything starts."""
+    from dataflex_rl.verl.check import validate_overrides
+    from dataflex_rl.verl.command import verl_overrides_of
+
+    with quiet_verl_import():
+        for run in planned:
+            try:
+                validate_overrides(verl_overrides_of(run.command), run.env)
+            except ConfigError as error:
+                raise ConfigError(f"run {run.name}: {error}") from None
+
+
+def verl_environment(config: SweepConfig, sweep: str, spec: RunSpec) -> dict[str, str]:
+    """W&B's group (the sweep), tags (the preset) and job type (the non-seed factors, ``WANDB_JOB_TYPE``) for a
+    verl run, which starts W&B itself, and the experiment's platform environment (verl's CPU mode)."""
+    from dataflex_rl.tracking.identity import job_type_of
+    from dataflex_rl.verl.command import experiment_environment, wandb_environment
+
+    environment = experiment_environment(config.verl_experiment)
+    environment.update(wandb_environment(sweep, [spec.mechanism] if spec.mechanism else []))
     factors = {"mechanism_label": spec.mechanism, "alpha": spec.alpha, "eta": spec.eta, **spec.axes}
     job_type = job_type_of({name: value for name, value in factors.items() if value is not None})
     if job_type:
@@ -220,14 +243,18 @@ def verl_environment(sweep: str, spec: RunSpec) -> dict[str, str]:
     return environment
 
 
-def check_gpu_available() -> None:
-    """Refuse the verl backend on a machine without a CUDA GPU (verl's rollout needs one)."""
+def check_gpu_available(config: SweepConfig) -> None:
+    """Refuse the verl backend on a machine without a CUDA GPU (verl's rollout needs one), unless the experiment
+    runs in verl's CPU mode (``platform: cpu``)."""
     import torch
 
-    if not torch.cuda.is_available():
+    from dataflex_rl.verl.command import load_experiment
+
+    if not torch.cuda.is_available() and load_experiment(config.verl_experiment).get("platform") != "cpu":
         raise ConfigError("backend = 'verl' is not allowed with launcher=process on this machine: it has no CUDA GPU "
                           "(torch.cuda.is_available() is False). Use launcher=slurm or launcher=ray to send the runs "
-                          "to a GPU cluster, dry_run=true to print the command lines, or backend=local")
+                          "to a GPU cluster, verl_experiment=verl_cpu_tiny for verl's CPU mode, dry_run=true to print "
+                          "the command lines, or backend=local")
 
 
 # --- local warm starts ---------------------------------------------------------------------------------------

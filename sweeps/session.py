@@ -116,11 +116,12 @@ class SweepSession:
         set to :data:`EXIT_FAILED`, when one failed. Raises :class:`SweepStopped` on a stop signal."""
         if not self.plan.warm_starts:
             return True
-        print("SFT warm start (once, shared by every run)", flush=True)
+        names = ", ".join(run.name for run in self.plan.warm_starts)
+        print(f"warm start {names} (once, shared by every run)", flush=True)
         states = self.runner.run_all(self.plan.warm_starts, warm_start=True)
         failed = [name for name, state in states.items() if state != "completed"]
         if failed:
-            print(f"error: the SFT warm start failed; see {self.plan.sweep_dir / 'logs' / (failed[0] + '.log')}",
+            print(f"error: the warm start {failed[0]} failed; see {self.plan.sweep_dir / 'logs' / (failed[0] + '.log')}",
                   file=sys.stderr)
             self.exit_code = self.exit_code or EXIT_FAILED
             return False

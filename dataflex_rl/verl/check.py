@@ -11,7 +11,9 @@ each result with what to do about a failure:
    as ``python -m verl.trainer.main_ppo`` will;
 4. with a command (an experiment and its arguments, as ``python -m dataflex_rl.verl.command`` takes them, or a verl
    override list after ``--``): verl's config composes with it, and its ``dataflex`` block and the settings the
-   trainer guards (the learning-rate schedule of a staged mechanism, ``dataflex_run``) are valid.
+   trainer guards (the learning-rate schedule of a staged mechanism, ``dataflex_run``) are valid;
+5. verl's CPU mode (:mod:`dataflex_rl.verl.cpu`) in a fresh process with its environment: platform ``cpu``, the
+   FSDP2 engine for it, the ``dataflex_cpu`` rollout.
 
 Usage::
 
@@ -26,13 +28,16 @@ Exit status 0 when every check passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 PLUGIN_MODULE = "dataflex_rl.verl.trainer"
 ENTRY_POINT_GROUP = "verl.plugins"
@@ -156,41 +161,108 @@ def verl_overrides(arguments: Sequence[str]) -> list[str]:
     return command[command.index("verl.trainer.main_ppo") + 1 :]
 
 
-def check_command(report: Report, arguments: Sequence[str]) -> None:
-    """Compose verl's config with the command's overrides and validate what the trainer validates at build time."""
+@contextlib.contextmanager
+def quiet_verl_import() -> Iterator[None]:
+    """Validation imports verl's algorithm registries; keep its start-up notices (no accelerator, optional engines
+    missing) off the driver's console. Only this process's import is affected: runs keep their environment."""
+    previous = os.environ.get("VERL_LOGGING_LEVEL")
+    os.environ["VERL_LOGGING_LEVEL"] = previous or "ERROR"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("VERL_LOGGING_LEVEL", None)
+
+
+def compose_verl_config(overrides: Sequence[str]) -> Any:
+    """verl's ``ppo_trainer`` config with ``overrides``, resolved as verl's TaskRunner resolves it; a
+    :class:`ConfigError` naming the override when it does not compose."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from dataflex_rl.validation import ConfigError
-
-    try:
-        overrides = verl_overrides(arguments)
-    except ConfigError as error:
-        report.fail("command", str(error))
-        return
     import verl
-    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
-
-    from dataflex_rl.verl.run_record import run_place
-    from dataflex_rl.verl.trainer import is_staged, mechanism_from_verl_config
+    from dataflex_rl.validation import ConfigError
 
     config_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            config = compose(config_name="ppo_trainer", overrides=overrides)
+            config = compose(config_name="ppo_trainer", overrides=list(overrides))
         OmegaConf.resolve(config)
     except Exception as error:  # Hydra's and OmegaConf's errors name the bad override
-        report.fail("verl config composes", f"{type(error).__name__}: {error}")
-        return
-    report.ok("verl config composes", f"{len(overrides)} overrides")
+        raise ConfigError(f"verl config does not compose: {type(error).__name__}: {error}") from None
+    return config
+
+
+def validate_overrides(overrides: Sequence[str], environment: Mapping[str, str] | None = None) -> tuple[Any, Any, Any]:
+    """``(config, mechanism, run place)`` of a verl command: :func:`compose_verl_config`, then
+    :func:`validate_config`. The command builder and the sweep call it to refuse before launching."""
+    config = compose_verl_config(overrides)
+    return (config, *validate_config(config, environment))
+
+
+def check_trainer_mode(config: Any) -> None:
+    """Raise :class:`ConfigError` unless ``trainer.v1.trainer_mode`` is ``dataflex_sync``."""
+    from omegaconf import OmegaConf
+
+    from dataflex_rl.validation import ConfigError
+
     mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
     if mode != TRAINER_NAME:
-        report.fail("trainer.v1.trainer_mode", f"= {mode!r}; the dataflex trainer runs only with {TRAINER_NAME}")
-    elif get_trainer_cls(mode).__module__ != PLUGIN_MODULE:
+        raise ConfigError(f"trainer.v1.trainer_mode = {mode!r} is not allowed: the dataflex trainer runs only with "
+                          f"{TRAINER_NAME}")
+
+
+def validate_config(config: Any, environment: Mapping[str, str] | None = None) -> tuple[Any, Any]:
+    """``(mechanism, run place)`` after the checks the trainer makes when it is built (the ``dataflex`` block, a
+    staged mechanism's LR schedule and distillation, the ``dataflex_run`` block) and, in verl's CPU mode
+    (``environment`` has ``VERL_PLATFORM=cpu``), the rollout it needs. Raises :class:`ConfigError` naming the key."""
+    from omegaconf import OmegaConf
+
+    from dataflex_rl.validation import ConfigError
+    from dataflex_rl.verl.run_record import run_place
+    from dataflex_rl.verl.trainer import mechanism_from_verl_config
+
+    check_trainer_mode(config)
+    if (environment or {}).get("VERL_PLATFORM") == "cpu":
+        from dataflex_rl.verl.cpu.patches import ROLLOUT_NAME
+
+        rollout = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
+        if rollout != ROLLOUT_NAME:
+            raise ConfigError(f"actor_rollout_ref.rollout.name = {rollout!r} is not allowed in verl's CPU mode: "
+                              f"it needs {ROLLOUT_NAME} (vLLM, SGLang and TRT-LLM need GPUs)")
+    mechanism = mechanism_from_verl_config(config)
+    return mechanism, run_place(config, mechanism.config.mechanism)
+
+
+def check_command(report: Report, arguments: Sequence[str]) -> None:
+    """Compose verl's config with the command's overrides and validate what the trainer validates at build time."""
+    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+    from dataflex_rl.validation import ConfigError
+    from dataflex_rl.verl.command import experiment_environment
+    from dataflex_rl.verl.trainer import is_staged
+
+    try:
+        overrides = verl_overrides(arguments)
+        environment = {} if arguments[0] == "--" else experiment_environment(arguments[0])
+        config = compose_verl_config(overrides)
+    except ConfigError as error:
+        report.fail("verl config composes", str(error))
+        return
+    report.ok("verl config composes", f"{len(overrides)} overrides")
+    try:
+        check_trainer_mode(config)
+    except ConfigError as error:
+        report.fail("trainer.v1.trainer_mode", str(error))
+        return
+    mode = config.trainer.v1.trainer_mode
+    if get_trainer_cls(mode).__module__ != PLUGIN_MODULE:
         report.fail("trainer.v1.trainer_mode", f"{mode} resolves to {get_trainer_cls(mode)}")
     try:
-        mechanism = mechanism_from_verl_config(config)
-        place = run_place(config, mechanism.config.mechanism)
+        mechanism, place = validate_config(config, environment or dict(os.environ))
     except ConfigError as error:
         report.fail("dataflex block", str(error))
         return
@@ -200,6 +272,32 @@ def check_command(report: Report, arguments: Sequence[str]) -> None:
                                 f"{mechanism.config.actuator.name}({params}), warmup_step={mechanism.warmup_step}")
     report.ok("run store", f"{place.dir} (sweep {place.sweep}, run {place.name}, seed {place.seed})" if place
               else "none (no dataflex_run.dir: only verl's own loggers record the run)")
+
+
+def check_cpu_mode(report: Report) -> None:
+    """In a fresh process with verl's CPU-mode environment: the platform is ``cpu``, the FSDP engine resolves for
+    it and the ``dataflex_cpu`` rollout is registered (what ``VERL_PLATFORM=cpu`` runs need)."""
+    from dataflex_rl.verl.cpu import ENVIRONMENT
+
+    code = (
+        "import verl\n"
+        "from verl.utils.device import get_device_name\n"
+        "from verl.workers.engine.base import EngineRegistry\n"
+        "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+        "from dataflex_rl.verl.cpu.patches import ROLLOUT_NAME\n"
+        "engine = EngineRegistry.get_engine_cls('language_model', 'fsdp2')\n"
+        "replica = RolloutReplicaRegistry.get(ROLLOUT_NAME)\n"
+        "print(get_device_name(), engine.__name__, replica.__name__)\n"
+    )
+    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
+                            check=False, timeout=600, cwd=Path.home(), env={**os.environ, **ENVIRONMENT})
+    lines = result.stdout.strip().splitlines()
+    if result.returncode == 0 and lines and lines[-1].startswith("cpu "):
+        report.ok("verl CPU mode", f"{' '.join(f'{k}={v}' for k, v in ENVIRONMENT.items())}: device, engine, "
+                                   f"rollout = {lines[-1]}")
+    else:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
+        report.fail("verl CPU mode", f"with {ENVIRONMENT} in a fresh process:\n{tail}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_cuda(report)
     if check_plugin_import(report):
         check_entry_point(report)
+        check_cpu_mode(report)
         if options.command:
             check_command(report, options.command)
     if report.failures:

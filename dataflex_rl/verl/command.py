@@ -43,6 +43,8 @@ EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "verl_experiment
 # A Hydra override value that needs no quotes: an identifier-like word or a path, not a reserved word.
 _PLAIN_VALUE = re.compile(r"[A-Za-z_/][\w\-./]*")
 _HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
+# An experiment's ``platform``: None (verl's own accelerator detection) or "cpu" (verl's CPU mode).
+PLATFORMS = (None, "cpu")
 
 
 def resolve_experiment(experiment: str | Path) -> Path:
@@ -72,7 +74,22 @@ def load_experiment(experiment: str | Path) -> DictConfig:
         raise ConfigError(f"{path}: verl.overrides must be a list of verl overrides 'key=value'")
     if "dataflex" not in config:
         raise ConfigError(f"{path}: dataflex: missing; a verl experiment needs a dataflex block")
+    platform = config.get("platform")
+    if platform not in PLATFORMS:
+        raise ConfigError(f"{path}: platform = {platform!r} is not allowed: one of {list(PLATFORMS)} "
+                          f"(null: verl picks the accelerator; cpu: verl's CPU mode, dataflex_rl.verl.cpu)")
     return config
+
+
+def experiment_environment(experiment: str | Path | DictConfig) -> dict[str, str]:
+    """The environment variables every verl process of the experiment needs: verl's CPU mode for
+    ``platform: cpu`` (:data:`dataflex_rl.verl.cpu.ENVIRONMENT`), nothing otherwise."""
+    config = experiment if isinstance(experiment, DictConfig) else load_experiment(experiment)
+    if config.get("platform") == "cpu":
+        from dataflex_rl.verl.cpu import ENVIRONMENT
+
+        return dict(ENVIRONMENT)
+    return {}
 
 
 def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
@@ -192,15 +209,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     try:
         command = build_verl_command(options.experiment, (), options.arguments)
+        environment = experiment_environment(options.experiment)
+        from dataflex_rl.verl.check import validate_overrides
+
+        # What the trainer refuses at build time (the dataflex block, a staged mechanism's LR schedule, the run
+        # store block) is refused here, before anything is printed or launched.
+        validate_overrides(verl_overrides_of(command), environment)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not options.run:
-        print(shlex.join(command))
+        print(shlex.join([*(f"{name}={value}" for name, value in environment.items()), *command]))
         return 0
     sys.stdout.flush()
-    os.execv(command[0], command)
-    return 0  # not reached: execv replaces this process
+    os.execve(command[0], command, {**os.environ, **environment})
+    return 0  # not reached: execve replaces this process
+
+
+def verl_overrides_of(command: Sequence[str]) -> list[str]:
+    """The verl overrides of a ``build_verl_command`` argv (everything after ``-m verl.trainer.main_ppo``)."""
+    return list(command[list(command).index(VERL_ENTRY_MODULE) + 1:])
 
 
 if __name__ == "__main__":

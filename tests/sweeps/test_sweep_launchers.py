@@ -72,6 +72,34 @@ def test_verl_backend_builds_verl_command_lines_in_a_dry_run(tmp_path, capsys):
     assert "OMP_NUM_THREADS" not in line and "threads=" not in line
 
 
+def test_verl_backend_refuses_a_staged_mechanism_with_a_moving_lr_before_anything_starts(tmp_path, capsys):
+    code = main(["backend=verl", "mechanisms=lopti", "seeds=1", "dry_run=true", f"root={tmp_path / 'runs'}",
+                 "name=lr", "extra=[model=/models/qwen data_dir=/data/kk actor_rollout_ref.actor.optim.warmup_style=cosine]"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "actor_rollout_ref.actor.optim.warmup_style = 'cosine' is not allowed" in captured.err
+    assert "verl.trainer.main_ppo" not in captured.out  # a dry run that prints nothing it would refuse
+    assert not (tmp_path / "runs").exists()
+
+
+def test_verl_cpu_experiment_plans_its_prepare_step_and_cpu_environment_without_a_gpu(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = main(["backend=verl", "verl_experiment=verl_cpu_tiny", "alpha=0.5", "seeds=1", "steps=2",
+                 "dry_run=true", f"root={tmp_path / 'runs'}", "name=cpu"])
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    prepared = (tmp_path / "runs" / "cpu" / "verl_prepared").resolve()
+    [prepare] = [line for line in lines if "dataflex_rl.verl.cpu.prepare" in line]
+    assert f"--out {prepared}" in prepare and "model.architecture=llama" in prepare
+    runs = [line for line in lines if "verl.trainer.main_ppo" in line]
+    assert len(runs) == 2
+    for line in runs:
+        assert "VERL_PLATFORM=cpu" in line and "VERL_USE_EXTERNAL_MODULES=dataflex_rl.verl.cpu.plugin" in line
+        assert f"actor_rollout_ref.model.path={prepared}/model" in line
+
+
 def test_verl_backend_without_a_gpu_is_refused_with_a_clear_message(tmp_path, monkeypatch, capsys):
     import torch
 

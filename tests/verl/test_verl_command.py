@@ -168,3 +168,34 @@ def test_cli_prints_the_command(capsys):
 def test_cli_reports_a_bad_value(capsys):
     assert main(["verl_kk_3b", *VARIABLES, "dataflex.warmup_step=-1"]) == 2
     assert "dataflex.warmup_step = -1 is not allowed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule", ["actor_rollout_ref.actor.optim.warmup_style=cosine",
+                                      "actor_rollout_ref.actor.optim.lr_warmup_steps=10"])
+def test_cli_refuses_what_the_trainer_refuses_before_printing(schedule, capsys):
+    code = main(["verl_kk_3b", *VARIABLES, "dataflex.mechanism=isolate", "dataflex.actuator.name=lopti", schedule])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert f"{schedule.split('=')[0]} = " in captured.err and "is not allowed" in captured.err
+    assert "verl.trainer.main_ppo" not in captured.out  # nothing printed to run
+
+
+def test_cli_prints_the_cpu_mode_environment_before_the_command(capsys):
+    assert main(["verl_cpu_tiny", "prepared=/tmp/prepared", "dataflex.actuator.params.alpha=0.5"]) == 0
+    printed = shlex.split(capsys.readouterr().out)
+    assert printed[:2] == ["VERL_PLATFORM=cpu", "VERL_USE_EXTERNAL_MODULES=dataflex_rl.verl.cpu.plugin"]
+    assert "actor_rollout_ref.rollout.name=dataflex_cpu" in printed
+
+
+def test_cli_refuses_a_gpu_rollout_in_cpu_mode(capsys):
+    assert main(["verl_cpu_tiny", "prepared=/tmp/prepared", "actor_rollout_ref.rollout.name=vllm"]) == 2
+    assert "actor_rollout_ref.rollout.name = 'vllm' is not allowed in verl's CPU mode" in capsys.readouterr().err
+
+
+def test_an_unknown_platform_is_refused(tmp_path):
+    experiment = OmegaConf.load(EXPERIMENT_DIR / "verl_cpu_tiny.yaml")
+    experiment.platform = "tpu"
+    path = tmp_path / "verl_tpu.yaml"
+    OmegaConf.save(experiment, path)
+    with pytest.raises(ConfigError, match=r"platform = 'tpu' is not allowed: one of \[None, 'cpu'\]"):
+        build_verl_command(path, [], ["prepared=/tmp/prepared"])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import sys
@@ -120,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the train problems")
     parser.add_argument("overrides", nargs="*", help="local-backend overrides (task=..., sft.steps=..., model.*)")
     options = parser.parse_args(argv)
+    # The SFT's progress lines ("SFT step i/n"), which a sweep's live view reads from this step's log.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("train_size", "test_size"):
         if getattr(options, name) < 1:
             parser.error(f"--{name.replace('_', '-')} = {getattr(options, name)} is not allowed: it must be >= 1")

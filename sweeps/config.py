@@ -45,6 +45,9 @@ DEFAULT_ALPHA = (0.0, 0.5)
 DEFAULT_SEEDS = tuple(range(1, 9))
 DEFAULT_LOCAL_STEPS = 120
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# A sweep name is a folder name and W&B's run group: at most this many characters (folders allow 255 bytes, and the
+# sweep's run folders and lock files live inside it).
+MAX_NAME_LENGTH = 128
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0", "")
 
@@ -54,6 +57,18 @@ _FALSE = ("false", "no", "off", "0", "")
 # (the model's matmuls are too small to split); rerun it on a quiet machine with cores to spare before raising
 # this. threads=N overrides it.
 SINGLE_RUN_THREADS = 1
+
+
+def check_sweep_name(name: str, key: str = "name") -> str:
+    """``name`` if it is a sweep name: a folder name of letters, digits, '.', '_' and '-', starting with a letter or
+    digit, at most :data:`MAX_NAME_LENGTH` characters; :class:`ConfigError` naming ``key`` otherwise."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"{key} = {name!r} is not allowed: a sweep name is a folder name of letters, digits, '.', "
+                          f"'_' and '-', starting with a letter or digit")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigError(f"{key} = {name[:20]!r}... ({len(name)} characters) is not allowed: a sweep name has at "
+                          f"most {MAX_NAME_LENGTH} characters")
+    return name
 
 
 def available_cores() -> int:
@@ -101,9 +116,8 @@ class SweepConfig:
     launcher_settings: Any = None  # the launcher's typed ``<launcher>:`` block (sweeps/launchers/), None if it has none
 
     def __post_init__(self) -> None:
-        if self.name is not None and not _NAME.fullmatch(self.name):
-            raise ConfigError(f"name = {self.name!r} is not allowed: a sweep name is a folder name of letters, "
-                              f"digits, '.', '_' and '-', starting with a letter or digit")
+        if self.name is not None:
+            check_sweep_name(self.name)
         check_choice("backend", self.backend, BACKENDS)
         self._check_launcher()
         if not self.seeds:
@@ -372,6 +386,44 @@ def check_launcher_overrides(overrides: Sequence[str]) -> None:
             raise ConfigError(foreign_settings_message(key.lstrip("+~"), value, chosen))
 
 
+def _holds_sweep(value: Any) -> bool:
+    from hydra.core.override_parser.types import Sweep
+
+    if isinstance(value, Sweep):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_sweep(item) for item in value)
+    if isinstance(value, Mapping):
+        return any(_holds_sweep(item) for item in value.values())
+    return False
+
+
+def check_override_syntax(given: str, item: str) -> None:
+    """One command-line argument (``given``, as typed; ``item``, as normalized) must be an override Hydra's grammar
+    reads, and a list key's value a list of values (no ``range(...)``): :class:`ConfigError` naming the key and the
+    value as typed, before Hydra composes anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    key, equals, value = given.partition("=")
+    bare = key.lstrip("+~")
+    if not equals:
+        return  # Hydra's own message for a deletion (~key) or a bare word
+    try:
+        override = OverridesParser.create().parse_override(item)
+    except HydraException as error:
+        if bare == "name":
+            check_sweep_name(value)
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f"{bare} = {value!r} is not allowed: Hydra's override grammar cannot read it ({reason}); "
+                          f"quote a value holding spaces or any of ()[]{{}},;:=$'\" (e.g. {bare}=\"'a b'\")") \
+            from None
+    if bare in LIST_KEYS and (override.is_sweep_override() or _holds_sweep(override.value())):
+        raise ConfigError(f"{bare} = {value!r} is not allowed: give the values themselves, e.g. {bare}=1,2 "
+                          f"(sweep functions such as range(...) or choice(...) are for extra axes: "
+                          f"extra=[key=range(1,4)])")
+
+
 def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     """Compose ``conf/sweeps/<config_name>.yaml`` with the (normalized) overrides; Hydra's errors become
     :class:`ConfigError`."""
@@ -380,6 +432,8 @@ def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = normalize_argv(argv)
+    for given, item in zip(argv, overrides, strict=True):
+        check_override_syntax(given, item)
     check_launcher_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):

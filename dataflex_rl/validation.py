@@ -13,8 +13,13 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
-           "check_non_negative_int", "check_number", "check_unit_interval", "to_plain", "unknown_keys"]
+__all__ = ["SEED_MODULUS", "ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
+           "check_non_negative_int", "check_number", "check_seed", "check_unit_interval", "to_plain", "unknown_keys"]
+
+# A run's per-step RNG seeds are taken modulo this prime (:func:`dataflex_rl.local.trainer.step_seed`), so a run seed
+# is allowed in [0, SEED_MODULUS - 1] only: there distinct seeds give distinct per-step seeds, while a larger seed
+# repeats the runs of ``seed % SEED_MODULUS`` bit for bit.
+SEED_MODULUS = 2**31 - 1
 
 
 class ConfigError(ValueError):
@@ -56,6 +61,18 @@ def check_non_negative_int(key: str, value: Any) -> int:
     """An integer >= 0 (booleans refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= 0")
+    return int(value)
+
+
+def check_seed(key: str, value: Any) -> int:
+    """A run seed: an integer in ``[0, SEED_MODULUS - 1]`` (see :data:`SEED_MODULUS`), booleans refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ConfigError(f"{key} = {value!r} is not allowed: a seed is an integer in [0, {SEED_MODULUS - 1}]")
+    if value >= SEED_MODULUS:
+        same = int(value) % SEED_MODULUS
+        raise ConfigError(f"{key} = {value!r} is not allowed: a seed is an integer in [0, {SEED_MODULUS - 1}] "
+                          f"(the per-step seeds are taken mod 2^31 - 1 = {SEED_MODULUS}, so {value} would repeat "
+                          f"the runs of seed {same})")
     return int(value)
 
 

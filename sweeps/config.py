@@ -28,7 +28,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number, to_plain
+from dataflex_rl.validation import (
+    SEED_MODULUS,
+    ConfigError,
+    check_choice,
+    check_int_at_least,
+    check_number,
+    check_seed,
+    to_plain,
+)
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY
 from sweeps.launchers import canonical_launcher, launcher_class, parse_settings
 
@@ -212,13 +220,18 @@ def _parse_alpha(value: Any) -> tuple[float, ...]:
 
 
 def _parse_seeds(value: Any) -> tuple[int, ...]:
+    """The seed axis: each an allowed run seed (:func:`check_seed`), and no two giving the same runs."""
     seeds = []
     for item in _as_list("seeds", value):
         if isinstance(item, str) and item.strip().isdigit():
             item = int(item)
-        if isinstance(item, bool) or not isinstance(item, numbers.Integral) or item < 0:
-            raise ConfigError(f"seeds = {item!r} is not allowed: a seed is an integer >= 0")
-        seeds.append(int(item))
+        seeds.append(check_seed("seeds", item))
+    by_stream: dict[int, int] = {}
+    for seed in _unique(seeds):  # unreachable with check_seed's range; kept as the sweep's own rule
+        other = by_stream.setdefault(seed % SEED_MODULUS, seed)
+        if other != seed:
+            raise ConfigError(f"seeds = {seed} is not allowed together with seed {other}: both give the same runs "
+                              f"(per-step seeds are taken mod {SEED_MODULUS})")
     return _unique(seeds)
 
 

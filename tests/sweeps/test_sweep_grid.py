@@ -249,3 +249,10 @@ def test_every_backend_and_launcher_choice_has_a_registered_object():
     assert backend_for(config_of("backend=verl")).sets_threads is False
     assert backend_for(config_of()).sets_threads is True
     assert isinstance(build_launcher(config_of(), Path("."), "s", 1), LocalLauncher)
+
+
+def test_seeds_that_would_repeat_other_runs_are_refused():
+    with pytest.raises(ConfigError, match=r"seeds = 2147483648 is not allowed: a seed is an integer in "
+                                          r"\[0, 2147483646\].*repeat the runs of seed 1"):
+        config_of("seeds=1,2147483648")
+    assert config_of("seeds=0,2147483646").seeds == (0, 2147483646)

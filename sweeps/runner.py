@@ -72,15 +72,41 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def mark_run_store(run_dir: Path, state: str, error: str) -> None:
-    """After the process is gone: turn a ``running`` status.json (the run could not write its own end, e.g. after
-    SIGKILL) into ``state`` with ``error``, so the run store never claims a dead run is running."""
-    status = read_status(run_dir)
-    if status is None or status.get("state") != "running":
-        return
-    from dataflex_rl.tracking.run_store import RunStore
+def run_lock_holder(run_dir: Path) -> str | None:
+    """Who writes ``run_dir`` now: the run store's message naming the live process holding its lock (its pid), or
+    None when no process does (nothing is created for a run folder that does not exist)."""
+    from dataflex_rl.tracking.run_store import LOCK_FILE, RunLock, RunLockedError
 
-    RunStore(run_dir).set_status(state, step=status.get("step"), error=error)
+    if not (run_dir / LOCK_FILE).is_file():
+        return None
+    try:
+        RunLock(run_dir).acquire().release()
+    except RunLockedError as error:
+        return str(error)
+    return None
+
+
+def mark_run_store(run_dir: Path, state: str, error: str) -> str | None:
+    """After the process is gone: turn a ``running`` status.json (the run could not write its own end, e.g. after
+    SIGKILL) into ``state`` with ``error``, so the run store never claims a dead run is running.
+
+    Written under the run's lock: a run store whose lock another live process holds is that process's, and is left
+    alone; the holder's message (naming its pid) is returned then, else None."""
+    from dataflex_rl.tracking.run_store import RunLock, RunLockedError, RunStore
+
+    if read_status(run_dir) is None:
+        return run_lock_holder(run_dir)
+    try:
+        lock = RunLock(run_dir).acquire()
+    except RunLockedError as holder:
+        return str(holder)
+    try:
+        status = read_status(run_dir)
+        if status is not None and status.get("state") == "running":
+            RunStore(run_dir).set_status(state, step=status.get("step"), error=error)
+    finally:
+        lock.release()
+    return None
 
 
 def final_metric(run_dir: Path, key: str) -> float | None:
@@ -175,6 +201,11 @@ class SweepRunner:
                 if self.launcher.still_running(previous.get("launch", {}), run):
                     raise ConfigError(f"run {run.name} is still running from an earlier invocation "
                                       f"({previous.get('launch')}); stop it or wait for it before resuming the sweep")
+            holder = run_lock_holder(run.run_dir)
+            if holder is not None:
+                raise ConfigError(f"run {run.name}: {holder} (started outside this sweep's driver); the sweep "
+                                  f"leaves its run store to that process: resume the sweep after it ends")
+            if previous.get("state") == "running":
                 mark_run_store(run.run_dir, "interrupted", "its sweep driver ended before the run did")
             self._entry(run, state="pending", exit_code=None, error=None)
             to_launch.append(run)
@@ -214,7 +245,9 @@ class SweepRunner:
             state = "failed"
         error = describe_exit(outcome)
         if not warm_start and state != "completed":
-            mark_run_store(job.run.run_dir, state, error or state)
+            holder = mark_run_store(job.run.run_dir, state, error or state)
+            if holder is not None:  # the run was refused: another live process writes it (its store is untouched)
+                error = f"{error or state}: {holder}; its run store was left to that process"
         entry = self._entry(job.run, warm_start=warm_start)
         wall = float(entry.get("wall_time_s") or 0.0) + (time.monotonic() - job.started)
         self._entry(job.run, warm_start=warm_start, state=state, exit_code=outcome.exit_code, end=utc_now(),

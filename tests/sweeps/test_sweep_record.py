@@ -66,3 +66,48 @@ def test_an_older_sweep_json_without_fields_is_compared_on_what_it_has(tmp_path)
     assert Manifest(tmp_path, header).data["fingerprint"] == sweep_fingerprint(header)  # steps was not recorded
     with pytest.raises(SweepMismatchError, match=r"backend: recorded 'local', now 'verl'"):
         Manifest(tmp_path, {**header, "backend": "verl"})
+
+
+def _hold_run_lock(run_dir):
+    """A live process that writes ``run_dir`` (holds its lock, status running), as a trainer started by hand does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from dataflex_rl.tracking.run_store import RunStore; store = RunStore(sys.argv[1]); "
+            "lock = store.lock(); store.set_status('running', step=1); print('locked', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_run_written_by_another_live_process_is_left_to_it(tmp_path, repo_on_path, capsys):
+    sweep_dir = tmp_path / "runs" / "c1"
+    holder = _hold_run_lock(sweep_dir / "a0.5-s1")
+    try:
+        status_before = (sweep_dir / "a0.5-s1" / "status.json").read_text()
+        assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1")) == 2
+        error = capsys.readouterr().err
+        assert f"run a0.5-s1: run {sweep_dir / 'a0.5-s1'} is being written by another process (pid {holder.pid})" \
+            in error
+        assert (sweep_dir / "a0.5-s1" / "status.json").read_text() == status_before
+        assert not (sweep_dir / "a0.0-s1").exists()  # refused before anything started
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_driver_never_marks_a_run_store_another_process_holds(tmp_path):
+    from sweeps.runner import mark_run_store
+
+    run_dir = tmp_path / "run"
+    holder = _hold_run_lock(run_dir)
+    try:
+        before = (run_dir / "status.json").read_text()
+        message = mark_run_store(run_dir, "failed", "process exited with code 2")
+        assert f"being written by another process (pid {holder.pid})" in message
+        assert (run_dir / "status.json").read_text() == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert mark_run_store(run_dir, "failed", "process exited with code 2") is None  # the holder is gone
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"

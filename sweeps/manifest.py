@@ -21,7 +21,8 @@ Runs of an earlier invocation that are not in the current grid stay in ``runs`` 
 A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps`` and common overrides
 (``grid.common_overrides``), hashed into ``fingerprint``. Running the name again with other settings is refused
 (:class:`SweepMismatchError`, naming each differing setting); running it with more alphas, seeds, mechanisms, eta or
-extra-axis values and the same settings grows the sweep (only the new runs start).
+extra-axis values and the same settings grows the sweep (only the new runs start). A new axis (an extra axis, or
+mechanisms/alpha/eta where the sweep had none) or a dropped one is refused the same way, naming it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,38 @@ def sweep_fingerprint(header: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
+# Axes of the grid besides the extra ones: sweep.json's grid list -> the name messages use.
+GRID_AXES = (("mechanism", "mechanisms"), ("alpha", "alpha"), ("eta", "eta"))
+
+
+def grid_axes(header: Mapping[str, Any]) -> list[str]:
+    """The axes a sweep header's grid varies besides the seed: ``mechanisms``, ``alpha`` and ``eta`` when listed, then
+    each extra axis's key; None-safe for an older header without a grid (empty)."""
+    grid = header.get("grid")
+    if not isinstance(grid, Mapping):
+        return []
+    named = [name for field, name in GRID_AXES if grid.get(field)]
+    return [*named, *(str(key).lstrip("+~") for key in (grid.get("axes") or {}))]
+
+
+def check_sweep_axes(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
+    """A sweep grows only along its recorded axes (more values, more seeds): an axis added or dropped would put runs
+    of another design into the same record, which its report cannot pair. Raises :class:`SweepMismatchError` naming
+    each added and dropped axis. Not compared when either header lacks a grid (an older sweep.json)."""
+    if not isinstance(previous.get("grid"), Mapping) or not isinstance(header.get("grid"), Mapping):
+        return
+    before, after = grid_axes(previous), grid_axes(header)
+    added = [axis for axis in after if axis not in before]
+    dropped = [axis for axis in before if axis not in after]
+    if added or dropped:
+        changes = "; ".join([*(f"new axis {axis}" for axis in added), *(f"axis {axis} dropped" for axis in dropped)])
+        raise SweepMismatchError(
+            f"sweep {sweep_dir.name} was run along the axes {', '.join(before) or '(seed only)'} (and seed); now: "
+            f"{changes}. A sweep grows only along its own axes (more values, more seeds): give the new design a new "
+            f"sweep name"
+        )
+
+
 def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
     """Refuse running ``sweep_dir`` with ``header`` when its settings differ from the recorded ``previous`` ones.
 
@@ -130,6 +163,7 @@ class Manifest:
         previous = read_manifest(sweep_dir) or {}
         if previous:
             check_sweep_settings(sweep_dir, previous, header)
+            check_sweep_axes(sweep_dir, previous, header)
         now = utc_now()
         self.data: dict[str, Any] = {
             **header,

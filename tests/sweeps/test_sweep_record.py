@@ -111,3 +111,20 @@ def test_the_driver_never_marks_a_run_store_another_process_holds(tmp_path):
         holder.wait()
     assert mark_run_store(run_dir, "failed", "process exited with code 2") is None  # the holder is gone
     assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
+
+
+@pytest.mark.parametrize(("more", "change"), [
+    (("alpha=0.0,0.5", "extra=[trainer.lr=1e-4,3e-4]"), "new axis trainer.lr"),
+    (("mechanisms=lopti", "extra=[]"), "new axis mechanisms; axis alpha dropped"),
+])
+def test_growing_a_sweep_with_a_new_axis_is_refused_naming_it(tmp_path, repo_on_path, capsys, more, change):
+    sweep_dir = tmp_path / "runs" / "c1"
+    assert main(scripted_argv(tmp_path, "alpha=0.0,0.5", "seeds=1,2")) == 0
+    before = (sweep_dir / "sweep.json").read_text()
+    capsys.readouterr()
+    assert main(scripted_argv(tmp_path, "seeds=1,2", *more)) == 2
+    error = capsys.readouterr().err
+    assert f"sweep c1 was run along the axes alpha (and seed); now: {change}" in error
+    assert (sweep_dir / "sweep.json").read_text() == before
+    assert sorted(path.name for path in sweep_dir.iterdir() if path.name.startswith("a")) == [
+        "a0.0-s1", "a0.0-s2", "a0.5-s1", "a0.5-s2"]  # no run of the new design started

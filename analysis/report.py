@@ -49,7 +49,7 @@ from analysis.aggregate import (
 from analysis.export import write_sweep_tables
 from analysis.html_report import write_report_html
 from analysis.power import plan_section, power_section, variance_section
-from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
+from analysis.load import IDENTITY_COLUMNS, SeveralSweepsError, SweepData, add_run_columns, check_one_sweep, load_sweep
 from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
 
@@ -457,6 +457,7 @@ def build_report(
 ) -> Path:
     """Load ``sweep_dir``, write its sweep-level ``metrics.parquet`` and ``runs.parquet`` (:mod:`analysis.export`)
     and its report into ``out_dir`` (default ``<sweep_dir>/report``); return ``report.md``."""
+    check_one_sweep(sweep_dir)  # nothing is written into a folder of several sweeps (runs/ itself)
     data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete, require_runs=True)
     # the sweep-level tables hold the completed runs' metrics; a single run folder keeps its own files
     if not options.include_incomplete and not (Path(sweep_dir) / "meta.json").is_file():
@@ -500,7 +501,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0, or 2 when the sweep folder or a group key does not exist)."""
+    """Entry point; returns the exit status (0, or 2 when the sweep folder or a group key does not exist, or the folder
+    holds several sweeps)."""
     arguments = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     options = ReportOptions(
@@ -512,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         report_path = build_report(arguments.sweep_dir, arguments.out, options)
-    except (FileNotFoundError, KeyError) as exc:
+    except (FileNotFoundError, KeyError, SeveralSweepsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"report written to {report_path}")

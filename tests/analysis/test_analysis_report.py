@@ -107,3 +107,28 @@ def test_report_groups_by_a_config_column(complete_sweep: Path) -> None:
     assert [row.split("|")[1].strip() for row in rows] == ["0", "0.5", "1"]
     assert "No deltas" in text  # the baseline is looked up by alpha, not by a config column
     assert "Could not draw" not in text
+
+
+def test_report_of_a_folder_of_sweeps_is_refused_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    for name in ("sweep-a", "sweep-b"):
+        write_fake_sweep(runs / name, alphas=(0.0, 0.5), seeds=(1, 2), n_steps=6, histograms=False)
+    before = sorted(path.name for path in runs.iterdir())
+    assert report.main([str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert f"{runs} is a folder of sweeps (sweep-a, sweep-b), not one sweep" in error and "Traceback" not in error
+    assert sorted(path.name for path in runs.iterdir()) == before  # no metrics.parquet, runs.parquet, report/
+
+
+def test_make_report_without_sweep_takes_the_newest_sweep(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from sweeps import make
+
+    runs = tmp_path / "runs"
+    for name in ("sweep-a", "sweep-b"):
+        write_fake_sweep(runs / name, alphas=(0.0,), seeds=(1,), n_steps=4, histograms=False)
+    os.utime(runs / "sweep-a" / "sweep.json", (2e9, 2e9))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DATAFLEX_SWEEP_DIR", raising=False)
+    assert make.command("report", make.variables({}))[-1] == str(runs / "sweep-a")

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dataflex_rl.keys import check_metric_key
 from dataflex_rl.validation import (
     SEED_MODULUS,
     ConfigError,
@@ -147,6 +148,8 @@ class SweepConfig:
             check_int_at_least("jobs", self.jobs, 1)
         if self.threads is not None:
             check_int_at_least("threads", self.threads, 1)
+        if self.backend == "local":  # verl runs log verl's own keys besides these
+            check_metric_key("plan_metric", self.plan_metric)
         check_number("grace_s", self.grace_s, minimum=0.0)
         check_number("poll_s", self.poll_s, minimum=0.0, exclusive=True)
         if not re.fullmatch(r"[A-Za-z_][\w.]*", self.train_module):

@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dataflex_rl.validation import ConfigError
+from dataflex_rl.validation import ConfigError, unknown_override_message
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig
 from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
 
@@ -145,6 +145,10 @@ def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[
             except ConfigError as error:
                 raise ConfigError(f"run {name}: {error}") from None
             except (HydraException, OmegaConfBaseException) as error:
+                unknown = unknown_override_message(
+                    error, list(overrides), lambda others: compose(config_name="train", overrides=others))
+                if unknown:
+                    raise ConfigError(f"run {name}: {unknown}") from None
                 raise ConfigError(f"run {name}: bad override in {' '.join(overrides)}: {error}") from None
     return parsed
 

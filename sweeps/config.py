@@ -37,6 +37,7 @@ from dataflex_rl.validation import (
     check_number,
     check_seed,
     to_plain,
+    unknown_override_message,
 )
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY
 from sweeps.launchers import canonical_launcher, launcher_class, parse_settings
@@ -451,8 +452,12 @@ def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     for given, item in zip(argv, overrides, strict=True):
         check_override_syntax(given, item)
     check_launcher_overrides(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
+        try:
             return compose(config_name=config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(f"bad sweep override in {' '.join(overrides)}: {error}") from None
+        except (HydraException, OmegaConfBaseException) as error:
+            unknown = unknown_override_message(
+                error, overrides, lambda others: compose(config_name=config_name, overrides=others))
+            if unknown:
+                raise ConfigError(unknown) from None
+            raise ConfigError(f"bad sweep override in {' '.join(overrides)}: {error}") from None

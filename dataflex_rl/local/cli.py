@@ -18,7 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dataflex_rl.validation import ConfigError
+from dataflex_rl.validation import ConfigError, unknown_override_message
 
 log = logging.getLogger("dataflex_rl.train")  # the public command's name, as train.log has always shown it
 # verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.
@@ -213,7 +213,14 @@ def precheck(overrides: list[str]) -> str | None:
 
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            composed = compose(config_name="train", overrides=overrides)
+            try:
+                composed = compose(config_name="train", overrides=overrides)
+            except (HydraException, OmegaConfBaseException) as error:
+                unknown = unknown_override_message(
+                    error, overrides, lambda others: compose(config_name="train", overrides=others))
+                if unknown:
+                    return f"bad override: {unknown}"
+                raise
         resolved = OmegaConf.to_container(composed, resolve=True)
         config = parse_train_config(resolved)
     except (HydraException, OmegaConfBaseException) as error:

@@ -256,3 +256,22 @@ def test_seeds_that_would_repeat_other_runs_are_refused():
                                           r"\[0, 2147483646\].*repeat the runs of seed 1"):
         config_of("seeds=1,2147483648")
     assert config_of("seeds=0,2147483646").seeds == (0, 2147483646)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["extra=[task=glob(*)]"], "extra = 'task=glob(*)' is not allowed: an axis lists its values"),
+    (["extra=[trainer.lr=interval(0,1)]"], "extra = 'trainer.lr=interval(0,1)' is not allowed: an axis lists"),
+    (["extra=[trainer.lr=range(1,1)]"], "extra = 'trainer.lr=range(1,1)' is not allowed: the axis trainer.lr has no "
+                                        "values"),
+    (["name=" + "a" * 300], "(300 characters) is not allowed: a sweep name has at most 128 characters"),
+    (["extra=[trainer.lrr=1e-3]"], "trainer.lrr = '1e-3' is not allowed: trainer has no key 'lrr'; allowed keys of "
+                                   "trainer: total_steps, prompts_per_step"),
+    (["lrr=1"], "lrr = '1' is not allowed: the config has no key 'lrr'; allowed keys: launcher, name, root"),
+])
+def test_bad_grid_input_is_refused_before_anything_without_a_traceback(tmp_path, capsys, argv, message):
+    from sweeps.cli import main
+
+    assert main([f"root={tmp_path / 'runs'}", "alpha=0.5", "seeds=1", *argv]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "+trainer.lrr" not in error and "+lrr" not in error
+    assert not (tmp_path / "runs").exists()

@@ -153,6 +153,29 @@ def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[
     return parsed
 
 
+# Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them).
+RUN_PLACE_KEYS = ("run_dir", "sweep", "run_name", "seed", "axes", "mode", "threads", "mechanism_label")
+
+
+def common_config(config: SweepConfig) -> dict[str, Any]:
+    """The resolved ``conf/train.yaml`` the sweep's common settings give (``steps`` and the common ``extra``
+    overrides, no cell's own), flattened to dotted keys, minus the keys that cannot change a run's numbers
+    (:data:`~dataflex_rl.tracking.run_store.FINGERPRINT_IGNORED`) and :data:`RUN_PLACE_KEYS`: what a rerun of the
+    sweep is compared on (``sweep.json`` ``grid.common_config``), as a run's resume compares its resolved config."""
+    from hydra import compose, initialize_config_dir
+
+    from dataflex_rl.tracking.run_store import FINGERPRINT_IGNORED, flatten_config
+
+    common, _ = parse_extra(config.extra)
+    overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
+    overrides += [*common, "run_dir=."]
+    with _quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        resolved = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=True)
+    dropped = (*FINGERPRINT_IGNORED, *RUN_PLACE_KEYS, "hydra")
+    return {key: value for key, value in flatten_config(resolved).items()
+            if not any(key == prefix or key.startswith(prefix + ".") for prefix in dropped)}
+
+
 def warm_start_cached(train_config: Any) -> bool:
     """Whether the SFT checkpoint this config needs is already in the cache (or it needs none: ``sft.steps=0``).
 

@@ -18,8 +18,10 @@ Layout::
 
 Runs of an earlier invocation that are not in the current grid stay in ``runs`` untouched.
 
-A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps`` and common overrides
-(``grid.common_overrides``), hashed into ``fingerprint``. Running the name again with other settings is refused
+A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps`` and the resolved train
+config its common overrides give (``grid.common_config``, flattened, without the keys that cannot change a run's
+numbers; the text of ``grid.common_overrides`` where the record has no resolved config), hashed into
+``fingerprint``. Running the name again with other settings is refused
 (:class:`SweepMismatchError`, naming each differing setting); running it with more alphas, seeds, mechanisms, eta or
 extra-axis values and the same settings grows the sweep (only the new runs start). A new axis (an extra axis, or
 mechanisms/alpha/eta where the sweep had none) or a dropped one is refused the same way, naming it.
@@ -80,12 +82,23 @@ def _override_settings(overrides: Any) -> dict[str, str]:
     return settings
 
 
-def sweep_settings(header: Mapping[str, Any]) -> dict[str, Any]:
+def _has_common_config(header: Mapping[str, Any]) -> bool:
+    grid = header.get("grid")
+    return isinstance(grid, Mapping) and isinstance(grid.get("common_config"), Mapping)
+
+
+def sweep_settings(header: Mapping[str, Any], resolved: bool | None = None) -> dict[str, Any]:
     """The settings of a sweep header that fix its numbers besides the axes: :data:`SETTING_FIELDS` present in
-    the header, and each common override as ``override <key>``."""
+    the header, then the resolved common config as ``config <key>`` (``grid.common_config``, local backend), or
+    each common override's text as ``override <key>`` (``resolved=False``, or a header without a resolved config)."""
     settings: dict[str, Any] = {field: header[field] for field in SETTING_FIELDS if field in header}
     grid = header.get("grid")
-    if isinstance(grid, Mapping):
+    if resolved is None:
+        resolved = _has_common_config(header)
+    if resolved and _has_common_config(header):
+        for key, value in grid["common_config"].items():
+            settings[f"config {key}"] = value
+    elif isinstance(grid, Mapping):
         for key, value in _override_settings(grid.get("common_overrides")).items():
             settings[f"override {key}"] = value
     return settings
@@ -136,10 +149,12 @@ def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: M
     headers have a grid. Raises :class:`SweepMismatchError` naming each differing setting, recorded and new value.
     """
     absent = "<absent>"
-    before, after = sweep_settings(previous), sweep_settings(header)
+    # resolved configs when both headers have one (as a run's resume compares them), else the overrides' text
+    resolved = _has_common_config(previous) and _has_common_config(header)
+    before, after = sweep_settings(previous, resolved), sweep_settings(header, resolved)
     compared = {field for field in SETTING_FIELDS if field in previous}
     if isinstance(previous.get("grid"), Mapping) and isinstance(header.get("grid"), Mapping):
-        compared |= {key for key in before.keys() | after.keys() if key.startswith("override ")}
+        compared |= {key for key in before.keys() | after.keys() if key.startswith(("config ", "override "))}
     differences = [(key, before.get(key, absent), after.get(key, absent)) for key in sorted(compared)
                    if before.get(key, absent) != after.get(key, absent)]
     if differences:

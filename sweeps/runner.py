@@ -53,11 +53,15 @@ class SweepPlan:
     threads: int | None
     warm_starts: list[PlannedRun]
     runs: list[PlannedRun]
+    common_config: dict[str, Any] | None = None  # the backend's resolved common settings (Backend.common_config)
 
     def header(self) -> dict[str, Any]:
         """The sweep.json header: what fixes the sweep besides its runs."""
+        grid = grid_description(self.config)
+        if self.common_config is not None:
+            grid["common_config"] = self.common_config
         return {"sweep": self.name, "backend": self.config.backend, "launcher": self.config.launcher,
-                "grid": grid_description(self.config), "steps": self.config.steps, "jobs": self.jobs,
+                "grid": grid, "steps": self.config.steps, "jobs": self.jobs,
                 "threads": self.threads, "train_module": self.config.train_module}
 
 

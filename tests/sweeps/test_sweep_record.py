@@ -26,7 +26,7 @@ def test_rerunning_a_sweep_name_with_other_overrides_is_refused_naming_the_keys(
     code = main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1", "extra=[trainer.val_every=1 trainer.lr=0.5]"))
     error = capsys.readouterr().err
     assert code == 2
-    assert "override trainer.lr: recorded '<absent>', now '0.5'" in error and "sweep c1" in error
+    assert "config trainer.lr: recorded 0.0001, now 0.5" in error and "sweep c1" in error
     assert (sweep_dir / "sweep.json").read_text() == before  # no command line was rewritten
     code = main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1", "steps=3", "extra=[trainer.val_every=1]"))
     assert code == 2 and "steps: recorded 2, now 3" in capsys.readouterr().err
@@ -128,3 +128,15 @@ def test_growing_a_sweep_with_a_new_axis_is_refused_naming_it(tmp_path, repo_on_
     assert (sweep_dir / "sweep.json").read_text() == before
     assert sorted(path.name for path in sweep_dir.iterdir() if path.name.startswith("a")) == [
         "a0.0-s1", "a0.0-s2", "a0.5-s1", "a0.5-s2"]  # no run of the new design started
+
+
+def test_a_rerun_is_compared_on_resolved_configs_as_a_resume_is(tmp_path, repo_on_path, capsys):
+    sweep_dir = tmp_path / "runs" / "c1"
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1", "extra=[trainer.val_every=1]")) == 0
+    fingerprint = read_manifest(sweep_dir)["fingerprint"]
+    assert read_manifest(sweep_dir)["grid"]["common_config"]["trainer.val_every"] == 1
+    # a logger setting and a restated default do not change the numbers: the same sweep, resumed
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1,2", "extra=[trainer.val_every=1 "
+                                                                  "logger.wandb.mode=offline trainer.lr=1e-4]")) == 0
+    assert "(2 already completed)" in capsys.readouterr().out
+    assert read_manifest(sweep_dir)["fingerprint"] == fingerprint

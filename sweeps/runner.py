@@ -107,9 +107,34 @@ def mark_run_store(run_dir: Path, state: str, error: str) -> str | None:
     try:
         status = read_status(run_dir)
         if status is not None and status.get("state") == "running":
-            RunStore(run_dir).set_status(state, step=status.get("step"), error=error)
+            store = RunStore(run_dir)
+            steps = [step for step in (status.get("step"), _last_logged_step(store)) if isinstance(step, int)]
+            store.set_status(state, step=max(steps) if steps else None, error=error)
     finally:
         lock.release()
+    return None
+
+
+def _last_logged_step(store: Any) -> int | None:
+    """The last step a run logged (its ``status.json`` step may be older: a killed run writes no end)."""
+    try:
+        return store.last_logged_step()
+    except (OSError, ValueError):
+        return None
+
+
+def unreadable_record(run_dir: Path) -> str | None:
+    """Why a run folder's record cannot be trusted as a completed run (a damaged ``status.json`` or ``meta.json``),
+    or None when both read (or the run never started)."""
+    from dataflex_rl.tracking import run_store
+
+    if not run_dir.is_dir():
+        return None
+    for read in (run_store.read_status, run_store.read_meta):
+        try:
+            read(run_dir)
+        except (OSError, ValueError) as error:
+            return str(error)
     return None
 
 
@@ -195,8 +220,12 @@ class SweepRunner:
         for run in runs:
             previous = self.manifest.previous(run.name) or {}
             status = read_status(run.run_dir)
-            completed = (status.get("state") == "completed" if status is not None
-                         else previous.get("state") == "completed" and previous.get("exit_code") == 0)
+            damaged = unreadable_record(run.run_dir)
+            if damaged is not None:  # sweep.json's "completed" is not the run store's word: run it again
+                self.say(f"run {run.name} is not counted as completed: {damaged}")
+            completed = damaged is None and (
+                status.get("state") == "completed" if status is not None
+                else previous.get("state") == "completed" and previous.get("exit_code") == 0)
             if completed:
                 self._entry(run, state="completed", exit_code=previous.get("exit_code", 0),
                             error=None)

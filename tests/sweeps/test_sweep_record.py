@@ -140,3 +140,30 @@ def test_a_rerun_is_compared_on_resolved_configs_as_a_resume_is(tmp_path, repo_o
                                                                   "logger.wandb.mode=offline trainer.lr=1e-4]")) == 0
     assert "(2 already completed)" in capsys.readouterr().out
     assert read_manifest(sweep_dir)["fingerprint"] == fingerprint
+
+
+def test_a_run_marked_after_a_kill_keeps_its_last_logged_step(tmp_path):
+    from dataflex_rl.tracking.run_store import RunStore
+    from sweeps.runner import mark_run_store
+
+    store = RunStore(tmp_path / "run")
+    store.set_status("running", step=0)
+    for step in range(1, 20):
+        store.log_metrics(step, {"val/accuracy": 0.5})
+    store.detach()  # as a SIGKILL leaves it: no end written
+    mark_run_store(tmp_path / "run", "failed", "process ended by signal SIGKILL")
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert (status["state"], status["step"]) == ("failed", 19)
+
+
+@pytest.mark.parametrize("damaged", ["status.json", "meta.json"])
+def test_a_completed_run_with_a_damaged_record_is_not_counted_as_completed(tmp_path, repo_on_path, capsys, damaged):
+    sweep_dir = tmp_path / "runs" / "c1"
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1")) == 0
+    (sweep_dir / "a0.5-s1" / damaged).write_text('{"state": "compl')
+    capsys.readouterr()
+    main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1"))
+    output = capsys.readouterr().out
+    assert "(1 already completed)" in output
+    assert f"run a0.5-s1 is not counted as completed: {sweep_dir / 'a0.5-s1' / damaged}" in output
+    assert runs_by_name(sweep_dir)["a0.5-s1"]["attempts"] == 2

@@ -147,10 +147,11 @@ def _run_metrics(frame: pd.DataFrame) -> RunMetrics:
 
 
 def read_run_metrics(run_dir: str | os.PathLike[str], metrics: Sequence[str] | None = None,
-                     source: str | None = None) -> RunMetrics:
+                     source: str | None = None, skip_bad: bool = True) -> RunMetrics:
     """A run's metrics through the run store's reader (``metrics.parquet``, else ``metrics.jsonl``; ``source``
-    forces one); ``metrics``: keys or ``fnmatch`` globs. Corrupt jsonl lines are skipped with a warning."""
-    return _run_metrics(run_store.read_metrics(run_dir, metrics, source=source, skip_bad=True))
+    forces one); ``metrics``: keys or ``fnmatch`` globs. Corrupt jsonl lines are skipped with a warning (``skip_bad``;
+    False: they raise)."""
+    return _run_metrics(run_store.read_metrics(run_dir, metrics, source=source, skip_bad=skip_bad))
 
 
 def read_metrics_parquet(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunMetrics:
@@ -375,11 +376,14 @@ def _load_run_metrics(
         # A damaged parquet falls back to the jsonl it was compacted from, when that is still there.
         attempts = ["parquet", "jsonl"] if source == "parquet" else ["jsonl"]
         errors: list[str] = []
+        # A completed run claims every step: a line of it that cannot be read excludes it (named), where an
+        # unfinished run's torn last lines are skipped.
+        strict = row["state"] == COMPLETED
         for attempt in attempts:
             if run_store.metrics_source(run_dir) is None:
                 break
             try:
-                loaded[position] = read_run_metrics(run_dir, metrics, source=attempt)
+                loaded[position] = read_run_metrics(run_dir, metrics, source=attempt, skip_bad=not strict)
                 runs.iat[position, runs.columns.get_loc("metrics_source")] = attempt
                 break
             except FileNotFoundError:

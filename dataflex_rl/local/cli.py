@@ -149,8 +149,10 @@ def _record_outside_loggers(store, state: str) -> None:
     """A failure before the loggers took over (warm start, W&B start): recorded too, from memory only."""
     if store.closed:  # the loggers closed it: the status already says what happened
         return
+    from dataflex_rl.tracking.base import describe_error
+
     error = sys.exc_info()[1]
-    store.record_error(state, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+    store.record_error(state, error=describe_error(error), traceback=traceback.format_exc())
 
 
 def _train(config, resolved: dict[str, Any], task, store) -> int:

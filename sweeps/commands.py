@@ -30,7 +30,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dataflex_rl.validation import ConfigError, unknown_override_message
-from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig
+from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig, check_no_env_interpolation
 from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
 
 _PLAIN = re.compile(r"[\w\-./]+")
@@ -207,8 +207,10 @@ def preset_overrides(name: str) -> list[str]:
 
 def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
     """The verl argv of one run (validated by the command builder: bad dataflex values raise ConfigError)."""
-    from dataflex_rl.verl.command import build_verl_command, hydra_value
+    from dataflex_rl.verl.command import build_verl_command, hydra_value, resolve_experiment
 
+    experiment = resolve_experiment(config.verl_experiment)
+    check_no_env_interpolation(f"verl_experiment = {str(experiment)!r}", experiment.read_text(encoding="utf-8"))
     common, _ = parse_extra(config.extra)
     _check_steps_once(config, common, "trainer.total_training_steps")
     dataflex = preset_overrides(spec.mechanism) if spec.mechanism else []

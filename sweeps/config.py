@@ -403,6 +403,19 @@ def check_launcher_overrides(overrides: Sequence[str]) -> None:
             raise ConfigError(foreign_settings_message(key.lstrip("+~"), value, chosen))
 
 
+_ENV_INTERPOLATION = re.compile(r"\$\{\s*oc\.env\s*:")
+
+
+def check_no_env_interpolation(where: str, text: str) -> None:
+    """Refuse ``${oc.env:NAME}`` in what becomes a recorded command line or config: it would be resolved into
+    ``sweep.json`` and the runs' ``config.yaml``, writing a secret it names into files."""
+    if _ENV_INTERPOLATION.search(text):
+        raise ConfigError(f"{where} is not allowed: an ${{oc.env:...}} interpolation would be resolved into the "
+                          f"recorded command lines (sweep.json) and run configs, writing the variable's value (a "
+                          f"secret?) into files; give the value itself, or let the tool read its variable from "
+                          f"the environment (W&B reads WANDB_API_KEY, verl's trackers their own)")
+
+
 def _holds_sweep(value: Any) -> bool:
     from hydra.core.override_parser.types import Sweep
 
@@ -424,6 +437,7 @@ def check_override_syntax(given: str, item: str) -> None:
 
     key, equals, value = given.partition("=")
     bare = key.lstrip("+~")
+    check_no_env_interpolation(f"{bare} = {value!r}", given)  # before Hydra or OmegaConf resolve it
     if not equals:
         return  # Hydra's own message for a deletion (~key) or a bare word
     try:

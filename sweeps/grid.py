@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from dataflex_rl.validation import ConfigError
-from sweeps.config import PRESET_DIR, SweepConfig
+from sweeps.config import PRESET_DIR, SweepConfig, check_no_env_interpolation
 
 ALPHA_KEY = "dataflex.actuator.params.alpha"
 ETA_KEY = "dataflex.actuator.params.eta"
@@ -104,6 +104,7 @@ def parse_extra(extra: Sequence[str]) -> tuple[list[str], list[Axis]]:
     common: list[str] = []
     axes: list[Axis] = []
     for item in extra:
+        check_no_env_interpolation(f"extra = {item!r}", item)
         try:
             override = parser.parse_override(item)
         except HydraException as error:

@@ -17,6 +17,8 @@ from sweeps.driver import concurrency, default_name, final_metric, mark_run_stor
 from sweeps.grid import expand_grid, parse_extra
 from sweeps.manifest import Manifest
 
+from .conftest import REPO
+
 
 def config_of(*argv: str):
     return load_config(list(argv))[1]
@@ -275,3 +277,22 @@ def test_bad_grid_input_is_refused_before_anything_without_a_traceback(tmp_path,
     error = capsys.readouterr().err
     assert message in error and "+trainer.lrr" not in error and "+lrr" not in error
     assert not (tmp_path / "runs").exists()
+
+
+def test_env_interpolations_are_refused_before_they_are_resolved_into_the_record(tmp_path, capsys, monkeypatch):
+    from sweeps.cli import main
+
+    monkeypatch.setenv("DATAFLEX_TEST_SECRET", "s3cret")
+    assert main([f"root={tmp_path}", "backend=verl", "dry_run=true",
+                 "extra=[verl.project=${oc.env:DATAFLEX_TEST_SECRET}]"]) == 2
+    output = capsys.readouterr()
+    assert "an ${oc.env:...} interpolation would be resolved into the recorded command lines" in output.err
+    assert "s3cret" not in output.out + output.err
+    experiment = tmp_path / "verl_secret.yaml"
+    source = (REPO / "conf" / "verl_experiment" / "verl_kk_3b.yaml").read_text()
+    experiment.write_text(source.replace("project: dataflex-rl", "project: ${oc.env:DATAFLEX_TEST_SECRET}"))
+    assert main([f"root={tmp_path}", "backend=verl", "dry_run=true", f"verl_experiment={experiment}",
+                 "extra=[verl.model=/m verl.data_dir=/d]"]) == 2
+    output = capsys.readouterr()
+    assert f"verl_experiment = '{experiment}' is not allowed: an ${{oc.env:...}}" in output.err
+    assert "s3cret" not in output.out + output.err

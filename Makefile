@@ -67,32 +67,30 @@ test-full: $(STAMP) ## Every test, including the long real runs
 bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 	$(PY) -m benchmarks
 
-# The overrides each target passes, blanks squeezed so the echoed command is one clean line.
-SWEEP_OVERRIDES = $(strip $(if $(ALPHA),alpha=$(ALPHA)) $(if $(SEEDS),seeds=$(SEEDS)) backend=$(BACKEND) \
-	launcher=$(LAUNCHER) $(if $(JOBS),jobs=$(JOBS)) $(if $(STEPS),steps=$(STEPS)) $(if $(SWEEP),name=$(SWEEP)) \
-	$(if $(MECH),mechanisms=$(MECH)) $(if $(ETA),eta=$(ETA)) $(if $(DRY_RUN),dry_run=true) \
-	$(if $(EXTRA),'extra=[$(EXTRA)]') $(if $(TARGET_MDE),target_mde=$(TARGET_MDE)) \
-	$(if $(MAX_SEEDS),max_seeds=$(MAX_SEEDS)) $(SWEEP_ARGS))
-TUNE_OVERRIDES = $(strip $(if $(SWEEP),name=$(SWEEP)) $(if $(STEPS),steps=$(STEPS)) $(if $(JOBS),jobs=$(JOBS)) \
-	$(if $(SEEDS),seeds=$(SEEDS)) $(if $(LR),tune_lr=true) $(if $(DRY_RUN),dry_run=true) launcher=$(LAUNCHER) \
-	$(if $(EXTRA),'extra=[$(EXTRA)]') $(SWEEP_ARGS))
+# Every variable reaches its command as data, never as shell text: exported as DATAFLEX_MAKE_<NAME> with its raw
+# value ($(value): make expands nothing in it either), read by sweeps/make.py, which prints the command it runs and
+# execs it with the values as separate arguments. Keep this list equal to sweeps.make.VARIABLES.
+MAKE_VARIABLES := ALPHA SEEDS MECH ETA STEPS JOBS SWEEP BACKEND LAUNCHER SWEEP_ARGS DRY_RUN EXTRA TARGET_MDE \
+	MAX_SEEDS LR ARGS
+$(foreach name,$(MAKE_VARIABLES),$(eval export DATAFLEX_MAKE_$(name) := $$(value $(name))))
+unexport $(MAKE_VARIABLES)  # make would otherwise expand each one given on the command line into the environment
 
 sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEEDS, JOBS, STEPS, SWEEP, EXTRA)
-	$(PY) -m sweeps $(SWEEP_OVERRIDES)
+	$(PY) -m sweeps.make sweep
 
 tune: $(STAMP) ## Optuna search over alpha, ~15 min (LR=1 adds trainer.lr; DRY_RUN=1 prints commands and estimate)
-	$(PY) -m sweeps.tune $(TUNE_OVERRIDES)
+	$(PY) -m sweeps.make tune
 
-report: $(STAMP) ## Write runs/$(SWEEP)/report/ (tables and plots) for a finished sweep
-	$(PY) -m analysis.report runs/$(SWEEP)
+report: $(STAMP) ## Write runs/<SWEEP>/report/ (tables and plots) for a finished sweep (default: the newest sweep)
+	$(PY) -m sweeps.make report
 
 notebook: $(STAMP) ## Open notebooks/alpha_sweep.ipynb in JupyterLab on the last sweep (or SWEEP=name)
 	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q -e '.[notebook]'
-	sweep_dir="$$($(PY) -c "from analysis.load import resolve_sweep_dir as r; print(r($(if $(SWEEP),'runs/$(SWEEP)',None)))")" \
+	sweep_dir="$$($(PY) -m sweeps.make notebook-dir)" \
 		&& echo "notebook on $$sweep_dir" && DATAFLEX_SWEEP_DIR="$$sweep_dir" $(PY) -m jupyterlab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/alpha_sweep.ipynb
 
 train: $(STAMP) ## One training run on the local CPU backend (ARGS="hydra overrides")
-	$(PY) -m dataflex_rl.train $(ARGS)
+	$(PY) -m sweeps.make train
 
 clean: ## Remove the virtualenv and caches (keeps runs/)
 	rm -rf $(VENV) .pytest_cache .hypothesis

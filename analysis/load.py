@@ -72,7 +72,7 @@ from dataflex_rl.tracking import run_store
 __all__ = [
     "CATEGORY_COLUMNS", "COMPLETED", "DEFAULT_CACHE_DIR", "ETA_CONFIG_KEY", "HISTOGRAM_COLUMNS", "IDENTITY_COLUMNS",
     "LONG_COLUMNS", "RUN_COLUMNS", "RUN_STATES", "SWEEP_DIR_ENV", "WANDB_IDENTITY_KEYS", "WANDB_STATES",
-    "NoRunStoreError", "RunMetrics", "SweepData", "add_run_columns", "build_long_table", "describe_run",
+    "NoRunStoreError", "RunMetrics", "SeveralSweepsError", "check_one_sweep", "sweeps_under", "SweepData", "add_run_columns", "build_long_table", "describe_run",
     "empty_histogram_table", "factor_columns", "find_run_dirs", "flatten_config", "load_histograms", "load_runs",
     "load_sweep", "load_wandb", "load_wandb_offline", "make_run_table", "parquet_safe", "read_histograms_file",
     "read_manifest", "read_metrics_jsonl", "read_metrics_parquet", "read_run_metrics", "resolve_sweep_dir",
@@ -89,6 +89,33 @@ ETA_CONFIG_KEY = "dataflex.actuator.params.eta"
 
 class NoRunStoreError(FileNotFoundError):
     """A folder given as a sweep holds no run store."""
+
+
+class SeveralSweepsError(ValueError):
+    """A folder given as one sweep holds several sweeps (``runs/`` itself)."""
+
+
+def sweeps_under(root: str | os.PathLike[str]) -> list[str]:
+    """Names of the sweep folders directly under ``root`` when ``root`` is a folder of sweeps (``runs/``): it has no
+    ``sweep.json`` and no run of its own, and a child holds a ``sweep.json`` or run folders. Empty otherwise."""
+    root = Path(root)
+    if not root.is_dir() or (root / "sweep.json").is_file() or run_store.is_run_store(root):
+        return []
+    children = sorted(child for child in root.iterdir() if child.is_dir() and not child.name.startswith("."))
+    if any(run_store.is_run_store(child) for child in children):
+        return []
+    return [child.name for child in children
+            if (child / "sweep.json").is_file() or any(run_store.is_run_store(run) for run in child.iterdir()
+                                                         if run.is_dir())]
+
+
+def check_one_sweep(sweep_dir: str | os.PathLike[str]) -> None:
+    """Refuse a folder of several sweeps where one sweep is expected (:class:`SeveralSweepsError` naming them)."""
+    names = sweeps_under(sweep_dir)
+    if len(names) > 1:
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise SeveralSweepsError(f"{sweep_dir} is a folder of sweeps ({shown}), not one sweep: give one of them, "
+                                 f"e.g. {Path(sweep_dir) / names[0]} (make report SWEEP={names[0]})")
 
 
 # --- small readers -----------------------------------------------------------------------------------------------
@@ -120,10 +147,11 @@ def _run_metrics(frame: pd.DataFrame) -> RunMetrics:
 
 
 def read_run_metrics(run_dir: str | os.PathLike[str], metrics: Sequence[str] | None = None,
-                     source: str | None = None) -> RunMetrics:
+                     source: str | None = None, skip_bad: bool = True) -> RunMetrics:
     """A run's metrics through the run store's reader (``metrics.parquet``, else ``metrics.jsonl``; ``source``
-    forces one); ``metrics``: keys or ``fnmatch`` globs. Corrupt jsonl lines are skipped with a warning."""
-    return _run_metrics(run_store.read_metrics(run_dir, metrics, source=source, skip_bad=True))
+    forces one); ``metrics``: keys or ``fnmatch`` globs. Corrupt jsonl lines are skipped with a warning (``skip_bad``;
+    False: they raise)."""
+    return _run_metrics(run_store.read_metrics(run_dir, metrics, source=source, skip_bad=skip_bad))
 
 
 def read_metrics_parquet(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunMetrics:
@@ -348,11 +376,14 @@ def _load_run_metrics(
         # A damaged parquet falls back to the jsonl it was compacted from, when that is still there.
         attempts = ["parquet", "jsonl"] if source == "parquet" else ["jsonl"]
         errors: list[str] = []
+        # A completed run claims every step: a line of it that cannot be read excludes it (named), where an
+        # unfinished run's torn last lines are skipped.
+        strict = row["state"] == COMPLETED
         for attempt in attempts:
             if run_store.metrics_source(run_dir) is None:
                 break
             try:
-                loaded[position] = read_run_metrics(run_dir, metrics, source=attempt)
+                loaded[position] = read_run_metrics(run_dir, metrics, source=attempt, skip_bad=not strict)
                 runs.iat[position, runs.columns.get_loc("metrics_source")] = attempt
                 break
             except FileNotFoundError:

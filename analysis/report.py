@@ -49,7 +49,7 @@ from analysis.aggregate import (
 from analysis.export import write_sweep_tables
 from analysis.html_report import write_report_html
 from analysis.power import plan_section, power_section, variance_section
-from analysis.load import IDENTITY_COLUMNS, SweepData, add_run_columns, load_sweep
+from analysis.load import IDENTITY_COLUMNS, SeveralSweepsError, SweepData, add_run_columns, check_one_sweep, load_sweep
 from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
 
@@ -175,14 +175,61 @@ def _excluded_table(data: SweepData) -> pd.DataFrame:
         columns={"exclusion_reason": "reason"}).reset_index(drop=True)
 
 
+# Files a report folder holds (what write_report writes); only a folder of these is replaced whole.
+REPORT_FILES = ("report.md", "report.html", "runs.csv", "table_*", "fig_*")
+
+
+def _is_report_folder(folder: Path) -> bool:
+    import fnmatch
+
+    return all(entry.is_file() and any(fnmatch.fnmatch(entry.name, pattern) for pattern in REPORT_FILES)
+               for entry in folder.iterdir())
+
+
 def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: ReportOptions = ReportOptions()) -> Path:
-    """Write the report of already loaded sweep data into ``out_dir``; return the path of ``report.md``."""
+    """Write the report of already loaded sweep data into ``out_dir``; return the path of ``report.md``.
+
+    The report is written into a hidden folder beside ``out_dir`` and swapped in when complete, so a report stopped
+    half way (a kill, a full disk) leaves the previous report whole and no empty figure beside it. An ``out_dir``
+    holding files a report does not write is written in place instead (nothing of it is removed)."""
+    import shutil
+    import tempfile
+
     out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.is_dir() and not _is_report_folder(out_dir):
+        return _write_report_files(data, out_dir, options)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.*.partial"):  # left by a report that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        _write_report_files(data, staging, options)
+        staging.chmod(0o777 & ~_umask())
+        previous = out_dir.parent / f".{out_dir.name}.{staging.name.split('.')[-2]}.old.partial"
+        if out_dir.exists():
+            os.replace(out_dir, previous)
+        os.replace(staging, out_dir)
+        shutil.rmtree(previous, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir / "report.md"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) -> Path:
+    """Every file of the report, into ``out_dir``; returns ``report.md``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     document = _Document(out_dir)
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
     data = _with_group_columns(data, group_keys)
     _header_section(document, data, group_keys, options)
+    _warning_section(document, data)
     data.runs.to_csv(out_dir / "runs.csv", index=False)
     _runs_sections(document, data, group_keys, options)
     table_metrics = _table_metrics(document, data, options)
@@ -241,6 +288,46 @@ def _header_section(document: _Document, data: SweepData, group_keys: Sequence[s
         f"(`scipy.stats.bootstrap`, {options.n_bootstrap} resamples, random_state {options.random_state}), given "
         f"from {MIN_BOOTSTRAP_N} seeds on (below, the bootstrap undercovers).", "",
     )
+
+
+def run_lengths(data: SweepData) -> dict[str, int]:
+    """run -> the last step it logged, for every included run with metrics."""
+    if not len(data.metrics):
+        return {}
+    return {str(run): int(step) for run, step in
+            data.metrics.groupby(data.metrics["run"].astype(str), observed=True)["step"].max().items()}
+
+
+def runs_without(data: SweepData, metric: str) -> list[str]:
+    """Included runs that logged no finite value of ``metric`` while others did (they drop out of its n)."""
+    included = [str(run) for run in data.included_runs["run"]]
+    rows = data.metrics[data.metrics["metric"].astype(str) == metric]
+    if not len(rows):
+        return []
+    have = set(rows["run"].astype(str))
+    return [run for run in included if run not in have]
+
+
+def _warning_section(document: _Document, data: SweepData) -> None:
+    """What makes the comparisons weaker than they look: runs of different lengths, runs without a table metric."""
+    lines = []
+    lengths = run_lengths(data)
+    if len(set(lengths.values())) > 1:
+        by_length: dict[int, list[str]] = {}
+        for run, step in sorted(lengths.items()):
+            by_length.setdefault(step, []).append(run)
+        listed = "; ".join(f"{step} steps: {', '.join(runs[:4])}{' ...' if len(runs) > 4 else ''}"
+                           for step, runs in sorted(by_length.items()))
+        lines.append(f"- **Runs of different lengths are compared**: {listed}. Final windows and AUCs of runs "
+                     "that end at different steps are not comparable; rerun the short ones to the same length "
+                     "(a larger `steps` resumes them).")
+    for metric in DEFAULT_METRICS:
+        missing = runs_without(data, metric)
+        if missing:
+            lines.append(f"- {len(missing)} included run(s) logged no finite `{metric}`, so they are left out of its "
+                         f"n: {', '.join(missing)}.")
+    if lines:
+        document.add("## Warnings", "", *lines, "")
 
 
 def _runs_sections(document: _Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
@@ -457,6 +544,7 @@ def build_report(
 ) -> Path:
     """Load ``sweep_dir``, write its sweep-level ``metrics.parquet`` and ``runs.parquet`` (:mod:`analysis.export`)
     and its report into ``out_dir`` (default ``<sweep_dir>/report``); return ``report.md``."""
+    check_one_sweep(sweep_dir)  # nothing is written into a folder of several sweeps (runs/ itself)
     data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete, require_runs=True)
     # the sweep-level tables hold the completed runs' metrics; a single run folder keeps its own files
     if not options.include_incomplete and not (Path(sweep_dir) / "meta.json").is_file():
@@ -500,7 +588,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0, or 2 when the sweep folder or a group key does not exist)."""
+    """Entry point; returns the exit status (0, or 2 when the sweep folder or a group key does not exist, or the folder
+    holds several sweeps)."""
     arguments = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     options = ReportOptions(
@@ -512,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         report_path = build_report(arguments.sweep_dir, arguments.out, options)
-    except (FileNotFoundError, KeyError) as exc:
+    except (FileNotFoundError, KeyError, SeveralSweepsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"report written to {report_path}")

@@ -7,6 +7,8 @@ evaluation. The run store, W&B and the analysis package all use these strings.
 
 from __future__ import annotations
 
+import re
+
 # --- mechanism (dataflex/...) -------------------------------------------------------------------------------
 ACTIVE = "dataflex/active"
 WEIGHT_PREFIX = "dataflex/weight"
@@ -94,3 +96,39 @@ def grad_by_prob(label: str, stat: str) -> str:
 
 
 GRAD_LOW_PROB_SHARE = f"{GRAD_BY_PROB_PREFIX}/low_prob_share"  # share of the logit-gradient norm from pi < 0.5
+
+
+# --- which names are metric keys ---------------------------------------------------------------------------
+# Keys built by the functions above, as patterns (a stage's actor metric, a difficulty's accuracy, a bucket's statistic).
+METRIC_PATTERNS = (
+    (re.compile(r"actor/stage\d+/[\w.]+"), "actor/stage<i>/<name>"),
+    (re.compile(re.escape(VAL_ACCURACY) + r"/d\d+"), f"{VAL_ACCURACY}/d<difficulty>"),
+    (re.compile(re.escape(GRAD_BY_PROB_PREFIX) + r"/\d\.\d\d-\d\.\d\d/\w+"), f"{GRAD_BY_PROB_PREFIX}/<bucket>/<stat>"),
+)
+_NOT_SCALARS = {"WEIGHT_PREFIX", "GRAD_BY_PROB_PREFIX", "HIST_WEIGHT", "HIST_TOKEN_PROB"}
+
+
+def scalar_keys() -> tuple[str, ...]:
+    """Every fixed scalar metric key of this module (the string constants and ``WEIGHT_KEYS``), sorted."""
+    fixed = {value for name, value in globals().items()
+             if name.isupper() and isinstance(value, str) and name not in _NOT_SCALARS}
+    return tuple(sorted(fixed | set(WEIGHT_KEYS)))
+
+
+def is_metric_key(key: str) -> bool:
+    """Whether the local backend logs ``key`` (a fixed key or one of :data:`METRIC_PATTERNS`)."""
+    return key in scalar_keys() or any(pattern.fullmatch(key) for pattern, _ in METRIC_PATTERNS)
+
+
+def check_metric_key(name: str, key: object) -> str:
+    """``key`` if it is a metric the local backend logs; ConfigError naming ``name``, the value and the keys."""
+    from dataflex_rl.validation import ConfigError
+
+    if not isinstance(key, str) or not is_metric_key(key):
+        import difflib
+
+        close = difflib.get_close_matches(key, scalar_keys(), n=2, cutoff=0.6) if isinstance(key, str) else []
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise ConfigError(f"{name} = {key!r} is not allowed: not a metric the trainer logs{hint}; allowed: "
+                          f"{', '.join(scalar_keys())}, or {', '.join(label for _, label in METRIC_PATTERNS)}")
+    return key

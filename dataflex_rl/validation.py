@@ -10,11 +10,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
-           "check_non_negative_int", "check_number", "check_unit_interval", "to_plain", "unknown_keys"]
+__all__ = ["SEED_MODULUS", "ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
+           "check_non_negative_int", "check_number", "check_seed", "check_unit_interval", "to_plain", "unknown_keys",
+           "unknown_override_message"]
+
+# A run's per-step RNG seeds are taken modulo this prime (:func:`dataflex_rl.local.trainer.step_seed`), so a run seed
+# is allowed in [0, SEED_MODULUS - 1] only: there distinct seeds give distinct per-step seeds, while a larger seed
+# repeats the runs of ``seed % SEED_MODULUS`` bit for bit.
+SEED_MODULUS = 2**31 - 1
 
 
 class ConfigError(ValueError):
@@ -56,6 +63,18 @@ def check_non_negative_int(key: str, value: Any) -> int:
     """An integer >= 0 (booleans refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= 0")
+    return int(value)
+
+
+def check_seed(key: str, value: Any) -> int:
+    """A run seed: an integer in ``[0, SEED_MODULUS - 1]`` (see :data:`SEED_MODULUS`), booleans refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ConfigError(f"{key} = {value!r} is not allowed: a seed is an integer in [0, {SEED_MODULUS - 1}]")
+    if value >= SEED_MODULUS:
+        same = int(value) % SEED_MODULUS
+        raise ConfigError(f"{key} = {value!r} is not allowed: a seed is an integer in [0, {SEED_MODULUS - 1}] "
+                          f"(the per-step seeds are taken mod 2^31 - 1 = {SEED_MODULUS}, so {value} would repeat "
+                          f"the runs of seed {same})")
     return int(value)
 
 
@@ -106,3 +125,34 @@ def check_number(key: str, value: Any, *, minimum: float | None = None, exclusiv
     if minimum is not None and (float(value) <= minimum if exclusive else float(value) < minimum):
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be {'>' if exclusive else '>='} {minimum}")
     return float(value)
+
+
+_NOT_IN_CONFIG = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_override_message(error: BaseException, overrides: list[str] | tuple[str, ...],
+                             compose: Any) -> str | None:
+    """For Hydra's refusal of an override whose key the config lacks (``Could not override 'trainer.lrr'``, which
+    suggests ``+trainer.lrr``, refused in turn): ``"trainer.lrr = '1e-3' is not allowed: trainer has no key 'lrr';
+    allowed keys of trainer: ..."``. ``compose(overrides)`` composes the config with the other overrides (the keys
+    listed are those of the groups they pick). None for any other error."""
+    found = _NOT_IN_CONFIG.search(str(error))
+    if not found:
+        return None
+    key = found.group(1)
+    given = [item for item in overrides if item.lstrip("+~").split("=", 1)[0] == key]
+    value = given[-1].split("=", 1)[1] if given and "=" in given[-1] else None
+    parent, _, leaf = key.rpartition(".")
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        base = compose([item for item in overrides if item not in given])
+        node = OmegaConf.select(base, parent) if parent else base
+        allowed = [str(name) for name in node.keys()] if isinstance(node, DictConfig) else None
+    except Exception:  # noqa: BLE001  (the listing is a courtesy; the refusal stands without it)
+        allowed = None
+    where = parent or "the config"
+    if allowed is None:
+        return f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}"
+    return (f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}; allowed keys"
+            f"{' of ' + parent if parent else ''}: {', '.join(allowed)}")

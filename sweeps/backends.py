@@ -16,6 +16,7 @@ from sweeps.commands import (
     LOG_FOLDER,
     PlannedRun,
     check_gpu_available,
+    common_config,
     local_overrides,
     local_warm_starts,
     thread_environment,
@@ -54,6 +55,11 @@ class Backend:
 
     def check_machine(self, config: SweepConfig) -> None:
         """Refuse a sweep this machine cannot run (before planning the runs)."""
+
+    def common_config(self, config: SweepConfig) -> dict | None:
+        """The resolved settings every run shares, flattened, that a rerun of the sweep is compared on; None: the
+        common overrides' text is compared instead."""
+        return None
 
     def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                     threads: int | None) -> list[PlannedRun]:
@@ -95,6 +101,11 @@ class LocalBackend(Backend):
                     threads: int | None) -> list[PlannedRun]:
         """One SFT warm start per SFT-relevant axis combination, unless cached (:func:`local_warm_starts`)."""
         return local_warm_starts(config, specs, sweep_dir, threads)
+
+    def common_config(self, config: SweepConfig) -> dict | None:
+        """The resolved train config of the common settings (:func:`sweeps.commands.common_config`), unless
+        ``validate=false`` (a stand-in trainer, whose config is not conf/train.yaml)."""
+        return common_config(config) if config.validate else None
 
 
 @BACKENDS.register("verl")

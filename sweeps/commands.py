@@ -26,9 +26,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dataflex_rl.validation import ConfigError
+from dataflex_rl.validation import ConfigError, unknown_override_message
 from dataflex_rl.verl.check import quiet_verl_import
-from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig
+from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig, check_no_env_interpolation
 from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
 
 _PLAIN = re.compile(r"[\w\-./]+")
@@ -128,8 +128,35 @@ def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[
             except ConfigError as error:
                 raise ConfigError(f"run {name}: {error}") from None
             except (HydraException, OmegaConfBaseException) as error:
+                unknown = unknown_override_message(
+                    error, list(overrides), lambda others: compose(config_name="train", overrides=others))
+                if unknown:
+                    raise ConfigError(f"run {name}: {unknown}") from None
                 raise ConfigError(f"run {name}: bad override in {' '.join(overrides)}: {error}") from None
     return parsed
+
+
+# Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them).
+RUN_PLACE_KEYS = ("run_dir", "sweep", "run_name", "seed", "axes", "mode", "threads", "mechanism_label")
+
+
+def common_config(config: SweepConfig) -> dict[str, Any]:
+    """The resolved ``conf/train.yaml`` the sweep's common settings give (``steps`` and the common ``extra``
+    overrides, no cell's own), flattened to dotted keys, minus the keys that cannot change a run's numbers
+    (:data:`~dataflex_rl.tracking.run_store.FINGERPRINT_IGNORED`) and :data:`RUN_PLACE_KEYS`: what a rerun of the
+    sweep is compared on (``sweep.json`` ``grid.common_config``), as a run's resume compares its resolved config."""
+    from hydra import compose, initialize_config_dir
+
+    from dataflex_rl.tracking.run_store import FINGERPRINT_IGNORED, flatten_config
+
+    common, _ = parse_extra(config.extra)
+    overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
+    overrides += [*common, "run_dir=."]
+    with _quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        resolved = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=True)
+    dropped = (*FINGERPRINT_IGNORED, *RUN_PLACE_KEYS, "hydra")
+    return {key: value for key, value in flatten_config(resolved).items()
+            if not any(key == prefix or key.startswith(prefix + ".") for prefix in dropped)}
 
 
 def warm_start_cached(train_config: Any) -> bool:
@@ -163,8 +190,10 @@ def preset_overrides(name: str) -> list[str]:
 
 def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
     """The verl argv of one run (validated by the command builder: bad dataflex values raise ConfigError)."""
-    from dataflex_rl.verl.command import build_verl_command, hydra_value
+    from dataflex_rl.verl.command import build_verl_command, hydra_value, resolve_experiment
 
+    experiment = resolve_experiment(config.verl_experiment)
+    check_no_env_interpolation(f"verl_experiment = {str(experiment)!r}", experiment.read_text(encoding="utf-8"))
     common, _ = parse_extra(config.extra)
     _check_steps_once(config, common, "trainer.total_training_steps")
     dataflex = preset_overrides(spec.mechanism) if spec.mechanism else []

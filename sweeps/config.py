@@ -28,7 +28,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number, to_plain
+from dataflex_rl.keys import check_metric_key
+from dataflex_rl.validation import (
+    SEED_MODULUS,
+    ConfigError,
+    check_choice,
+    check_int_at_least,
+    check_number,
+    check_seed,
+    to_plain,
+    unknown_override_message,
+)
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY
 from sweeps.launchers import canonical_launcher, launcher_class, parse_settings
 
@@ -45,6 +55,9 @@ DEFAULT_ALPHA = (0.0, 0.5)
 DEFAULT_SEEDS = tuple(range(1, 9))
 DEFAULT_LOCAL_STEPS = 120
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# A sweep name is a folder name and W&B's run group: at most this many characters (folders allow 255 bytes, and the
+# sweep's run folders and lock files live inside it).
+MAX_NAME_LENGTH = 128
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0", "")
 
@@ -54,6 +67,18 @@ _FALSE = ("false", "no", "off", "0", "")
 # (the model's matmuls are too small to split); rerun it on a quiet machine with cores to spare before raising
 # this. threads=N overrides it.
 SINGLE_RUN_THREADS = 1
+
+
+def check_sweep_name(name: str, key: str = "name") -> str:
+    """``name`` if it is a sweep name: a folder name of letters, digits, '.', '_' and '-', starting with a letter or
+    digit, at most :data:`MAX_NAME_LENGTH` characters; :class:`ConfigError` naming ``key`` otherwise."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"{key} = {name!r} is not allowed: a sweep name is a folder name of letters, digits, '.', "
+                          f"'_' and '-', starting with a letter or digit")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigError(f"{key} = {name[:20]!r}... ({len(name)} characters) is not allowed: a sweep name has at "
+                          f"most {MAX_NAME_LENGTH} characters")
+    return name
 
 
 def available_cores() -> int:
@@ -101,9 +126,8 @@ class SweepConfig:
     launcher_settings: Any = None  # the launcher's typed ``<launcher>:`` block (sweeps/launchers/), None if it has none
 
     def __post_init__(self) -> None:
-        if self.name is not None and not _NAME.fullmatch(self.name):
-            raise ConfigError(f"name = {self.name!r} is not allowed: a sweep name is a folder name of letters, "
-                              f"digits, '.', '_' and '-', starting with a letter or digit")
+        if self.name is not None:
+            check_sweep_name(self.name)
         check_choice("backend", self.backend, BACKENDS)
         self._check_launcher()
         if not self.seeds:
@@ -125,6 +149,8 @@ class SweepConfig:
             check_int_at_least("jobs", self.jobs, 1)
         if self.threads is not None:
             check_int_at_least("threads", self.threads, 1)
+        if self.backend == "local":  # verl runs log verl's own keys besides these
+            check_metric_key("plan_metric", self.plan_metric)
         check_number("grace_s", self.grace_s, minimum=0.0)
         check_number("poll_s", self.poll_s, minimum=0.0, exclusive=True)
         if not re.fullmatch(r"[A-Za-z_][\w.]*", self.train_module):
@@ -198,13 +224,18 @@ def _parse_alpha(value: Any) -> tuple[float, ...]:
 
 
 def _parse_seeds(value: Any) -> tuple[int, ...]:
+    """The seed axis: each an allowed run seed (:func:`check_seed`), and no two giving the same runs."""
     seeds = []
     for item in _as_list("seeds", value):
         if isinstance(item, str) and item.strip().isdigit():
             item = int(item)
-        if isinstance(item, bool) or not isinstance(item, numbers.Integral) or item < 0:
-            raise ConfigError(f"seeds = {item!r} is not allowed: a seed is an integer >= 0")
-        seeds.append(int(item))
+        seeds.append(check_seed("seeds", item))
+    by_stream: dict[int, int] = {}
+    for seed in _unique(seeds):  # unreachable with check_seed's range; kept as the sweep's own rule
+        other = by_stream.setdefault(seed % SEED_MODULUS, seed)
+        if other != seed:
+            raise ConfigError(f"seeds = {seed} is not allowed together with seed {other}: both give the same runs "
+                              f"(per-step seeds are taken mod {SEED_MODULUS})")
     return _unique(seeds)
 
 
@@ -372,6 +403,58 @@ def check_launcher_overrides(overrides: Sequence[str]) -> None:
             raise ConfigError(foreign_settings_message(key.lstrip("+~"), value, chosen))
 
 
+_ENV_INTERPOLATION = re.compile(r"\$\{\s*oc\.env\s*:")
+
+
+def check_no_env_interpolation(where: str, text: str) -> None:
+    """Refuse ``${oc.env:NAME}`` in what becomes a recorded command line or config: it would be resolved into
+    ``sweep.json`` and the runs' ``config.yaml``, writing a secret it names into files."""
+    if _ENV_INTERPOLATION.search(text):
+        raise ConfigError(f"{where} is not allowed: an ${{oc.env:...}} interpolation would be resolved into the "
+                          f"recorded command lines (sweep.json) and run configs, writing the variable's value (a "
+                          f"secret?) into files; give the value itself, or let the tool read its variable from "
+                          f"the environment (W&B reads WANDB_API_KEY, verl's trackers their own)")
+
+
+def _holds_sweep(value: Any) -> bool:
+    from hydra.core.override_parser.types import Sweep
+
+    if isinstance(value, Sweep):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_sweep(item) for item in value)
+    if isinstance(value, Mapping):
+        return any(_holds_sweep(item) for item in value.values())
+    return False
+
+
+def check_override_syntax(given: str, item: str) -> None:
+    """One command-line argument (``given``, as typed; ``item``, as normalized) must be an override Hydra's grammar
+    reads, and a list key's value a list of values (no ``range(...)``): :class:`ConfigError` naming the key and the
+    value as typed, before Hydra composes anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    key, equals, value = given.partition("=")
+    bare = key.lstrip("+~")
+    check_no_env_interpolation(f"{bare} = {value!r}", given)  # before Hydra or OmegaConf resolve it
+    if not equals:
+        return  # Hydra's own message for a deletion (~key) or a bare word
+    try:
+        override = OverridesParser.create().parse_override(item)
+    except HydraException as error:
+        if bare == "name":
+            check_sweep_name(value)
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f"{bare} = {value!r} is not allowed: Hydra's override grammar cannot read it ({reason}); "
+                          f"quote a value holding spaces or any of ()[]{{}},;:=$'\" (e.g. {bare}=\"'a b'\")") \
+            from None
+    if bare in LIST_KEYS and (override.is_sweep_override() or _holds_sweep(override.value())):
+        raise ConfigError(f"{bare} = {value!r} is not allowed: give the values themselves, e.g. {bare}=1,2 "
+                          f"(sweep functions such as range(...) or choice(...) are for extra axes: "
+                          f"extra=[key=range(1,4)])")
+
+
 def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     """Compose ``conf/sweeps/<config_name>.yaml`` with the (normalized) overrides; Hydra's errors become
     :class:`ConfigError`."""
@@ -380,9 +463,15 @@ def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = normalize_argv(argv)
+    for given, item in zip(argv, overrides, strict=True):
+        check_override_syntax(given, item)
     check_launcher_overrides(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
+        try:
             return compose(config_name=config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(f"bad sweep override in {' '.join(overrides)}: {error}") from None
+        except (HydraException, OmegaConfBaseException) as error:
+            unknown = unknown_override_message(
+                error, overrides, lambda others: compose(config_name=config_name, overrides=others))
+            if unknown:
+                raise ConfigError(unknown) from None
+            raise ConfigError(f"bad sweep override in {' '.join(overrides)}: {error}") from None

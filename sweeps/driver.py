@@ -80,9 +80,10 @@ def plan_sweep(config: SweepConfig, name: str | None = None) -> SweepPlan:
     specs = expand_grid(config)
     jobs, threads = concurrency(config, len(specs))
     backend_for(config).check_machine(config)
+    runs = plan_runs(config, specs, name, sweep_dir, threads)  # validates every run's config first
     return SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads,
                      warm_starts=plan_warm_starts(config, specs, sweep_dir, warm_start_threads(config, threads)),
-                     runs=plan_runs(config, specs, name, sweep_dir, threads))
+                     runs=runs, common_config=backend_for(config).common_config(config))
 
 
 def run_sweep(config: SweepConfig, argv: Sequence[str] = ()) -> int:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from dataflex_rl.validation import ConfigError
-from sweeps.config import PRESET_DIR, SweepConfig
+from sweeps.config import PRESET_DIR, SweepConfig, check_no_env_interpolation
 
 ALPHA_KEY = "dataflex.actuator.params.alpha"
 ETA_KEY = "dataflex.actuator.params.eta"
@@ -35,6 +35,7 @@ MANAGED_KEYS = {
     "axes": "the driver records the grid's axes itself",
     ALPHA_KEY: "use alpha=0.0,0.5",
 }
+MAX_RUN_NAME_BYTES = 255  # a run's folder name (NAME_MAX of the usual file systems)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _NUMERIC = re.compile(r"[-+]?(\d|\.\d)")
 
@@ -96,12 +97,14 @@ def preset_has_param(preset: str, name: str) -> bool:
 def parse_extra(extra: Sequence[str]) -> tuple[list[str], list[Axis]]:
     """Split ``extra`` into (common overrides, axes), refusing overrides of the keys the driver manages."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     common: list[str] = []
     axes: list[Axis] = []
     for item in extra:
+        check_no_env_interpolation(f"extra = {item!r}", item)
         try:
             override = parser.parse_override(item)
         except HydraException as error:
@@ -111,7 +114,14 @@ def parse_extra(extra: Sequence[str]) -> tuple[list[str], list[Axis]]:
             raise ConfigError(f"extra = {item!r} is not allowed: {key} is set by the sweep driver; "
                               f"{MANAGED_KEYS[key]}")
         if override.is_sweep_override():
+            if override.value_type in (ValueType.GLOB_CHOICE_SWEEP, ValueType.INTERVAL_SWEEP):
+                raise ConfigError(f"extra = {item!r} is not allowed: an axis lists its values (key=a,b, "
+                                  f"choice(a,b) or range(start,stop[,step])); glob(...) and interval(...) give no "
+                                  f"list of values to run")
             values = tuple(dict.fromkeys(override.sweep_string_iterator()))
+            if not values:
+                raise ConfigError(f"extra = {item!r} is not allowed: the axis {key} has no values (an empty range "
+                                  f"runs nothing); give at least one value, e.g. range(1,3)")
             if any(axis.bare_key == key for axis in axes):
                 raise ConfigError(f"extra = {item!r} is not allowed: {key} is already an axis")
             axes.append(Axis(override.get_key_element(), values))
@@ -188,6 +198,11 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
             specs.append(RunSpec(name="-".join(name_parts), seed=seed, alpha=alpha, mechanism=mechanism, eta=eta,
                                  axes=dict(cell), overrides=tuple(overrides), axis_keys=axis_keys))
     names = [spec.name for spec in specs]
+    too_long = [name for name in names if len(name.encode()) > MAX_RUN_NAME_BYTES]
+    if too_long:
+        raise ConfigError(f"extra = {list(config.extra)!r} is not allowed: the run name {too_long[0][:40]!r}... has "
+                          f"{len(too_long[0].encode())} bytes, a folder name at most {MAX_RUN_NAME_BYTES}; use "
+                          f"shorter axis values")
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ConfigError(f"extra = {list(config.extra)!r} is not allowed: two grid cells get the run name "

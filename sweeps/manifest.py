@@ -18,10 +18,13 @@ Layout::
 
 Runs of an earlier invocation that are not in the current grid stay in ``runs`` untouched.
 
-A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps`` and common overrides
-(``grid.common_overrides``), hashed into ``fingerprint``. Running the name again with other settings is refused
+A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps`` and the resolved train
+config its common overrides give (``grid.common_config``, flattened, without the keys that cannot change a run's
+numbers; the text of ``grid.common_overrides`` where the record has no resolved config), hashed into
+``fingerprint``. Running the name again with other settings is refused
 (:class:`SweepMismatchError`, naming each differing setting); running it with more alphas, seeds, mechanisms, eta or
-extra-axis values and the same settings grows the sweep (only the new runs start).
+extra-axis values and the same settings grows the sweep (only the new runs start). A new axis (an extra axis, or
+mechanisms/alpha/eta where the sweep had none) or a dropped one is refused the same way, naming it.
 """
 
 from __future__ import annotations
@@ -79,12 +82,23 @@ def _override_settings(overrides: Any) -> dict[str, str]:
     return settings
 
 
-def sweep_settings(header: Mapping[str, Any]) -> dict[str, Any]:
+def _has_common_config(header: Mapping[str, Any]) -> bool:
+    grid = header.get("grid")
+    return isinstance(grid, Mapping) and isinstance(grid.get("common_config"), Mapping)
+
+
+def sweep_settings(header: Mapping[str, Any], resolved: bool | None = None) -> dict[str, Any]:
     """The settings of a sweep header that fix its numbers besides the axes: :data:`SETTING_FIELDS` present in
-    the header, and each common override as ``override <key>``."""
+    the header, then the resolved common config as ``config <key>`` (``grid.common_config``, local backend), or
+    each common override's text as ``override <key>`` (``resolved=False``, or a header without a resolved config)."""
     settings: dict[str, Any] = {field: header[field] for field in SETTING_FIELDS if field in header}
     grid = header.get("grid")
-    if isinstance(grid, Mapping):
+    if resolved is None:
+        resolved = _has_common_config(header)
+    if resolved and _has_common_config(header):
+        for key, value in grid["common_config"].items():
+            settings[f"config {key}"] = value
+    elif isinstance(grid, Mapping):
         for key, value in _override_settings(grid.get("common_overrides")).items():
             settings[f"override {key}"] = value
     return settings
@@ -96,6 +110,38 @@ def sweep_fingerprint(header: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
+# Axes of the grid besides the extra ones: sweep.json's grid list -> the name messages use.
+GRID_AXES = (("mechanism", "mechanisms"), ("alpha", "alpha"), ("eta", "eta"))
+
+
+def grid_axes(header: Mapping[str, Any]) -> list[str]:
+    """The axes a sweep header's grid varies besides the seed: ``mechanisms``, ``alpha`` and ``eta`` when listed, then
+    each extra axis's key; None-safe for an older header without a grid (empty)."""
+    grid = header.get("grid")
+    if not isinstance(grid, Mapping):
+        return []
+    named = [name for field, name in GRID_AXES if grid.get(field)]
+    return [*named, *(str(key).lstrip("+~") for key in (grid.get("axes") or {}))]
+
+
+def check_sweep_axes(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
+    """A sweep grows only along its recorded axes (more values, more seeds): an axis added or dropped would put runs
+    of another design into the same record, which its report cannot pair. Raises :class:`SweepMismatchError` naming
+    each added and dropped axis. Not compared when either header lacks a grid (an older sweep.json)."""
+    if not isinstance(previous.get("grid"), Mapping) or not isinstance(header.get("grid"), Mapping):
+        return
+    before, after = grid_axes(previous), grid_axes(header)
+    added = [axis for axis in after if axis not in before]
+    dropped = [axis for axis in before if axis not in after]
+    if added or dropped:
+        changes = "; ".join([*(f"new axis {axis}" for axis in added), *(f"axis {axis} dropped" for axis in dropped)])
+        raise SweepMismatchError(
+            f"sweep {sweep_dir.name} was run along the axes {', '.join(before) or '(seed only)'} (and seed); now: "
+            f"{changes}. A sweep grows only along its own axes (more values, more seeds): give the new design a new "
+            f"sweep name"
+        )
+
+
 def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
     """Refuse running ``sweep_dir`` with ``header`` when its settings differ from the recorded ``previous`` ones.
 
@@ -103,10 +149,12 @@ def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: M
     headers have a grid. Raises :class:`SweepMismatchError` naming each differing setting, recorded and new value.
     """
     absent = "<absent>"
-    before, after = sweep_settings(previous), sweep_settings(header)
+    # resolved configs when both headers have one (as a run's resume compares them), else the overrides' text
+    resolved = _has_common_config(previous) and _has_common_config(header)
+    before, after = sweep_settings(previous, resolved), sweep_settings(header, resolved)
     compared = {field for field in SETTING_FIELDS if field in previous}
     if isinstance(previous.get("grid"), Mapping) and isinstance(header.get("grid"), Mapping):
-        compared |= {key for key in before.keys() | after.keys() if key.startswith("override ")}
+        compared |= {key for key in before.keys() | after.keys() if key.startswith(("config ", "override "))}
     differences = [(key, before.get(key, absent), after.get(key, absent)) for key in sorted(compared)
                    if before.get(key, absent) != after.get(key, absent)]
     if differences:
@@ -130,6 +178,7 @@ class Manifest:
         previous = read_manifest(sweep_dir) or {}
         if previous:
             check_sweep_settings(sweep_dir, previous, header)
+            check_sweep_axes(sweep_dir, previous, header)
         now = utc_now()
         self.data: dict[str, Any] = {
             **header,

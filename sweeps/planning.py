@@ -112,7 +112,8 @@ def pilot_spreads(sweep_dir: Path, metric: str, pilot_seeds: Sequence[int],
     pilot = included[included["seed"].isin(list(pilot_seeds))]
     group_keys = default_group_keys(pilot)
     if metric not in set(data.metric_names):
-        raise ValueError(f"plan_metric = {metric!r} was not logged by the pilot runs; logged: {data.metric_names}")
+        logged = load_sweep(sweep_dir, histograms=False).metric_names  # every key, not only the one asked for
+        raise ValueError(f"plan_metric = {metric!r} was not logged by the pilot runs; logged: {logged}")
     long = data.metrics[data.metrics["run"].isin(pilot["run"])]
     summaries = run_summaries(long, metrics=[metric], final_window=final_window)
     baseline = default_baseline(summaries, group_keys)

@@ -53,11 +53,15 @@ class SweepPlan:
     threads: int | None
     warm_starts: list[PlannedRun]
     runs: list[PlannedRun]
+    common_config: dict[str, Any] | None = None  # the backend's resolved common settings (Backend.common_config)
 
     def header(self) -> dict[str, Any]:
         """The sweep.json header: what fixes the sweep besides its runs."""
+        grid = grid_description(self.config)
+        if self.common_config is not None:
+            grid["common_config"] = self.common_config
         return {"sweep": self.name, "backend": self.config.backend, "launcher": self.config.launcher,
-                "grid": grid_description(self.config), "steps": self.config.steps, "jobs": self.jobs,
+                "grid": grid, "steps": self.config.steps, "jobs": self.jobs,
                 "threads": self.threads, "train_module": self.config.train_module}
 
 
@@ -72,15 +76,66 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def mark_run_store(run_dir: Path, state: str, error: str) -> None:
-    """After the process is gone: turn a ``running`` status.json (the run could not write its own end, e.g. after
-    SIGKILL) into ``state`` with ``error``, so the run store never claims a dead run is running."""
-    status = read_status(run_dir)
-    if status is None or status.get("state") != "running":
-        return
-    from dataflex_rl.tracking.run_store import RunStore
+def run_lock_holder(run_dir: Path) -> str | None:
+    """Who writes ``run_dir`` now: the run store's message naming the live process holding its lock (its pid), or
+    None when no process does (nothing is created for a run folder that does not exist)."""
+    from dataflex_rl.tracking.run_store import LOCK_FILE, RunLock, RunLockedError
 
-    RunStore(run_dir).set_status(state, step=status.get("step"), error=error)
+    if not (run_dir / LOCK_FILE).is_file():
+        return None
+    try:
+        RunLock(run_dir).acquire().release()
+    except RunLockedError as error:
+        return str(error)
+    return None
+
+
+def mark_run_store(run_dir: Path, state: str, error: str) -> str | None:
+    """After the process is gone: turn a ``running`` status.json (the run could not write its own end, e.g. after
+    SIGKILL) into ``state`` with ``error``, so the run store never claims a dead run is running.
+
+    Written under the run's lock: a run store whose lock another live process holds is that process's, and is left
+    alone; the holder's message (naming its pid) is returned then, else None."""
+    from dataflex_rl.tracking.run_store import RunLock, RunLockedError, RunStore
+
+    if read_status(run_dir) is None:
+        return run_lock_holder(run_dir)
+    try:
+        lock = RunLock(run_dir).acquire()
+    except RunLockedError as holder:
+        return str(holder)
+    try:
+        status = read_status(run_dir)
+        if status is not None and status.get("state") == "running":
+            store = RunStore(run_dir)
+            steps = [step for step in (status.get("step"), _last_logged_step(store)) if isinstance(step, int)]
+            store.set_status(state, step=max(steps) if steps else None, error=error)
+    finally:
+        lock.release()
+    return None
+
+
+def _last_logged_step(store: Any) -> int | None:
+    """The last step a run logged (its ``status.json`` step may be older: a killed run writes no end)."""
+    try:
+        return store.last_logged_step()
+    except (OSError, ValueError):
+        return None
+
+
+def unreadable_record(run_dir: Path) -> str | None:
+    """Why a run folder's record cannot be trusted as a completed run (a damaged ``status.json`` or ``meta.json``),
+    or None when both read (or the run never started)."""
+    from dataflex_rl.tracking import run_store
+
+    if not run_dir.is_dir():
+        return None
+    for read in (run_store.read_status, run_store.read_meta):
+        try:
+            read(run_dir)
+        except (OSError, ValueError) as error:
+            return str(error)
+    return None
 
 
 def final_metric(run_dir: Path, key: str) -> float | None:
@@ -165,8 +220,12 @@ class SweepRunner:
         for run in runs:
             previous = self.manifest.previous(run.name) or {}
             status = read_status(run.run_dir)
-            completed = (status.get("state") == "completed" if status is not None
-                         else previous.get("state") == "completed" and previous.get("exit_code") == 0)
+            damaged = unreadable_record(run.run_dir)
+            if damaged is not None:  # sweep.json's "completed" is not the run store's word: run it again
+                self.say(f"run {run.name} is not counted as completed: {damaged}")
+            completed = damaged is None and (
+                status.get("state") == "completed" if status is not None
+                else previous.get("state") == "completed" and previous.get("exit_code") == 0)
             if completed:
                 self._entry(run, state="completed", exit_code=previous.get("exit_code", 0),
                             error=None)
@@ -175,6 +234,11 @@ class SweepRunner:
                 if self.launcher.still_running(previous.get("launch", {}), run):
                     raise ConfigError(f"run {run.name} is still running from an earlier invocation "
                                       f"({previous.get('launch')}); stop it or wait for it before resuming the sweep")
+            holder = run_lock_holder(run.run_dir)
+            if holder is not None:
+                raise ConfigError(f"run {run.name}: {holder} (started outside this sweep's driver); the sweep "
+                                  f"leaves its run store to that process: resume the sweep after it ends")
+            if previous.get("state") == "running":
                 mark_run_store(run.run_dir, "interrupted", "its sweep driver ended before the run did")
             self._entry(run, state="pending", exit_code=None, error=None)
             to_launch.append(run)
@@ -214,7 +278,9 @@ class SweepRunner:
             state = "failed"
         error = describe_exit(outcome)
         if not warm_start and state != "completed":
-            mark_run_store(job.run.run_dir, state, error or state)
+            holder = mark_run_store(job.run.run_dir, state, error or state)
+            if holder is not None:  # the run was refused: another live process writes it (its store is untouched)
+                error = f"{error or state}: {holder}; its run store was left to that process"
         entry = self._entry(job.run, warm_start=warm_start)
         wall = float(entry.get("wall_time_s") or 0.0) + (time.monotonic() - job.started)
         self._entry(job.run, warm_start=warm_start, state=state, exit_code=outcome.exit_code, end=utc_now(),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
+from dataflex_rl.keys import check_metric_key
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain, unknown_keys
 from sweeps.backends import plan_runs, plan_warm_starts
 from sweeps.commands import PlannedRun
@@ -154,7 +155,8 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
     check_choice("pruner.name", pruner.get("name"), PRUNERS)
     return TuneConfig(
         sweep=sweep, n_trials=check_int_at_least("n_trials", raw.get("n_trials"), 1),
-        metric=str(raw.get("metric") or keys.VAL_ACCURACY),
+        metric=(check_metric_key("metric", raw.get("metric") or keys.VAL_ACCURACY) if sweep.backend == "local"
+                else str(raw.get("metric") or keys.VAL_ACCURACY)),
         direction=check_choice("direction", raw.get("direction", "maximize"), ("maximize", "minimize")),
         search=tuple(search), enqueue=enqueue, sampler=sampler, pruner=pruner,
         retries=check_int_at_least("retries", raw.get("retries", 1), 0),
@@ -299,9 +301,24 @@ def study_name(tune: TuneConfig) -> str:
 
 
 def first_trial_params(tune: TuneConfig) -> dict[str, Any]:
-    """The parameters at their lower bounds (a categorical's first choice): the runs validated up front."""
+    """The parameters at their lower bounds (a categorical's first choice): the dry run's trial."""
     return {param.name: (param.choices[0] if param.type == "categorical" else
                          (int(param.low) if param.type == "int" else float(param.low))) for param in tune.search}
+
+
+def checked_trials(tune: TuneConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(where, parameters) of every trial validated before the study starts: the lower bounds, each parameter's
+    upper bound and each categorical choice (the others at their lower bounds), and every enqueued trial."""
+    lower = first_trial_params(tune)
+    trials = [("the lower bounds", lower)]
+    for param in tune.search:
+        if param.type == "categorical":
+            values = [(f"search.{param.name}.choices[{index}]", choice) for index, choice in enumerate(param.choices)]
+        else:
+            values = [(f"search.{param.name}.high", int(param.high) if param.type == "int" else float(param.high))]
+        trials += [(where, {**lower, param.name: value}) for where, value in values]
+    trials += [(f"enqueue[{index}] = {dict(item)}", {**lower, **item}) for index, item in enumerate(tune.enqueue)]
+    return trials
 
 
 def plan_study(tune: TuneConfig) -> SweepPlan:
@@ -313,6 +330,11 @@ def plan_study(tune: TuneConfig) -> SweepPlan:
     sweep_dir = Path(config.root) / name
     jobs, threads = concurrency(config, len(config.seeds))
     plan_runs(config, trial_specs(tune, first_trial_params(tune), "t000"), name, sweep_dir, threads)
+    for where, params in checked_trials(tune)[1:]:  # one seed each: the seeds differ only in seed=
+        try:
+            plan_runs(config, trial_specs(tune, params, "t000")[:1], name, sweep_dir, threads)
+        except ConfigError as error:
+            raise ConfigError(f"{where}: {error}") from None
     warm_starts = plan_warm_starts(config, trial_specs(tune, {}, "t000"), sweep_dir,
                                    warm_start_threads(config, threads))
     return SweepPlan(name=name, sweep_dir=sweep_dir, config=config, jobs=jobs, threads=threads,

@@ -18,7 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dataflex_rl.validation import ConfigError
+from dataflex_rl.validation import ConfigError, unknown_override_message
 
 log = logging.getLogger("dataflex_rl.train")  # the public command's name, as train.log has always shown it
 # verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.
@@ -149,8 +149,10 @@ def _record_outside_loggers(store, state: str) -> None:
     """A failure before the loggers took over (warm start, W&B start): recorded too, from memory only."""
     if store.closed:  # the loggers closed it: the status already says what happened
         return
+    from dataflex_rl.tracking.base import describe_error
+
     error = sys.exc_info()[1]
-    store.record_error(state, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+    store.record_error(state, error=describe_error(error), traceback=traceback.format_exc())
 
 
 def _train(config, resolved: dict[str, Any], task, store) -> int:
@@ -213,7 +215,14 @@ def precheck(overrides: list[str]) -> str | None:
 
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            composed = compose(config_name="train", overrides=overrides)
+            try:
+                composed = compose(config_name="train", overrides=overrides)
+            except (HydraException, OmegaConfBaseException) as error:
+                unknown = unknown_override_message(
+                    error, overrides, lambda others: compose(config_name="train", overrides=others))
+                if unknown:
+                    return f"bad override: {unknown}"
+                raise
         resolved = OmegaConf.to_container(composed, resolve=True)
         config = parse_train_config(resolved)
     except (HydraException, OmegaConfBaseException) as error:

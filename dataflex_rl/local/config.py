@@ -21,6 +21,7 @@ from dataflex_rl.validation import (
     check_keys,
     check_non_negative_int,
     check_number,
+    check_seed,
     check_unit_interval,
     to_plain,
 )
@@ -234,7 +235,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     check_keys("config", raw, TOP_LEVEL_KEYS)
     if not raw.get("run_dir"):
         raise ConfigError("run_dir = None is not allowed: give run_dir=PATH (where the run store goes)")
-    seed = check_non_negative_int("seed", raw.get("seed", 1))
+    seed = check_seed("seed", raw.get("seed", 1))
     task = dict(raw.get("task") or {})
     if "name" not in task:
         raise ConfigError(f"task = {task!r} is not allowed: it needs a 'name' (task=arithmetic|knights_knaves)")

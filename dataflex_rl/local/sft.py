@@ -62,8 +62,17 @@ def warm_start(
             _train_and_save(model_config, sft, task, directory)
         else:
             log.info("SFT warm start from cache %s", directory)
-    model, tokenizer = load_model(directory)
+    try:
+        model, tokenizer = load_model(directory)
+    except Exception as error:  # noqa: BLE001  (any reader error means the same: the cached files are damaged)
+        raise SFTCacheError(
+            f"the SFT warm-start cache {directory} cannot be read ({type(error).__name__}: {error}); it is damaged: "
+            f"delete it (rm -r {directory}) and the next run rebuilds it") from error
     return model, tokenizer, directory
+
+
+class SFTCacheError(RuntimeError):
+    """A cached SFT checkpoint that cannot be loaded; the message names the folder and how to rebuild it."""
 
 
 def _train_and_save(model_config: ModelConfig, sft: SFTConfig, task: Task, directory: Path) -> None:

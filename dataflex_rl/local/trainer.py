@@ -36,6 +36,7 @@ from dataflex_rl.local.tokenizer import Tokenizer
 from dataflex_rl.mechanism import Mechanism, MechanismOutput
 from dataflex_rl.tasks import Problem, Task
 from dataflex_rl.tracking.run_store import atomic_path
+from dataflex_rl.validation import SEED_MODULUS
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "last.pt"
@@ -52,8 +53,9 @@ class Rollout:
 
 
 def step_seed(seed: int, step: int) -> int:
-    """The RNG seed of one step: resuming at step ``s`` replays exactly what an uninterrupted run does."""
-    return (seed * 1_000_003 + step) % (2**31 - 1)
+    """The RNG seed of one step: resuming at step ``s`` replays exactly what an uninterrupted run does. One to one in
+    ``seed`` over the seeds the config allows (:func:`~dataflex_rl.validation.check_seed`)."""
+    return (seed * 1_000_003 + step) % SEED_MODULUS
 
 
 def fast_paths(model: torch.nn.Module, trainer) -> tuple[str, bool]:

@@ -17,6 +17,7 @@ records the traceback in the run store's ``status.json`` when the block raises.
 
 from __future__ import annotations
 
+import errno
 import logging
 import traceback as traceback_module
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,6 +66,28 @@ def check_close_state(state: str) -> str:
 def logger_name(logger: object) -> str:
     """The name used in warnings: the logger's ``name`` attribute, else its class name."""
     return str(getattr(logger, "name", None) or type(logger).__name__)
+
+
+# Errors of the machine, not of the run: named first in a recorded error even when a library's own error wraps them
+# (torch's checkpoint writer turns a full disk into "unexpected pos ...").
+_MACHINE_ERRNOS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def describe_error(error: BaseException) -> str:
+    """``"<Type>: <message>"`` of a run's failure, led by the cause a reader must see when an error in its chain
+    (``__cause__``/``__context__``) is a full disk or an exceeded quota: ``"No space left on device (<file>); while:
+    RuntimeError: unexpected pos ..."``."""
+    text = f"{type(error).__name__}: {error}"
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _MACHINE_ERRNOS:
+            reason = _MACHINE_ERRNOS[current.errno]
+            where = f" ({current.filename})" if current.filename else ""
+            return text if current is error else f"{reason}{where}; while: {text}"
+        current = current.__cause__ or current.__context__
+    return text
 
 
 class MultiLogger:
@@ -155,7 +178,7 @@ class MultiLogger:
             self.close("completed")
             return
         state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        error = f"{type(exc).__name__}: {exc}"
+        error = describe_error(exc)
         formatted = "".join(traceback_module.format_exception(exc_type, exc, tb))
         # A logger that keeps errors (the run store: status.json) defines ``record_error``; the others only close.
         for logger in self.active:

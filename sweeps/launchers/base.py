@@ -14,6 +14,8 @@ sweep package, so ``sweeps.config`` can check ``launcher=`` names against the re
 
 from __future__ import annotations
 
+import re
+
 import abc
 import dataclasses
 import time
@@ -140,6 +142,23 @@ def launcher_class(name: Any) -> type[Launcher]:
         raise ConfigError(f"launcher = {name!r} is not allowed: registered launchers: {', '.join(LAUNCHERS.names())}"
                           + (f"; older names: {aliases}" if aliases else ""))
     return LAUNCHERS.get(name)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_launcher_string(key: str, value: Any, pattern: str | None = None, allowed: str = "") -> str:
+    """A launcher setting that ends up in a job script or a job request: a string without control characters (a
+    newline would split an sbatch script into lines of its own), matching ``pattern`` when given (``allowed`` says
+    what it accepts); :class:`ConfigError` naming key, value and what is allowed."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a string")
+    if _CONTROL.search(value):
+        raise ConfigError(f"{key} = {value!r} is not allowed: it holds a control character (newline, tab, ...); "
+                          f"give it on one line")
+    if pattern is not None and not re.fullmatch(pattern, value):
+        raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+    return value
 
 
 def parse_settings(name: str, given: Any) -> Any:

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl.validation import ConfigError, check_number
-from sweeps.launchers.base import LAUNCHERS, Job, Launcher, Outcome, RunToLaunch
+from sweeps.launchers.base import LAUNCHERS, Job, Launcher, Outcome, RunToLaunch, check_launcher_string
+
+# What JobSubmissionClient takes: the dashboard's http(s) URL, a ray:// client address, or HOST:PORT.
+ADDRESS_PATTERN = r"((https?|ray)://)?[A-Za-z0-9_.\-\[\]:]+(:\d+)?(/[^\s]*)?"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,10 @@ class RaySettings:
     entrypoint_num_gpus: float | None = None
 
     def __post_init__(self) -> None:
+        if self.address is not None:
+            check_launcher_string("ray.address", self.address, ADDRESS_PATTERN,
+                                  "a Ray dashboard address, http://HOST:8265 (or https://..., ray://HOST:PORT, "
+                                  "HOST:PORT)")
         for name in ("entrypoint_num_cpus", "entrypoint_num_gpus"):
             value = getattr(self, name)
             if value is not None:

@@ -19,11 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number
-from sweeps.launchers.base import LAUNCHERS, Job, Launcher, Outcome, RunToLaunch, process_matches
+from sweeps.launchers.base import (
+    LAUNCHERS,
+    Job,
+    Launcher,
+    Outcome,
+    RunToLaunch,
+    check_launcher_string,
+    process_matches,
+)
 
 # slurm.cluster -> submitit's cluster name. "local" alone named the CPU backend, the process launcher and this.
 SUBMITIT_CLUSTERS = {"slurm": "slurm", "submitit_local": "local", "debug": "debug"}
 CLUSTER_ALIASES = {"local": "submitit_local"}  # older spelling, still accepted
+PARTITION_PATTERN = r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*"  # sbatch --partition: names, comma-separated
+OPTION_PATTERN = r"[A-Za-z][A-Za-z0-9_-]*"  # an sbatch long option's name (submitit writes #SBATCH --<name>=...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +60,18 @@ class SlurmSettings:
         if not isinstance(self.additional_parameters, Mapping):
             raise ConfigError(f"slurm.additional_parameters = {self.additional_parameters!r} is not allowed: it must "
                               f"be a mapping of sbatch options, e.g. {{constraint: a100}}")
+        if self.partition is not None:
+            check_launcher_string("slurm.partition", self.partition, PARTITION_PATTERN,
+                                  "a SLURM partition name (letters, digits, '_', '.', '-'; several joined by ',')")
+        for name, value in self.additional_parameters.items():
+            check_launcher_string("slurm.additional_parameters", str(name), OPTION_PATTERN,
+                                  "an sbatch option name (letters, digits, '_', '-'), e.g. constraint")
+            check_launcher_string(f"slurm.additional_parameters.{name}", str(value))
         setup = self.setup
         object.__setattr__(self, "setup", tuple(str(line) for line in (
             [] if setup is None else [setup] if isinstance(setup, str) else setup)))
+        for index, line in enumerate(self.setup):  # each a line of the job script: a list item per line
+            check_launcher_string(f"slurm.setup[{index}]", line)
 
 
 def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, log_path: str) -> int:

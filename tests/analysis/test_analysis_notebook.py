@@ -62,5 +62,5 @@ def test_make_notebook_opens_the_last_sweep(tmp_path: Path) -> None:
     repo = NOTEBOOK.parents[1]
     dry_run = subprocess.run(["make", "-n", "-o", ".venv/.installed", "notebook", "SWEEP=demo"], cwd=repo,
                              capture_output=True, text=True, timeout=60, check=True).stdout
-    assert "resolve_sweep_dir" in dry_run and "'runs/demo'" in dry_run
+    assert "-m sweeps.make notebook-dir" in dry_run and "demo" not in dry_run  # SWEEP travels as data
     assert re.search(r"-m jupyterlab (--allow-root )?notebooks/alpha_sweep.ipynb", dry_run)  # root: --allow-root

@@ -107,3 +107,85 @@ def test_report_groups_by_a_config_column(complete_sweep: Path) -> None:
     assert [row.split("|")[1].strip() for row in rows] == ["0", "0.5", "1"]
     assert "No deltas" in text  # the baseline is looked up by alpha, not by a config column
     assert "Could not draw" not in text
+
+
+def test_report_of_a_folder_of_sweeps_is_refused_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    for name in ("sweep-a", "sweep-b"):
+        write_fake_sweep(runs / name, alphas=(0.0, 0.5), seeds=(1, 2), n_steps=6, histograms=False)
+    before = sorted(path.name for path in runs.iterdir())
+    assert report.main([str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert f"{runs} is a folder of sweeps (sweep-a, sweep-b), not one sweep" in error and "Traceback" not in error
+    assert sorted(path.name for path in runs.iterdir()) == before  # no metrics.parquet, runs.parquet, report/
+
+
+def test_make_report_without_sweep_takes_the_newest_sweep(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from sweeps import make
+
+    runs = tmp_path / "runs"
+    for name in ("sweep-a", "sweep-b"):
+        write_fake_sweep(runs / name, alphas=(0.0,), seeds=(1,), n_steps=4, histograms=False)
+    os.utime(runs / "sweep-a" / "sweep.json", (2e9, 2e9))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DATAFLEX_SWEEP_DIR", raising=False)
+    assert make.command("report", make.variables({}))[-1] == str(runs / "sweep-a")
+
+
+def _small_sweep(sweep: Path, lengths=(10, 10, 10, 10), nan_last: bool = False) -> list[Path]:
+    runs = []
+    for index, ((alpha, seed), length) in enumerate(zip([(0.0, 1), (0.0, 2), (0.5, 1), (0.5, 2)], lengths,
+                                                        strict=True)):
+        values = [0.1 + 0.01 * step + alpha for step in range(length)]
+        accuracy = [float("nan")] * length if nan_last and index == 3 else values
+        runs.append(write_fake_run(sweep / f"a{alpha}-s{seed}", sweep=sweep.name, run=f"a{alpha}-s{seed}", alpha=alpha,
+                                   seed=seed, metrics={"val/accuracy": accuracy, "critic/score/mean": values},
+                                   metrics_format="both"))
+    return runs
+
+
+def test_a_killed_report_leaves_the_previous_one_whole(tmp_path: Path, monkeypatch) -> None:
+    sweep = tmp_path / "s"
+    _small_sweep(sweep)
+    assert report.main([str(sweep), *FAST]) == 0
+    before = {path.name: path.read_bytes() for path in (sweep / "report").iterdir()}
+    calls = []
+
+    def killed(figure, stem):  # the process dies while the second figure is being written
+        calls.append(stem)
+        if len(calls) == 2:
+            Path(f"{stem}.png").write_bytes(b"")
+            raise KeyboardInterrupt
+        return original(figure, stem)
+
+    original = report.plots.save_figure
+    monkeypatch.setattr(report.plots, "save_figure", killed)
+    with pytest.raises(KeyboardInterrupt):
+        report.main([str(sweep), *FAST])
+    assert {path.name: path.read_bytes() for path in (sweep / "report").iterdir()} == before
+    assert [path.name for path in sweep.iterdir() if path.name.startswith(".report")] == []
+
+
+def test_a_completed_run_with_damaged_metrics_is_excluded_and_named(tmp_path: Path) -> None:
+    sweep = tmp_path / "s"
+    damaged = _small_sweep(sweep)[3]
+    (damaged / "metrics.parquet").write_bytes((damaged / "metrics.parquet").read_bytes()[:100])
+    lines = (damaged / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = '{"step": 2, "val/acc\n'
+    (damaged / "metrics.jsonl").write_text("".join(lines))
+    assert report.main([str(sweep), *FAST]) == 0
+    text = (sweep / "report" / "report.md").read_text()
+    assert "Runs: 3 included, 1 excluded." in text
+    assert re.search(r"a0\.5-s2 .*unreadable metrics\.jsonl .*line 3 is not a run-store record", text)
+
+
+def test_the_report_warns_of_runs_of_other_lengths_and_runs_without_the_metric(tmp_path: Path) -> None:
+    sweep = tmp_path / "s"
+    _small_sweep(sweep, lengths=(10, 20, 40, 10), nan_last=True)
+    assert report.main([str(sweep), *FAST]) == 0
+    text = (sweep / "report" / "report.md").read_text()
+    assert "**Runs of different lengths are compared**: 9 steps: a0.0-s1, a0.5-s2; 19 steps: a0.0-s2; 39 steps: " \
+           "a0.5-s1." in text
+    assert "1 included run(s) logged no finite `val/accuracy`, so they are left out of its n: a0.5-s2." in text

@@ -199,3 +199,34 @@ def test_a_run_writes_a_fingerprint_and_group_readable_files(tmp_path, sft_cache
     for name in ("config.yaml", "meta.json", "status.json", "metrics.parquet", "checkpoints/last.pt"):
         assert (run_dir / name).stat().st_mode & 0o777 == 0o644, name
     assert keys.VAL_ACCURACY in load_metrics(run_dir).columns
+
+
+def test_a_full_disk_under_a_library_error_is_named_first(tmp_path, sft_cache, monkeypatch):
+    run_dir = tmp_path / "run"
+
+    def save_on_a_full_disk(state, handle, *args, **kwargs):  # torch's zip writer wraps the OSError of write(2)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(handle))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0") from None
+
+    monkeypatch.setattr(trainer_module.torch, "save", save_on_a_full_disk)
+    assert run(compose_train(tiny_overrides(run_dir, sft_cache, steps=2))) == 1
+    error = read_status(run_dir)["error"]
+    assert error.startswith("No space left on device (") and "while: RuntimeError: [enforce fail" in error
+
+
+def test_a_damaged_sft_cache_is_named_with_its_fix(tmp_path, sft_cache):
+    import shutil
+
+    assert run(compose_train(tiny_overrides(tmp_path / "first", sft_cache, steps=1))) == 0
+    cache = tmp_path / "cache"
+    shutil.copytree(sft_cache, cache)
+    (entry,) = [path for path in cache.iterdir() if (path / "done.json").is_file()]
+    (entry / "model.safetensors").write_bytes(b"\x00" * 16)
+    run_dir = tmp_path / "run"
+    overrides = [item for item in tiny_overrides(run_dir, cache, steps=1)]
+    assert run(compose_train(overrides)) == 1
+    error = read_status(run_dir)["error"]
+    assert f"the SFT warm-start cache {entry} cannot be read" in error
+    assert f"delete it (rm -r {entry}) and the next run rebuilds it" in error

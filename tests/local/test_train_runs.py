@@ -50,6 +50,8 @@ def test_three_step_cli_run_writes_every_artifact(tmp_path, sft_cache):
     for key in train_keys:
         assert key in frame.columns, key
         assert frame.loc[frame.step >= 1, key].notna().all(), key
+    # every logged key is one plan_metric= and the study's metric= accept (dataflex_rl.keys.is_metric_key)
+    assert [key for key in frame.columns if key != "step" and not keys.is_metric_key(key)] == []
     # Validation at the start, every 2 steps and at the end; exact per-bucket gradients every 2 steps.
     assert frame.set_index("step")[keys.VAL_ACCURACY].notna().tolist() == [True, False, True, True]
     exact = frame.set_index("step")[keys.grad_by_prob("0.00-0.25", "param_grad_norm")]

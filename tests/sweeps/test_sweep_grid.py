@@ -17,6 +17,8 @@ from sweeps.driver import concurrency, default_name, final_metric, mark_run_stor
 from sweeps.grid import expand_grid, parse_extra
 from sweeps.manifest import Manifest
 
+from .conftest import REPO
+
 
 def config_of(*argv: str):
     return load_config(list(argv))[1]
@@ -249,3 +251,48 @@ def test_every_backend_and_launcher_choice_has_a_registered_object():
     assert backend_for(config_of("backend=verl")).sets_threads is False
     assert backend_for(config_of()).sets_threads is True
     assert isinstance(build_launcher(config_of(), Path("."), "s", 1), LocalLauncher)
+
+
+def test_seeds_that_would_repeat_other_runs_are_refused():
+    with pytest.raises(ConfigError, match=r"seeds = 2147483648 is not allowed: a seed is an integer in "
+                                          r"\[0, 2147483646\].*repeat the runs of seed 1"):
+        config_of("seeds=1,2147483648")
+    assert config_of("seeds=0,2147483646").seeds == (0, 2147483646)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["extra=[task=glob(*)]"], "extra = 'task=glob(*)' is not allowed: an axis lists its values"),
+    (["extra=[trainer.lr=interval(0,1)]"], "extra = 'trainer.lr=interval(0,1)' is not allowed: an axis lists"),
+    (["extra=[trainer.lr=range(1,1)]"], "extra = 'trainer.lr=range(1,1)' is not allowed: the axis trainer.lr has no "
+                                        "values"),
+    (["name=" + "a" * 300], "(300 characters) is not allowed: a sweep name has at most 128 characters"),
+    (["extra=[trainer.lrr=1e-3]"], "trainer.lrr = '1e-3' is not allowed: trainer has no key 'lrr'; allowed keys of "
+                                   "trainer: total_steps, prompts_per_step"),
+    (["lrr=1"], "lrr = '1' is not allowed: the config has no key 'lrr'; allowed keys: launcher, name, root"),
+])
+def test_bad_grid_input_is_refused_before_anything_without_a_traceback(tmp_path, capsys, argv, message):
+    from sweeps.cli import main
+
+    assert main([f"root={tmp_path / 'runs'}", "alpha=0.5", "seeds=1", *argv]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "+trainer.lrr" not in error and "+lrr" not in error
+    assert not (tmp_path / "runs").exists()
+
+
+def test_env_interpolations_are_refused_before_they_are_resolved_into_the_record(tmp_path, capsys, monkeypatch):
+    from sweeps.cli import main
+
+    monkeypatch.setenv("DATAFLEX_TEST_SECRET", "s3cret")
+    assert main([f"root={tmp_path}", "backend=verl", "dry_run=true",
+                 "extra=[verl.project=${oc.env:DATAFLEX_TEST_SECRET}]"]) == 2
+    output = capsys.readouterr()
+    assert "an ${oc.env:...} interpolation would be resolved into the recorded command lines" in output.err
+    assert "s3cret" not in output.out + output.err
+    experiment = tmp_path / "verl_secret.yaml"
+    source = (REPO / "conf" / "verl_experiment" / "verl_kk_3b.yaml").read_text()
+    experiment.write_text(source.replace("project: dataflex-rl", "project: ${oc.env:DATAFLEX_TEST_SECRET}"))
+    assert main([f"root={tmp_path}", "backend=verl", "dry_run=true", f"verl_experiment={experiment}",
+                 "extra=[verl.model=/m verl.data_dir=/d]"]) == 2
+    output = capsys.readouterr()
+    assert f"verl_experiment = '{experiment}' is not allowed: an ${{oc.env:...}}" in output.err
+    assert "s3cret" not in output.out + output.err

@@ -4,6 +4,7 @@ verl backend's command lines; the scripted stand-in trainer does the runs."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dataflex_rl.validation import ConfigError
 from sweeps.cli import main
 
 from .conftest import REPO, SCRIPTED_TRAIN, read_manifest, runs_by_name
@@ -232,3 +234,28 @@ def test_a_ray_cluster_with_token_authentication_is_refused_with_the_fix(tmp_pat
     assert "ray.address = 'http://127.0.0.1:8265' is not allowed" in error
     assert "RAY_AUTH_MODE=token" in error and "RAY_AUTH_TOKEN" in error
     assert not (tmp_path / "runs" / "scale").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(("settings", "key"), [
+    ({"partition": "gpu\n#SBATCH --wrap=rm"}, "slurm.partition"),
+    ({"partition": "gpu;x"}, "slurm.partition"),
+    ({"additional_parameters": {"constraint": "a100\n#SBATCH --x"}}, "slurm.additional_parameters.constraint"),
+    ({"additional_parameters": {"bad key": "x"}}, "slurm.additional_parameters"),
+    ({"setup": ["module load x\nrm -rf y"]}, "slurm.setup[0]"),
+])
+def test_slurm_strings_that_would_split_the_job_script_are_refused(settings, key):
+    from sweeps.launchers.slurm import SlurmSettings
+
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)} = .* is not allowed"):
+        SlurmSettings(**settings)
+    assert SlurmSettings(partition="gpu,cpu_long-2", setup=["module load cuda"]).partition == "gpu,cpu_long-2"
+
+
+def test_a_ray_address_with_spaces_or_newlines_is_refused():
+    from sweeps.launchers.ray import RaySettings
+
+    for address in ("http://x:8265\nEVIL", "http://x:8265 ; rm"):
+        with pytest.raises(ConfigError, match=r"ray.address = .* is not allowed"):
+            RaySettings(address=address)
+    for address in ("http://127.0.0.1:8265", "https://ray.example.org/dash", "ray://head:10001", "head:8265"):
+        assert RaySettings(address=address).address == address

@@ -147,3 +147,24 @@ def test_objective_is_the_final_window_mean(tmp_path) -> None:
     assert final_window_mean(run, "val/accuracy", 5) == pytest.approx((0.2 + 0.3 + 0.4 + 0.5 + 0.6) / 5)
     assert final_window_mean(run, "val/accuracy", 1) == pytest.approx(0.6)
     assert final_window_mean(run, "not/logged") is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["search=[{name: alpha, type: float, low: 0.0, high: 2.0}]"],
+     "search.alpha.high: run t000-s1: dataflex.actuator.params.alpha = 2.0 is not allowed"),
+    (["enqueue=[{alpha: 1.5}]"], "enqueue[0] = {'alpha': 1.5}: run t000-s1: dataflex.actuator.params.alpha = 1.5"),
+    (["metric=val/acc"], "metric = 'val/acc' is not allowed: not a metric the trainer logs (did you mean "
+                         "val/accuracy?)"),
+])
+def test_every_searched_value_and_the_metric_are_checked_before_the_dry_run(tmp_path, capsys, argv, message):
+    assert main([f"root={tmp_path}", "dry_run=true", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_misspelt_plan_metric_is_refused_before_the_pilot(tmp_path, capsys):
+    from sweeps.cli import main as sweep_main
+
+    assert sweep_main([f"root={tmp_path}", "target_mde=0.01", "seeds=1,2", "plan_metric=val/acc"]) == 2
+    assert "plan_metric = 'val/acc' is not allowed: not a metric the trainer logs" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

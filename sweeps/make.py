@@ -1,0 +1,149 @@
+"""``python -m sweeps.make <target>``: the command a ``make`` target runs, built from the Makefile's variables.
+
+The Makefile never pastes a variable into a shell line: it exports each one (:data:`VARIABLES`) as
+``DATAFLEX_MAKE_<NAME>`` holding its raw text (make's ``$(value ...)``, so make expands nothing in it either), and
+its recipes run ``python -m sweeps.make <target>``. This module reads them as data and turns them into the target's
+argument list (``make sweep ALPHA=0.0,0.5 SWEEP=x`` -> ``python -m sweeps alpha=0.0,0.5 backend=local
+launcher=process name=x``), prints that command as one shell-quoted line, and replaces itself with it
+(``os.execv``): no shell ever reads a value, so ``SWEEP='a;touch x'`` is a sweep name the driver refuses, and
+``DRY_RUN=1`` always reaches the driver as ``dry_run=true``.
+
+Each variable maps to one driver key here (:data:`SWEEP_KEYS`, :data:`TUNE_KEYS`); ``EXTRA`` is one ``extra=[...]``
+argument; ``SWEEP_ARGS`` and ``ARGS`` are split into arguments as a shell would split words (``shlex``: quotes group,
+nothing is expanded or run). ``DRY_RUN`` and ``LR`` are switches: empty, 0, false, no or off is off, 1, true, yes or
+on is on, any other value is refused (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+
+from dataflex_rl.validation import ConfigError
+
+ENV_PREFIX = "DATAFLEX_MAKE_"
+# Every variable the Makefile exports (its ``MAKE_VARIABLES`` line names the same ones; a test checks they agree).
+VARIABLES = ("ALPHA", "SEEDS", "MECH", "ETA", "STEPS", "JOBS", "SWEEP", "BACKEND", "LAUNCHER", "SWEEP_ARGS",
+             "DRY_RUN", "EXTRA", "TARGET_MDE", "MAX_SEEDS", "LR", "ARGS")
+# make sweep: variable -> driver key (conf/sweeps/default.yaml), in the order they are passed.
+SWEEP_KEYS = (("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"), ("LAUNCHER", "launcher"),
+              ("JOBS", "jobs"), ("STEPS", "steps"), ("SWEEP", "name"), ("MECH", "mechanisms"), ("ETA", "eta"),
+              ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"))
+# make tune: variable -> key of conf/sweeps/optuna.yaml.
+TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("LAUNCHER", "launcher"))
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("", "0", "false", "no", "off")
+TARGETS = ("sweep", "tune", "report", "train", "notebook-dir")
+EXIT_REFUSED = 2
+
+
+def variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Makefile's variables as the recipe's environment holds them (absent ones as empty text)."""
+    environ = os.environ if environ is None else environ
+    return {name: environ.get(ENV_PREFIX + name, "") for name in VARIABLES}
+
+
+def switch(name: str, value: str) -> bool:
+    """A make switch (``DRY_RUN=1``); :class:`ConfigError` naming the variable for anything else."""
+    text = value.strip().lower()
+    if text in SWITCH_ON:
+        return True
+    if text in SWITCH_OFF:
+        return False
+    raise ConfigError(f"{name} = {value!r} is not allowed: give {name}=1 (on) or leave it empty (off); allowed: "
+                      f"{', '.join(SWITCH_ON)} or {', '.join(repr(v) for v in SWITCH_OFF)}")
+
+
+def split_words(name: str, value: str) -> list[str]:
+    """``SWEEP_ARGS``/``ARGS`` split into arguments as a shell splits words, nothing expanded or run."""
+    try:
+        return shlex.split(value)
+    except ValueError as error:
+        raise ConfigError(f"{name} = {value!r} is not allowed: {error} (quote each value that holds spaces, "
+                          f"e.g. {name}=\"key='a b'\")") from None
+
+
+def _key_values(values: Mapping[str, str], mapping: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"{key}={values[name]}" for name, key in mapping if values[name].strip()]
+
+
+def sweep_argv(values: Mapping[str, str]) -> list[str]:
+    """The arguments of ``python -m sweeps`` for ``make sweep``."""
+    argv = _key_values(values, SWEEP_KEYS)
+    if values["EXTRA"].strip():
+        argv.append(f"extra=[{values['EXTRA']}]")
+    argv += split_words("SWEEP_ARGS", values["SWEEP_ARGS"])
+    if switch("DRY_RUN", values["DRY_RUN"]):
+        argv.append("dry_run=true")  # last: nothing after it can turn the dry run off
+    return argv
+
+
+def tune_argv(values: Mapping[str, str]) -> list[str]:
+    """The arguments of ``python -m sweeps.tune`` for ``make tune``."""
+    argv = _key_values(values, TUNE_KEYS)
+    if switch("LR", values["LR"]):
+        argv.append("tune_lr=true")
+    if values["EXTRA"].strip():
+        argv.append(f"extra=[{values['EXTRA']}]")
+    argv += split_words("SWEEP_ARGS", values["SWEEP_ARGS"])
+    if switch("DRY_RUN", values["DRY_RUN"]):
+        argv.append("dry_run=true")
+    return argv
+
+
+def sweep_folder(values: Mapping[str, str]) -> str:
+    """``runs/<SWEEP>`` for ``make report`` / ``make notebook``; without ``SWEEP`` the newest sweep under runs/
+    (:func:`analysis.load.resolve_sweep_dir`). ``SWEEP`` must be a sweep name (the driver's own rule)."""
+    name = values["SWEEP"]
+    if name:
+        from sweeps.config import check_sweep_name
+
+        return os.path.join("runs", check_sweep_name(name, "SWEEP"))
+    from analysis.load import resolve_sweep_dir
+
+    try:
+        return str(resolve_sweep_dir(None))
+    except FileNotFoundError as error:
+        raise ConfigError(f"SWEEP = '' is not allowed here: {error}; give SWEEP=<name> (a folder runs/<name>)") \
+            from None
+
+
+def command(target: str, values: Mapping[str, str]) -> list[str]:
+    """The full argv of ``target`` (:data:`TARGETS`); :class:`ConfigError` for a bad variable."""
+    python = sys.executable
+    if target == "sweep":
+        return [python, "-m", "sweeps", *sweep_argv(values)]
+    if target == "tune":
+        return [python, "-m", "sweeps.tune", *tune_argv(values)]
+    if target == "report":
+        return [python, "-m", "analysis.report", sweep_folder(values)]
+    if target == "train":
+        return [python, "-m", "dataflex_rl.train", *split_words("ARGS", values["ARGS"])]
+    raise ConfigError(f"target = {target!r} is not allowed; allowed targets: {', '.join(TARGETS)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sweeps.make <target>``: print the command, then exec it; ``notebook-dir`` prints the sweep folder
+    ``make notebook`` opens. Exit 2 (nothing run) for a bad variable."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        print(f"usage: python -m sweeps.make {{{','.join(TARGETS)}}}", file=sys.stderr)
+        return EXIT_REFUSED
+    values = variables()
+    try:
+        if argv[0] == "notebook-dir":
+            print(sweep_folder(values))
+            return 0
+        full = command(argv[0], values)
+    except ConfigError as error:
+        print(f"error: make {argv[0]} refused, nothing was started: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(shlex.join(full), flush=True)
+    os.execv(full[0], full)
+    return 0  # pragma: no cover - execv does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -152,7 +152,7 @@ def common_config(config: SweepConfig) -> dict[str, Any]:
     common, _ = parse_extra(config.extra)
     overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
     overrides += [*common, "run_dir=."]
-    with _quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         resolved = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=True)
     dropped = (*FINGERPRINT_IGNORED, *RUN_PLACE_KEYS, "hydra")
     return {key: value for key, value in flatten_config(resolved).items()

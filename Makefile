@@ -15,7 +15,8 @@ STAMP := $(VENV)/.installed
 #> STEPS     RL steps per run (default 400)
 #> JOBS      runs at once (default: the core count)
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
-#> BACKEND   local (CPU trainer, default) | verl (GPUs)
+#> BACKEND   local (CPU trainer, default) | verl (GPUs; on a laptop with VERL_EXPERIMENT=verl_cpu_tiny)
+#> VERL_EXPERIMENT BACKEND=verl: conf/verl_experiment/<name>.yaml (default verl_kk_3b; verl_cpu_tiny: verl's CPU mode)
 #> LAUNCHER  process (child processes here, default; older name local) | slurm (submitit job array) | ray (Ray Jobs)
 #> SWEEP_ARGS more sweep-driver keys (conf/sweeps/), e.g. SWEEP_ARGS="slurm.partition=gpu threads=2"
 #> DRY_RUN   DRY_RUN=1 prints every command line and starts nothing
@@ -24,6 +25,7 @@ STAMP := $(VENV)/.installed
 ALPHA ?=
 SEEDS ?=
 BACKEND ?= local
+VERL_EXPERIMENT ?=
 LAUNCHER ?= process
 JOBS ?=
 STEPS ?=
@@ -71,7 +73,7 @@ bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 # value ($(value): make expands nothing in it either), read by sweeps/make.py, which prints the command it runs and
 # execs it with the values as separate arguments. Keep this list equal to sweeps.make.VARIABLES.
 MAKE_VARIABLES := ALPHA SEEDS MECH ETA STEPS JOBS SWEEP BACKEND LAUNCHER SWEEP_ARGS DRY_RUN EXTRA TARGET_MDE \
-	MAX_SEEDS LR ARGS
+	MAX_SEEDS LR ARGS VERL_EXPERIMENT
 $(foreach name,$(MAKE_VARIABLES),$(eval export DATAFLEX_MAKE_$(name) := $$(value $(name))))
 unexport $(MAKE_VARIABLES)  # make would otherwise expand each one given on the command line into the environment
 

@@ -183,7 +183,8 @@ def test_cli_refuses_what_the_trainer_refuses_before_printing(schedule, capsys):
 def test_cli_prints_the_cpu_mode_environment_before_the_command(capsys):
     assert main(["verl_cpu_tiny", "prepared=/tmp/prepared", "dataflex.actuator.params.alpha=0.5"]) == 0
     printed = shlex.split(capsys.readouterr().out)
-    assert printed[:2] == ["VERL_PLATFORM=cpu", "VERL_USE_EXTERNAL_MODULES=dataflex_rl.verl.cpu.plugin"]
+    assert printed[:3] == ["VERL_PLATFORM=cpu", "VERL_USE_EXTERNAL_MODULES=dataflex_rl.verl.cpu.plugin",
+                           "RAY_prestart_worker_first_driver=0"]
     assert "actor_rollout_ref.rollout.name=dataflex_cpu" in printed
 
 

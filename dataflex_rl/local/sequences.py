@@ -97,6 +97,17 @@ def generate(
         responses, sampling_log_probs = sample(DecoderWeights(model), prompt_ids, prompt_mask, max_new_tokens,
                                                temperature, tokenizer.eos_token_id, tokenizer.pad_token_id)
         return _sequence_batch(prompt_ids, prompt_mask, responses, sampling_log_probs, tokenizer, len(prompts), repeats)
+    responses, sampling_log_probs = hf_sample(model, prompt_ids, prompt_mask, max_new_tokens, temperature,
+                                              tokenizer.eos_token_id, tokenizer.pad_token_id)
+    return _sequence_batch(prompt_ids, prompt_mask, responses, sampling_log_probs, tokenizer, len(prompts), repeats)
+
+
+@torch.no_grad()
+def hf_sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+              temperature: float | None, eos_token_id: int, pad_token_id: int
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """HF ``generate``'s ``(responses (N, R), log_probs (N, R) | None)`` for left-padded prompts, with the same
+    contract as :func:`dataflex_rl.local.sampler.sample` (softmax(logits / T) or greedy; torch's global RNG)."""
     # An explicit config: a checkpoint's own generation defaults (repetition penalty, top-p, ...) would make the
     # samples and their scores follow another distribution than the softmax(logits / T) the loss uses.
     generation_config = GenerationConfig(
@@ -106,8 +117,8 @@ def generate(
         top_p=1.0 if temperature else None,
         repetition_penalty=1.0,
         max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
         use_cache=True,
         output_scores=bool(temperature),
         return_dict_in_generate=True,
@@ -118,7 +129,7 @@ def generate(
     if temperature:
         scores = torch.stack(output.scores, dim=1).float()  # (N, R, vocab), already divided by the temperature
         sampling_log_probs = F.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    return _sequence_batch(prompt_ids, prompt_mask, responses, sampling_log_probs, tokenizer, len(prompts), repeats)
+    return responses, sampling_log_probs
 
 
 def _sequence_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,

@@ -11,15 +11,16 @@ This module gives verl what those backends give it, through the same two registr
   log-probs, ``extra_fields["global_steps"]``). Requests arriving together are sampled as one batch by
   :func:`dataflex_rl.local.sampler.sample` (KV-cached, repeated prompts prefilled once), each row with its own
   generator seeded from the run's seed, the weights' version, the prompt and its occurrence, so a sample does
-  not depend on which requests shared its batch. Sleep, wake-up, abort, KV-cache and profiler calls are no-ops.
+  not depend on which requests shared its batch. An architecture the sampler does not cover exactly
+  (:func:`dataflex_rl.local.decoder.supported`) is sampled by HF ``generate`` instead (3x slower here, and its one
+  generator per batch makes a sample depend on its batch). Sleep, wake-up, abort, KV-cache and profiler calls are no-ops.
 - :class:`CPUServerAdapter` (``_ROLLOUT_REGISTRY[("dataflex_cpu", "async")]``): the in-worker side verl's
   ``update_weights`` (``engine_workers.py``, checkpoint engine ``naive``) pushes the trainer's weights into; every
   rank gathers each full tensor (a collective under FSDP), rank 0 of the replica sends them to the server, and the
   server's digest of the weights it now holds must equal the digest of what was sent.
 
 Only plain sampling is served: temperature (0 is greedy), ``top_k`` off (-1 or 0), ``top_p`` 1,
-``repetition_penalty`` 1; anything else is refused naming the parameter. Architectures outside
-:func:`dataflex_rl.local.decoder.supported` are refused when the server starts.
+``repetition_penalty`` 1; anything else is refused naming the parameter.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutpu
 
 from dataflex_rl.local.decoder import DecoderWeights, supported
 from dataflex_rl.local.sampler import sample
+from dataflex_rl.local.sequences import hf_sample
 
 # Requests of one training step arrive within milliseconds of each other; the server waits this long after the
 # first before sampling, so they share one batch.
@@ -108,11 +110,9 @@ class CPURolloutServer:
         self.replica_rank = replica_rank
         self.model = AutoModelForCausalLM.from_pretrained(model_config.local_path, dtype=torch.float32,
                                                           local_files_only=True).eval()
-        reason = supported(self.model)
-        if reason is not None:
-            raise ValueError(f"actor_rollout_ref.model.path = {model_config.local_path!r} is not allowed with "
-                             f"rollout.name=dataflex_cpu: its sampler does not cover {reason}")
-        self.weights = DecoderWeights(self.model)
+        # The project's KV-cached sampler where it covers the architecture exactly, else HF generate.
+        self.cached = supported(self.model) is None
+        self.weights = DecoderWeights(self.model) if self.cached else None
         tokenizer = model_config.tokenizer
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
@@ -184,9 +184,16 @@ class CPURolloutServer:
             prompt_ids[row, length - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
             prompt_mask[row, length - len(request.prompt_ids):] = 1
         temperature = requests[0].temperature or None
-        generators = [torch.Generator().manual_seed(request.seed) for request in requests] if temperature else None
-        responses, log_probs = sample(self.weights, prompt_ids, prompt_mask, requests[0].max_tokens, temperature,
-                                      self.eos_token_id, self.pad_token_id, row_generators=generators)
+        budget = requests[0].max_tokens
+        if self.cached:
+            generators = [torch.Generator().manual_seed(request.seed) for request in requests] if temperature else None
+            responses, log_probs = sample(self.weights, prompt_ids, prompt_mask, budget, temperature,
+                                          self.eos_token_id, self.pad_token_id, row_generators=generators)
+        else:  # HF generate draws the batch from one generator: seeded by the batch's requests
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(request_seed(self.seed, self.version, [r.seed for r in requests], 0))
+                responses, log_probs = hf_sample(self.model, prompt_ids, prompt_mask, budget, temperature,
+                                                 self.eos_token_id, self.pad_token_id)
         outputs = []
         for row, request in enumerate(requests):
             tokens = responses[row].tolist()
@@ -204,21 +211,17 @@ class CPURolloutServer:
         """Load the trainer's weights (every parameter must be named; a tied ``lm_head`` may be absent); returns
         :func:`weights_digest` of what the model now holds under the sent names."""
         async with self.lock:
+            # In place: the sampler's DecoderWeights view these parameters, so it samples from the new weights.
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
             if unexpected or set(missing) - tied:
                 raise ValueError(f"weights sent to the rollout do not match its model: missing "
                                  f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-            self.weights = DecoderWeights(self.model)
             self.global_steps = global_steps
             self.version += 1
             self.occurrences.clear()
             held = dict(self.model.state_dict())
             return weights_digest((name, held[name]) for name in state)
-
-    def weights_now(self) -> str:
-        """:func:`weights_digest` of every parameter the server's model holds."""
-        return weights_digest(self.model.state_dict().items())
 
     # --- what verl calls on every server, with nothing to do on the CPU ----------------------------------------
     async def ready(self) -> bool:

@@ -1,0 +1,133 @@
+"""verl's CPU mode against the local backend: the same GRPO step on the same model, step time, run time, memory.
+
+Held fixed: the model (the tiny ``llama`` model of ``conf/verl_experiment/verl_cpu_tiny.yaml``'s prepare block,
+after the same cached SFT warm start), generated arithmetic, 16 prompts x 8 rollouts at temperature 1, learning
+rate 1e-4, one policy update per step, no KL, no W&B, no validation in the steps (verl: ``val_before_train=false``,
+``test_freq=-1``; local: ``val_every=0``, which still validates 64 items once at the end, a fraction of a second). What changes: the trainer, verl 0.9.1's V1 trainer in its CPU mode
+(Ray actors, TransferQueue, FSDP2 on gloo, the agent loop and reward workers, the rollout server) against the
+local backend (one process, one thread). Each side is a whole run as a user launches it; the sides take turns
+within each round, after one warm-up run each (which also builds the SFT cache). Reported per side, min / median
+over the rounds: the median ``timing_s/step`` of steps 2.. (both backends log it, without validation), the run's
+wall time (start-up included) and the peak resident memory of the run's whole process tree (sampled every 0.2 s;
+pages shared between processes are counted once per process, so it is an upper bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from benchmarks.common import Row, min_median
+
+STEPS = 4
+SHARED = ["trainer.logger=[console]"]
+
+
+def peak_tree_rss(process: subprocess.Popen, samples: list[int]) -> None:
+    """Append the process tree's summed RSS every 0.2 s until the process ends."""
+    try:
+        root = psutil.Process(process.pid)
+        while process.poll() is None:
+            total = 0
+            for member in [root, *root.children(recursive=True)]:
+                try:
+                    total += member.memory_info().rss
+                except psutil.Error:
+                    continue
+            samples.append(total)
+            time.sleep(0.2)
+    except psutil.Error:
+        return
+
+
+def timed_run(command: list[str], environment: dict[str, str], log: Path) -> tuple[float, float]:
+    """``(wall seconds, peak tree RSS in GB)`` of one run; raises when it fails."""
+    samples: list[int] = []
+    start = time.perf_counter()
+    with log.open("w") as output:
+        process = subprocess.Popen(command, env=environment, stdout=output, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, cwd=log.parent)
+        watcher = threading.Thread(target=peak_tree_rss, args=(process, samples), daemon=True)
+        watcher.start()
+        code = process.wait()
+        watcher.join()
+    wall = time.perf_counter() - start
+    if code != 0:
+        raise RuntimeError(f"{command[:3]} exited {code}; see {log}")
+    return wall, max(samples, default=0) / 1e9
+
+
+def step_seconds(run_dir: Path) -> float:
+    """Median ``timing_s/step`` over steps 2.. of a run store."""
+    from dataflex_rl.keys import TIMING_STEP
+    from dataflex_rl.tracking import load_metrics
+
+    metrics = load_metrics(run_dir)
+    return float(metrics.loc[metrics["step"] >= 2, TIMING_STEP].dropna().median())
+
+
+def verl_side(root: Path, prepared: Path, index: int) -> tuple[float, float, float]:
+    from dataflex_rl.verl.command import build_verl_command, experiment_environment
+
+    run_dir = root / f"verl-{index}"
+    run_dir.mkdir()
+    command = build_verl_command("verl_cpu_tiny", ["dataflex.actuator.params.alpha=0.5"], [
+        f"prepared={prepared}", f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=false",
+        "trainer.test_freq=-1", f"+dataflex_run.dir={run_dir}", f"trainer.default_local_dir={run_dir / 'ckpt'}",
+        *SHARED])
+    environment = {**os.environ, **experiment_environment("verl_cpu_tiny")}
+    wall, memory = timed_run(command, environment, run_dir / "run.log")
+    return step_seconds(run_dir), wall, memory
+
+
+def local_side(root: Path, prepare_overrides: list[str], index: int) -> tuple[float, float, float]:
+    run_dir = root / f"local-{index}"
+    command = [sys.executable, "-m", "dataflex_rl.train", f"run_dir={run_dir}", *prepare_overrides,
+               f"trainer.total_steps={STEPS}", "trainer.prompts_per_step=16", "trainer.rollouts_per_prompt=8",
+               "trainer.lr=1e-4", "trainer.val_every=0", "trainer.val_size=64", "trainer.save_every=0", "logger.wandb.mode=disabled",
+               "dataflex.actuator.params.alpha=0.5", "threads=1"]
+    (root / "logs").mkdir(exist_ok=True)
+    wall, memory = timed_run(command, {**os.environ}, root / "logs" / f"local-{index}.log")
+    return step_seconds(run_dir), wall, memory
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    options = parser.parse_args(argv)
+    from dataflex_rl.verl.command import load_experiment
+    from dataflex_rl.verl.cpu.prepare import prepare
+
+    prepare_overrides = [str(item) for item in load_experiment("verl_cpu_tiny").prepare.overrides]
+    with tempfile.TemporaryDirectory(prefix="bench-verl-cpu-") as folder:
+        root = Path(folder)
+        prepared = prepare(root / "prepared", prepare_overrides, train_size=4096, test_size=64)
+        sides = {"local": lambda index: local_side(root, prepare_overrides, index),
+                 "verl": lambda index: verl_side(root, prepared, index)}
+        results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
+        for name, side in sides.items():  # warm-up: page cache, the SFT cache, Ray's first start
+            side(-1)
+        for index in range(options.rounds):
+            for name in (list(sides) if index % 2 == 0 else list(sides)[::-1]):
+                results[name].append(sides[name](index))
+    rows = []
+    for position, (measure, unit) in enumerate((("step time (16x8, steps 2..)", "s"), ("run time (4 steps)", "s"),
+                                                ("peak memory, process tree", "GB"))):
+        local = min_median([result[position] for result in results["local"]])
+        verl = min_median([result[position] for result in results["verl"]])
+        rows.append(Row("verl_cpu", f"{measure}: local -> verl CPU mode", unit, local, verl))
+        print(f"{measure}: local {local[0]:.2f}/{local[1]:.2f} {unit}, verl CPU mode {verl[0]:.2f}/{verl[1]:.2f} "
+              f"{unit} (min/median of {options.rounds})", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -60,11 +60,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install the project with its pinned stack (done by every target)
 
+# One pytest worker per core, each test module on one worker (its module-scoped fixtures built once).
+PYTEST_WORKERS := -n auto --dist loadscope
+
 test: $(STAMP) ## Fast test tier (under 10 minutes on 2 cores)
-	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_WORKERS)
 
 test-full: $(STAMP) ## Every test, including the long real runs
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS)
 
 bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 	$(PY) -m benchmarks

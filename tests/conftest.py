@@ -13,6 +13,16 @@ os.environ.setdefault("WANDB_SILENT", "true")
 WANDB_DIR_VARIABLES = ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")
 
 
+# The longest fast-tier modules, collected first: with one worker per core (make test) each starts right away on a
+# worker of its own while the others work through the short modules, instead of starting last and running alone.
+LONGEST_FIRST = ("tests/verl/test_verl_cpu_mode.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the :data:`LONGEST_FIRST` modules to the front (a stable sort: the order is otherwise kept)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def wandb_sandbox(tmp_path_factory: pytest.TempPathFactory):
     """W&B reads its environment once per process (at its first setup), so the sandbox is set per session;

@@ -25,7 +25,7 @@ import yaml
 from dataflex_rl import keys
 from dataflex_rl.tracking import load_histograms, load_metrics, read_meta, read_status
 
-from cpu_mode import prepare_folder, run_verl  # noqa: E402  (sibling module; tests/verl is on sys.path)
+from cpu_mode import TEST_PREPARE_OVERRIDES, prepare_folder, run_verl  # noqa: E402  (sibling module; tests/verl is on sys.path)
 
 AR = ["dataflex.actuator.params.alpha=0.5"]
 BASELINE = ["dataflex.actuator.params.alpha=0.0"]
@@ -61,6 +61,8 @@ def test_ar_run_on_the_real_trainer_reweights_what_the_actor_sees(prepared, tmp_
     assert list(metrics.index) == [0, 1, 2]  # the validation before training, then the two steps
     assert metrics[keys.VAL_ACCURACY].notna().all()  # validated at 0, 1 and 2 (verl's val-core, one data source)
     training = metrics.loc[[1, 2]]
+    assert (training["critic/score/mean"] > 0).all()  # correct answers in the groups: advantages to reweight
+    assert (training["critic/advantages/max"] > 0).all() and (training["critic/advantages/min"] < 0).all()
     assert (training["dataflex/weight/std"] > 0).all()  # AR at alpha 0.5 moved the weights off 1
     assert training["dataflex/weight/mean"].to_numpy() == pytest.approx(1.0, abs=1e-5)  # mean-normalised
     assert (training[keys.UPDATE_STAGES] == 1).all()
@@ -168,7 +170,7 @@ def test_a_two_run_verl_sweep_on_the_cpu_gives_a_report(tmp_path, monkeypatch):
 
     experiment = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
                                  / "verl_cpu_tiny.yaml").read_text())
-    experiment["prepare"]["overrides"] += ["sft.steps=60", f"sft.cache_dir={tmp_path / 'sft-cache'}"]
+    experiment["prepare"]["overrides"] += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={tmp_path / 'sft-cache'}"]
     experiment["prepare"].update(train_size=512, test_size=64)
     path = tmp_path / "verl_cpu_test.yaml"
     path.write_text(yaml.safe_dump(experiment))

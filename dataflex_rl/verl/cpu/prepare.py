@@ -81,6 +81,8 @@ def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, te
             seed: int = 0) -> Path:
     """Write (or keep) ``out`` as described in the module docstring; returns ``out``. Raises ``ConfigError`` for
     a bad override and ``FileExistsError`` for a folder prepared from other inputs."""
+    import torch
+
     from dataflex_rl.local.sft import sft_cache_key, warm_start
     from dataflex_rl.verl.data import build_rows, write_files
 
@@ -96,7 +98,13 @@ def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, te
                               f"({found}); give another folder or delete this one")
     task = train_config.task.built
     rows = build_rows(train_config.task.name, train_config.task.params, train_size, test_size, seed=seed)
-    model, tokenizer, _ = warm_start(train_config.model, train_config.task, train_config.sft, task)
+    threads = torch.get_num_threads()
+    if train_config.threads is not None:  # as the local backend trains (conf/train.yaml: one thread)
+        torch.set_num_threads(train_config.threads)
+    try:
+        model, tokenizer, _ = warm_start(train_config.model, train_config.task, train_config.sft, task)
+    finally:
+        torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     for folder in (MODEL_FOLDER, TOKENIZER_FOLDER):
         shutil.rmtree(out / folder, ignore_errors=True)

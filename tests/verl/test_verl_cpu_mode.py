@@ -74,10 +74,21 @@ def test_ar_run_on_the_real_trainer_reweights_what_the_actor_sees(prepared, tmp_
     assert read_meta(run.run_dir)["backend"] == "verl"
 
 
+# The quantities that do not depend on the order of a batch's rows, exactly; those that sum over them in float32, to
+# rounding. verl's CPU run is not bit-for-bit repeatable: the agent loop's responses reach the batch in the order
+# their requests finish, so the rows (and the float32 sums over them: log-probs of a padded micro-batch, the loss,
+# the gradient) come in another order from run to run, while the responses and their scores are the same set
+# (measured: scores and lengths equal, pg_loss and advantages to 4e-6 relative, grad_norm to 3e-3 after a step).
+ORDER_FREE = ("critic/score/mean", "critic/score/max", "response_length/mean", "response_length/max",
+              "prompt_length/mean")
+ROUNDED = {"critic/advantages/mean": 1e-4, "actor/pg_loss": 1e-4, "actor/grad_norm": 1e-2}
+
+
 @pytest.mark.slow
 def test_alpha_zero_changes_nothing_and_alpha_half_changes_the_loss(prepared, tmp_path):
-    """alpha = 0 under dataflex_sync gives verl's own sync trainer's metrics step for step (same seed); alpha 0.5
-    sees the same first rollouts and scores but a different loss, each run's loss its own advantages'."""
+    """alpha = 0 under dataflex_sync gives verl's own sync trainer's metrics step for step (same seed), up to the
+    row order of a batch (see :data:`ORDER_FREE`); alpha 0.5 sees the same first rollouts and scores but a
+    different loss, each run's loss its own advantages'."""
     plain = run_verl(prepared, tmp_path / "sync", dataflex=BASELINE,
                      extra=["trainer.v1.trainer_mode=sync", "trainer.logger=[console,file]"],
                      environment={"VERL_FILE_LOGGER_PATH": str(tmp_path / "sync.jsonl")})
@@ -86,16 +97,17 @@ def test_alpha_zero_changes_nothing_and_alpha_half_changes_the_loss(prepared, tm
     baseline = completed_metrics(run_verl(prepared, tmp_path / "a0", dataflex=BASELINE))
     reweighted = completed_metrics(run_verl(prepared, tmp_path / "a05", dataflex=AR))
 
-    compared = ["critic/score/mean", "critic/advantages/mean", "actor/pg_loss", "actor/grad_norm",
-                "response_length/mean", "actor/entropy"]
     for step in (1, 2):
-        for name in compared:
-            assert baseline.loc[step, name] == pytest.approx(sync_steps[step][name], rel=1e-4, abs=1e-7), (step, name)
-    assert baseline.loc[1, "dataflex/weight/std"] == 0.0
+        for name in ORDER_FREE:
+            assert baseline.loc[step, name] == sync_steps[step][name], (step, name)
+        for name, tolerance in ROUNDED.items():
+            assert baseline.loc[step, name] == pytest.approx(sync_steps[step][name], rel=tolerance), (step, name)
+    assert (baseline.loc[[1, 2], "dataflex/weight/std"] == 0.0).all()
+    assert baseline.loc[1, "critic/score/mean"] > 0  # there were advantages to change
     # Step 1 samples from the same SFT weights with the same seeds: same responses and scores, other advantages.
-    for name in ("critic/score/mean", "response_length/mean"):
-        assert reweighted.loc[1, name] == baseline.loc[1, name]
-    assert reweighted.loc[1, "actor/pg_loss"] != pytest.approx(baseline.loc[1, "actor/pg_loss"], rel=1e-3)
+    for name in ORDER_FREE:
+        assert reweighted.loc[1, name] == baseline.loc[1, name], name
+    assert reweighted.loc[1, "actor/pg_loss"] != pytest.approx(baseline.loc[1, "actor/pg_loss"], rel=1e-2)
     assert_actor_used_written_advantages(baseline)
     assert_actor_used_written_advantages(reweighted)
 

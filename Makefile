@@ -60,8 +60,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install the project with its pinned stack (done by every target)
 
-# One pytest worker per core, each test module on one worker (its module-scoped fixtures built once).
-PYTEST_WORKERS := -n auto --dist loadscope
+# One pytest worker per core, each test module on one worker (its module-scoped fixtures built once), modules in
+# collection order (tests/conftest.py puts the longest first; xdist would otherwise start the biggest modules first).
+PYTEST_WORKERS := -n auto --dist loadscope --no-loadscope-reorder
 
 test: $(STAMP) ## Fast test tier (under 10 minutes on 2 cores)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_WORKERS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pandas as pd
 import pytest
 import torch
 
@@ -113,3 +114,24 @@ def test_the_hf_tokenizer_has_the_character_tokenizer_ids_and_renders_the_local_
         assert tokenizer.decode(char_tokenizer.encode(text) + [char_tokenizer.eos_token_id],
                                 skip_special_tokens=True) == text
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
+
+
+def test_prepare_writes_a_complete_folder_keeps_it_for_the_same_inputs_and_refuses_others(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dataflex_rl.verl.cpu.prepare import prepare
+
+    overrides = ["model.architecture=llama", "sft.steps=0"]  # no SFT: the machinery only
+    out = prepare(tmp_path / "prepared", overrides, train_size=16, test_size=8)
+    assert AutoModelForCausalLM.from_pretrained(out / "model").config.model_type == "llama"
+    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "1+2="}], tokenize=False) == "<bos>1+2="
+    train = pd.read_parquet(out / "data" / "train.parquet")
+    test = pd.read_parquet(out / "data" / "test.parquet")
+    assert (len(train), len(test)) == (16, 8)
+    assert not set(train["extra_info"].map(lambda info: info["key"])) & set(test["extra_info"].map(lambda info: info["key"]))
+    written = (out / "done.json").stat().st_mtime_ns
+    assert prepare(out, overrides, train_size=16, test_size=8) == out
+    assert (out / "done.json").stat().st_mtime_ns == written  # the same inputs: left as it is
+    with pytest.raises(FileExistsError, match="prepared from other inputs"):
+        prepare(out, overrides, train_size=32, test_size=8)

@@ -210,11 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = build_verl_command(options.experiment, (), options.arguments)
         environment = experiment_environment(options.experiment)
-        from dataflex_rl.verl.check import validate_overrides
+        from dataflex_rl.verl.check import quiet_verl_import, validate_overrides
 
         # What the trainer refuses at build time (the dataflex block, a staged mechanism's LR schedule, the run
         # store block) is refused here, before anything is printed or launched.
-        validate_overrides(verl_overrides_of(command), environment)
+        with quiet_verl_import():
+            validate_overrides(verl_overrides_of(command), environment)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -35,7 +35,6 @@ MODEL_FOLDER = "model"
 TOKENIZER_FOLDER = "tokenizer"
 DATA_FOLDER = "data"
 DONE_FILE = "done.json"
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 # The chat template of the character tokenizer: <bos> then the messages' text, as the local backend encodes a
 # prompt (dataflex_rl.local.sequences.encode_prompts); nothing is added for the generation prompt.
 CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -64,9 +63,10 @@ def compose_train_config(overrides: Sequence[str]) -> Any:
     """``conf/train.yaml`` with ``overrides``, validated into the local backend's ``TrainConfig``."""
     from hydra import compose, initialize_config_dir
 
+    from dataflex_rl.local.cli import CONF_DIR
     from dataflex_rl.local.config import parse_train_config
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         config = compose(config_name="train", overrides=[*overrides, "run_dir=unused", "mode=sft"])
     return parse_train_config(config)
 

@@ -17,6 +17,8 @@ WEIGHT_KEYS = tuple(f"{WEIGHT_PREFIX}/{stat}" for stat in WEIGHT_STATS)
 TOKEN_PROB_MEAN = "dataflex/token_prob/mean"
 TOKEN_PROB_LOW_FRAC = "dataflex/token_prob/low_frac"
 VALID_TOKENS = "dataflex/valid_tokens"
+# Share of valid tokens whose weight is above 0, while active (1.0 for AR; below 1 for the masking rules).
+KEPT_TOKEN_FRAC = "dataflex/kept_token_frac"
 # Lopti (mechanism ``isolate``): share of valid tokens with pi < |eta| (the low-probability group), while active.
 LOPTI_LOW_TOKEN_FRAC = "dataflex/lopti/low_token_frac"
 # Lopti: the probability threshold of the split (|eta|, or the |eta|-quantile of pi with split: quantile).
@@ -25,6 +27,7 @@ LOPTI_THRESHOLD = "dataflex/lopti/threshold"
 # Histogram names (run store ``histograms.parquet`` column ``name``; W&B key is the same string).
 HIST_WEIGHT = "dataflex/hist/weight"
 HIST_TOKEN_PROB = "dataflex/hist/token_prob"
+HIST_ENTROPY = "dataflex/hist/entropy"  # the old policy's per-token entropy (nats), when the batch has it
 
 # --- rollout / reward / advantage (verl names) -------------------------------------------------------------
 SCORE_MEAN = "critic/score/mean"
@@ -105,7 +108,7 @@ METRIC_PATTERNS = (
     (re.compile(re.escape(VAL_ACCURACY) + r"/d\d+"), f"{VAL_ACCURACY}/d<difficulty>"),
     (re.compile(re.escape(GRAD_BY_PROB_PREFIX) + r"/\d\.\d\d-\d\.\d\d/\w+"), f"{GRAD_BY_PROB_PREFIX}/<bucket>/<stat>"),
 )
-_NOT_SCALARS = {"WEIGHT_PREFIX", "GRAD_BY_PROB_PREFIX", "HIST_WEIGHT", "HIST_TOKEN_PROB"}
+_NOT_SCALARS = {"WEIGHT_PREFIX", "GRAD_BY_PROB_PREFIX", "HIST_WEIGHT", "HIST_TOKEN_PROB", "HIST_ENTROPY"}
 
 
 def scalar_keys() -> tuple[str, ...]:

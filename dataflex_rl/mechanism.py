@@ -20,9 +20,9 @@ import torch
 
 import dataflex_rl.keys as keys
 import dataflex_rl.metrics as metrics
-from dataflex_rl.actuators import ACTUATORS, Actuator
+from dataflex_rl.actuators import ACTUATORS, Actuator, masked_quantile
 from dataflex_rl.registry import Registry
-from dataflex_rl.scorers import SCORERS, Scorer, check_log_probs, masked_log_probs
+from dataflex_rl.scorers import SCORERS, Scorer, check_log_probs, masked_entropy, masked_log_probs
 
 MECHANISMS: Registry[type[Mechanism]] = Registry("mechanism")
 register_mechanism = MECHANISMS.register
@@ -53,8 +53,9 @@ class Mechanism:
     name: ClassVar[str]
     default_scorer: ClassVar[str] = "token_prob"
     default_actuator: ClassVar[str] = "advantage_reweight"
-    # Batch fields every backend hands to a mechanism (verl's names).
-    provided_fields: ClassVar[frozenset[str]] = frozenset({"old_log_probs", "response_mask", "advantages"})
+    # Batch fields every backend hands to a mechanism (verl's names). ``entropy`` is the old policy's entropy per
+    # token (verl writes it next to old_log_probs; the local backend takes it from the sampler's logits).
+    provided_fields: ClassVar[frozenset[str]] = frozenset({"old_log_probs", "response_mask", "advantages", "entropy"})
     actuators_allowed: ClassVar[tuple[str, ...]] = ("*",)
     # True for a mechanism whose ``stage_masks`` splits the policy update in stages (trainers, the config check and
     # the verl loss read this one attribute).
@@ -68,11 +69,19 @@ class Mechanism:
         self.scorer: Scorer = scorer_cls(config.scorer.make_params(scorer_cls.Params))
         self.actuator: Actuator = actuator_cls(config.actuator.make_params(actuator_cls.Params))
         self.warmup_step = config.warmup_step
+        # The scorer's own float fields beside old_log_probs (e.g. entropy): checked for NaN/inf on valid tokens.
+        self._checked_fields = tuple(sorted(set(self.scorer.required_fields) - {"old_log_probs", "response_mask"}))
         # torch.compile fuses scoring, weighting, applying and the statistics into a few kernels: on a
         # (512, 4096) batch it brings the mechanism from several passes over memory to about the cost of the bare
         # expression (``make bench``). The first call compiles (seconds), so it pays off on large batches only.
         self._compiled = compile
         self._active_core = torch.compile(self._reweight, dynamic=True) if compile else self._reweight
+
+    @property
+    def required_fields(self) -> frozenset[str]:
+        """The batch fields :meth:`process` reads: the response mask, advantages, old log-probs and the scorer's
+        own (a backend hands over these; ``entropy`` only to a mechanism whose scorer reads it)."""
+        return frozenset({"response_mask", "advantages", "old_log_probs", *self.scorer.required_fields})
 
     def is_active(self, step: int) -> bool:
         """Active from ``warmup_step`` on (``step`` as the trainer counts it; verl's global steps start at 1)."""
@@ -98,9 +107,15 @@ class Mechanism:
             token_probs, token_vector = self._token_probs(fields, response_mask)
         # The value checks ride on the statistics' single host synchronisation.
         faults = input_faults(fields["advantages"], fields["response_mask"], response_mask)
-        *token_values, bad_mask_values, bad_advantages = torch.cat([token_vector, faults]).tolist()
+        field_faults = [(~torch.isfinite(fields[name]) & response_mask).sum().double().reshape(1)
+                        for name in self._checked_fields]
+        values = torch.cat([token_vector, faults, *field_faults]).tolist()
+        token_values = values[:len(token_vector)]
+        bad_mask_values, bad_advantages = values[len(token_vector):len(token_vector) + 2]
         if bad_mask_values or bad_advantages:
             raise_input_faults(fields, response_mask, int(bad_mask_values), int(bad_advantages))
+        if any(values[len(token_vector) + 2:]):
+            self.scorer.validate(fields)  # raises naming the field, counts and positions
         log_prob_sum, log_prob_max = token_values[:2]
         if not math.isfinite(log_prob_sum) or log_prob_max > 0:
             check_log_probs(fields["old_log_probs"], response_mask)  # raises with counts and positions
@@ -110,7 +125,11 @@ class Mechanism:
             quantiles = metrics.sample_quantiles(weights, response_mask)
             step_metrics.update(metrics.weight_metrics(weight_vector.tolist(), token_values[2], quantiles))
         step_metrics[keys.ACTIVE] = float(active)
-        hists = metrics.mechanism_histograms(weights, token_probs, response_mask) if histograms else {}
+        hists = {}
+        if histograms:
+            reads_entropy = "entropy" in self.required_fields
+            entropy = masked_entropy(fields["entropy"], response_mask) if reads_entropy else None
+            hists = metrics.mechanism_histograms(weights, token_probs, response_mask, entropy)
         stage_masks = self.stage_masks(fields, token_probs) if active else None  # before warmup: one update
         return MechanismOutput(advantages, weights, step_metrics, hists, stage_masks)
 
@@ -129,10 +148,12 @@ class Mechanism:
         token_probs, token_vector = self._token_probs(fields, response_mask)
         signal = self.scorer.score_given_probs(fields, token_probs)
         advantages = fields["advantages"]
-        if getattr(self.actuator, "needs_advantages", False):
-            weights = self.actuator.weights(signal, response_mask, advantages)
-        else:
-            weights = self.actuator.weights(signal, response_mask)
+        inputs = {}
+        if self.actuator.needs_advantages:
+            inputs["advantages"] = advantages
+        if self.actuator.needs_token_probs:
+            inputs["token_probs"] = token_probs
+        weights = self.actuator.weights(signal, response_mask, **inputs)
         # Masked positions pass through untouched: with weights exactly 1.0 on valid tokens (alpha = 0) the
         # output is the input bit for bit.
         reweighted = torch.where(response_mask, advantages.float() * weights, advantages.float()).to(advantages.dtype)
@@ -167,7 +188,7 @@ class Mechanism:
         missing fields, non-tensors, fields that are not 2-D or not of ``response_mask``'s shape, non-floating
         advantages or log-probs (integer advantages would be truncated by the reweighting), fields on the meta
         device or on different devices. The values are checked by :func:`input_faults`."""
-        needed = {"response_mask", "advantages", "old_log_probs", *self.scorer.required_fields}
+        needed = self.required_fields
         missing = sorted(needed - set(fields))
         if missing:
             raise KeyError(f"mechanism {self.name!r} needs batch field(s) {missing}; got {sorted(fields)}")
@@ -293,23 +314,6 @@ class IsolateMechanism(Mechanism):
             output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] = float(low.sum()) / count if count else 0.0
             output.metrics[keys.LOPTI_THRESHOLD] = self._last_threshold
         return output
-
-
-def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> float:
-    """The ``q``-quantile of ``values[mask]``, computed as ``torch.quantile`` (``interpolation='linear'``) does.
-
-    Sort, then ``lerp(sorted[floor(r)], sorted[ceil(r)], r - floor(r))`` with ``r = q * (n - 1)`` in the values'
-    dtype: the same arithmetic as ``torch.quantile``, without its limit of 2**24 elements. With no element selected,
-    0.0 (so ``pi < 0`` selects no token).
-    """
-    selected = values[mask]
-    if selected.numel() == 0:
-        return 0.0
-    ordered = selected.sort().values
-    rank = torch.tensor(q, dtype=ordered.dtype) * (ordered.numel() - 1)
-    below = rank.floor().long()
-    above = rank.ceil().long()
-    return float(torch.lerp(ordered[below], ordered[above], rank - below.to(ordered.dtype)))
 
 
 def staged_mechanism_names() -> list[str]:

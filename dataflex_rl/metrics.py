@@ -19,6 +19,8 @@ TOKEN_PROB_EDGES = np.linspace(0.0, 1.0, 51)
 # Mean-normalised weights are mostly in [0, 2]; alpha = 1 with a low mean probability can go higher, so the last
 # bin also counts everything above its lower edge (the histogram never drops a token).
 WEIGHT_EDGES = np.linspace(0.0, 4.0, 81)
+# Token entropies in nats: a small vocabulary stays under 4, an LLM's mostly under 8; the last bin absorbs the rest.
+ENTROPY_EDGES = np.linspace(0.0, 8.0, 81)
 DEFAULT_BUCKET_EDGES = (0.25, 0.5, 0.75)
 LOW_PROB_THRESHOLD = 0.5
 
@@ -67,19 +69,20 @@ def token_stats(masked_log_probs: torch.Tensor, token_probs: torch.Tensor, respo
 
 
 def weight_stats(weights: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[sum(w), sum(w^2), min(w), max(w)]`` over valid tokens, float64.
+    """``[sum(w), sum(w^2), min(w), max(w), n(w > 0)]`` over valid tokens, float64.
 
     ``weights`` is 0 at masked positions and non-negative (actuators never flip an advantage's sign), so the plain
     max is the max over valid tokens; the min needs the mask.
     """
     if weights.numel() == 0:
-        return torch.zeros(4, dtype=torch.float64, device=weights.device)
+        return torch.zeros(5, dtype=torch.float64, device=weights.device)
     return torch.stack(
         [
             weights.sum(),
             (weights * weights).sum(),
             torch.where(response_mask, weights, float("inf")).min(),
             weights.max(),
+            (weights > 0).sum().to(weights.dtype),  # masked positions hold 0: valid tokens only
         ]
     ).double()
 
@@ -95,15 +98,18 @@ def token_prob_metrics(stats: list[float]) -> dict[str, float]:
 
 
 def weight_metrics(stats: list[float], count: float, quantiles: list[float]) -> dict[str, float]:
-    """``dataflex/weight/{mean,std,min,max,p05,p50,p95}`` (population std) from :func:`weight_stats` values."""
+    """``dataflex/weight/{mean,std,min,max,p05,p50,p95}`` (population std) and ``dataflex/kept_token_frac`` (share
+    of valid tokens with a weight above 0) from :func:`weight_stats` values."""
     if not count:
         return {}
-    total, square_total, minimum, maximum = stats
+    total, square_total, minimum, maximum, kept = stats
     mean = total / count
     variance = max(square_total / count - mean * mean, 0.0)
     values = {"mean": mean, "std": variance**0.5, "min": minimum, "max": maximum}
     values.update({f"p{round(q * 100):02d}": value for q, value in zip(QUANTILES, quantiles)})
-    return {f"{keys.WEIGHT_PREFIX}/{name}": value for name, value in values.items()}
+    result = {f"{keys.WEIGHT_PREFIX}/{name}": value for name, value in values.items()}
+    result[keys.KEPT_TOKEN_FRAC] = kept / count
+    return result
 
 
 def sample_quantiles(values: torch.Tensor, response_mask: torch.Tensor, max_samples: int = QUANTILE_SAMPLE) -> list[float]:
@@ -127,10 +133,14 @@ def sample_quantiles(values: torch.Tensor, response_mask: torch.Tensor, max_samp
 
 
 def mechanism_histograms(
-    weights: torch.Tensor | None, token_probs: torch.Tensor | None, response_mask: torch.Tensor
+    weights: torch.Tensor | None, token_probs: torch.Tensor | None, response_mask: torch.Tensor,
+    entropy: torch.Tensor | None = None,
 ) -> dict[str, Histogram]:
-    """Weight and token-probability histograms over valid tokens, on the fixed edges above."""
+    """Weight, token-probability and (when the batch has it) entropy histograms over valid tokens, on the fixed
+    edges above."""
     result = {}
+    if entropy is not None:
+        result[keys.HIST_ENTROPY] = histogram(entropy[response_mask].float(), ENTROPY_EDGES)
     if token_probs is not None:
         result[keys.HIST_TOKEN_PROB] = histogram(token_probs[response_mask].float(), TOKEN_PROB_EDGES)
     if weights is not None:

@@ -82,6 +82,47 @@ class TokenProbScorer(Scorer):
         check_log_probs(fields["old_log_probs"], fields["response_mask"].bool())
 
 
+@register_scorer("entropy")
+class EntropyScorer(Scorer):
+    """``H_t``: the entropy (nats) of the sampling policy's next-token distribution at each generated token.
+
+    Read from the batch field ``entropy``, which both backends fill without another forward pass: verl's V1
+    trainer writes it next to ``old_log_probs`` (``calculate_entropy: True``), the local backend takes it from
+    the sampler's own logits (or from its old-log-prob pass with ``trainer.recompute_old_log_probs``).
+    """
+
+    name = "entropy"
+    granularity = "token"
+    signal = "entropy"
+    required_fields = ("entropy", "response_mask")
+
+    def score(self, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``entropy`` as float32 on valid tokens (a rounding-negative value clamped to 0), 0 elsewhere."""
+        return masked_entropy(fields["entropy"], fields["response_mask"].bool())
+
+    def validate(self, fields: Mapping[str, torch.Tensor]) -> None:
+        """Refuse entropies that are not finite on valid tokens, naming counts and positions."""
+        check_finite(fields["entropy"], fields["response_mask"].bool(), "entropy")
+
+
+def masked_entropy(entropy: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``entropy`` as float32 on valid tokens, clamped at 0 (``-sum p log p`` can round to -1e-7), 0 elsewhere."""
+    return torch.where(response_mask, entropy.float().clamp(min=0.0), 0.0)
+
+
+def check_finite(values: torch.Tensor, response_mask: torch.Tensor, field: str) -> None:
+    """Raise ``ValueError`` if a valid token's value of ``field`` is NaN or infinite (how many, and where)."""
+    bad = response_mask & ~torch.isfinite(values)
+    if bool(bad.any()):
+        positions = bad.nonzero()
+        first = [tuple(int(i) for i in row) for row in positions[:5]]
+        values_at = [float(values[row, col]) for row, col in first]
+        raise ValueError(
+            f"batch field {field!r} has {positions.shape[0]} NaN or infinite value(s) on valid tokens; first "
+            f"(row, position) -> value: {dict(zip(first, values_at))}"
+        )
+
+
 def masked_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """``log_probs`` as float32 on valid tokens, 0 elsewhere."""
     return torch.where(response_mask, log_probs.float(), 0.0)

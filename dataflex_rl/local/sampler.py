@@ -11,6 +11,8 @@ and the repeated prompts of a GRPO group, run once each.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -19,12 +21,28 @@ from dataflex_rl.local.decoder import DecoderWeights, attention_bias, distinct_p
 COMPACT_FRACTION = 0.75  # drop finished rows from the cache once at most this share of its rows is still active
 
 
+class Sampled(NamedTuple):
+    """``responses`` ``(N, R)``; with a temperature, per response token ``(N, R)``: ``log_probs`` of the sampled
+    token and ``entropy`` (nats) of the distribution it was drawn from, both of ``softmax(logits / T)`` and 0 after
+    a row's end; greedy: both None."""
+
+    responses: torch.Tensor
+    log_probs: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+
+def token_log_prob_and_entropy(scores: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log p(token), -sum p log p)`` of ``softmax(scores)`` along the last axis; ``tokens`` indexes it."""
+    log_softmax = F.log_softmax(scores, dim=-1)
+    entropy = torch.special.entr(log_softmax.exp()).sum(-1)  # entr(0) = 0: a -inf score adds nothing, not NaN
+    return log_softmax.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), entropy
+
+
 @torch.no_grad()
 def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
            temperature: float | None, eos_token_id: int, pad_token_id: int,
-           row_generators: list[torch.Generator] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(responses (N, R), log_probs (N, R) | None)`` for left-padded prompts ``(N, P)``; ``temperature=None``
-    is greedy. ``log_probs`` are the sampled tokens' log-softmax of ``logits / T`` (0 after a row's end).
+           row_generators: list[torch.Generator] | None = None) -> Sampled:
+    """:class:`Sampled` responses for left-padded prompts ``(N, P)``; ``temperature=None`` is greedy.
 
     ``row_generators``: one generator per row, each drawing its row's tokens, so a row's sample does not depend on
     which other rows share the batch (a server batching requests as they arrive); without it, one multinomial
@@ -39,7 +57,7 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
     logits = _prefill(weights, prompt_ids, prompt_mask, cache_k, cache_v)
     positions = prompt_mask.long().sum(-1)  # the next token's position: attended tokens so far
     active = torch.arange(rows)  # cache row i holds sequence active[i]
-    responses, log_probs = [], []
+    responses, log_probs, entropies = [], [], []
     finished = torch.zeros(rows, dtype=torch.bool)
     vocab = logits.shape[-1]
     for step in range(max_new_tokens):
@@ -48,8 +66,9 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
         scores[active] = logits / temperature if temperature else logits
         if temperature:
             tokens = _draw(F.softmax(scores, dim=-1), row_generators)
-            log_probs.append(torch.where(finished, 0.0, F.log_softmax(scores, dim=-1).gather(
-                -1, tokens.unsqueeze(-1)).squeeze(-1)))
+            token_log_probs, entropy = token_log_prob_and_entropy(scores, tokens)
+            log_probs.append(torch.where(finished, 0.0, token_log_probs))
+            entropies.append(torch.where(finished, 0.0, entropy))
         else:
             tokens = scores.argmax(-1)
         tokens = torch.where(finished, pad_token_id, tokens)
@@ -65,7 +84,9 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
         logits = _decode(weights, tokens[active], positions[active] + step, cache_k, cache_v, column,
                          key_valid[active])
     response_ids = torch.stack(responses, dim=1)
-    return response_ids, (torch.stack(log_probs, dim=1) if temperature else None)
+    if not temperature:
+        return Sampled(response_ids, None, None)
+    return Sampled(response_ids, torch.stack(log_probs, dim=1), torch.stack(entropies, dim=1))
 
 
 def _draw(probabilities: torch.Tensor, row_generators: list[torch.Generator] | None) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from dataflex_rl.local.decoder import DecoderWeights, shared_prefix_forward
-from dataflex_rl.local.sampler import sample
+from dataflex_rl.local.sampler import Sampled, sample, token_log_prob_and_entropy
 from dataflex_rl.local.tokenizer import Tokenizer
 
 
@@ -24,7 +24,8 @@ class SequenceBatch:
     """``input_ids``/``attention_mask``: ``(N, P + R)``; ``response_mask``: ``(N, R)``; ``prompt_length``: ``P``;
     ``group_index``: ``(N,)`` prompt index of each sequence (verl's ``uid``), for group-relative advantages;
     ``sampling_log_probs``: ``(N, R)`` log-probs of the sampled tokens from the sampler's own logits (with the
-    temperature), when the batch was sampled."""
+    temperature), when the batch was sampled; ``sampling_entropy``: ``(N, R)`` the entropy of each token's sampling
+    distribution, likewise (0 at masked positions in both)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -32,6 +33,7 @@ class SequenceBatch:
     prompt_length: int
     group_index: np.ndarray
     sampling_log_probs: torch.Tensor | None = None
+    sampling_entropy: torch.Tensor | None = None
 
     @property
     def responses(self) -> torch.Tensor:
@@ -45,6 +47,7 @@ class SequenceBatch:
             self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows], self.prompt_length,
             self.group_index[rows.numpy()],
             None if self.sampling_log_probs is None else self.sampling_log_probs[rows],
+            None if self.sampling_entropy is None else self.sampling_entropy[rows],
         )
 
 
@@ -94,19 +97,18 @@ def generate(
     prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)
     prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
     if sampler == "cached":
-        responses, sampling_log_probs = sample(DecoderWeights(model), prompt_ids, prompt_mask, max_new_tokens,
-                                               temperature, tokenizer.eos_token_id, tokenizer.pad_token_id)
-        return _sequence_batch(prompt_ids, prompt_mask, responses, sampling_log_probs, tokenizer, len(prompts), repeats)
-    responses, sampling_log_probs = hf_sample(model, prompt_ids, prompt_mask, max_new_tokens, temperature,
-                                              tokenizer.eos_token_id, tokenizer.pad_token_id)
-    return _sequence_batch(prompt_ids, prompt_mask, responses, sampling_log_probs, tokenizer, len(prompts), repeats)
+        sampled = sample(DecoderWeights(model), prompt_ids, prompt_mask, max_new_tokens, temperature,
+                         tokenizer.eos_token_id, tokenizer.pad_token_id)
+    else:
+        sampled = hf_sample(model, prompt_ids, prompt_mask, max_new_tokens, temperature, tokenizer.eos_token_id,
+                            tokenizer.pad_token_id)
+    return _sequence_batch(prompt_ids, prompt_mask, sampled, tokenizer, len(prompts), repeats)
 
 
 @torch.no_grad()
 def hf_sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-              temperature: float | None, eos_token_id: int, pad_token_id: int
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """HF ``generate``'s ``(responses (N, R), log_probs (N, R) | None)`` for left-padded prompts, with the same
+              temperature: float | None, eos_token_id: int, pad_token_id: int) -> Sampled:
+    """HF ``generate``'s :class:`~dataflex_rl.local.sampler.Sampled` for left-padded prompts, with the same
     contract as :func:`dataflex_rl.local.sampler.sample` (softmax(logits / T) or greedy; torch's global RNG)."""
     # An explicit config: a checkpoint's own generation defaults (repetition penalty, top-p, ...) would make the
     # samples and their scores follow another distribution than the softmax(logits / T) the loss uses.
@@ -125,20 +127,20 @@ def hf_sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     )
     output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
     responses = output.sequences[:, prompt_ids.shape[1]:]
-    sampling_log_probs = None
-    if temperature:
-        scores = torch.stack(output.scores, dim=1).float()  # (N, R, vocab), already divided by the temperature
-        sampling_log_probs = F.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    return responses, sampling_log_probs
+    if not temperature:
+        return Sampled(responses, None, None)
+    scores = torch.stack(output.scores, dim=1).float()  # (N, R, vocab), already divided by the temperature
+    return Sampled(responses, *token_log_prob_and_entropy(scores, responses))
 
 
-def _sequence_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
-                    sampling_log_probs: torch.Tensor | None, tokenizer: Tokenizer, prompts: int,
-                    repeats: int) -> SequenceBatch:
+def _sequence_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampled: Sampled, tokenizer: Tokenizer,
+                    prompts: int, repeats: int) -> SequenceBatch:
+    responses = sampled.responses
     response_mask = response_mask_from(responses, tokenizer.eos_token_id)
-    if sampling_log_probs is not None:
-        # where, not a product: a pad position after <eos> may score -inf, and -inf * 0 is NaN.
-        sampling_log_probs = torch.where(response_mask.bool(), sampling_log_probs, 0.0)
+    # where, not a product: a pad position after <eos> may score -inf (its entropy NaN), and -inf * 0 is NaN.
+    sampling_log_probs, sampling_entropy = (
+        None if values is None else torch.where(response_mask.bool(), values, 0.0)
+        for values in (sampled.log_probs, sampled.entropy))
     return SequenceBatch(
         input_ids=torch.cat([prompt_ids, responses], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
@@ -146,6 +148,7 @@ def _sequence_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, respons
         prompt_length=prompt_ids.shape[1],
         group_index=np.repeat(np.arange(prompts), repeats),
         sampling_log_probs=sampling_log_probs,
+        sampling_entropy=sampling_entropy,
     )
 
 

@@ -146,9 +146,9 @@ class GRPOTrainer:
         generated = time.perf_counter()
         scores = self.reward(rollout)
         advantages = self.compute_advantages(rollout.batch, scores)
-        old_log_probs, reference_log_probs = self.compute_old_log_probs(rollout.batch)
+        old_log_probs, old_entropy, reference_log_probs = self.compute_old_log_probs(rollout.batch)
         mechanism_start = time.perf_counter()
-        output = self.reweight(step, rollout.batch, old_log_probs, advantages)
+        output = self.reweight(step, rollout.batch, old_log_probs, advantages, old_entropy)
         mechanism_seconds = time.perf_counter() - mechanism_start
         exact_start = time.perf_counter()
         exact = self.exact_bucket_gradients(step, rollout.batch, old_log_probs, output)
@@ -210,28 +210,34 @@ class GRPOTrainer:
         return advantages
 
     @torch.no_grad()
-    def compute_old_log_probs(self, batch: SequenceBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(N, R)`` log-probs of the sampled tokens under the policy before the update (and the reference's).
+    def compute_old_log_probs(self, batch: SequenceBatch
+                              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(old log-probs, old entropy, reference log-probs)``, each ``(N, R)``: the sampled tokens' log-probs and
+        the entropy of their distributions under the policy before the update, and the reference's log-probs.
 
         The sampler here is the policy itself, so by default they come from the scores ``generate`` already
         computed; ``trainer.recompute_old_log_probs=true`` recomputes them with a forward pass, as verl does (its
-        rollout engine's numerics differ from the actor's).
+        rollout engine's numerics differ from the actor's). The entropy is None for a greedy batch.
         """
         self.model.eval()
         if batch.sampling_log_probs is not None and not self.trainer.recompute_old_log_probs:
-            old = batch.sampling_log_probs
+            old, entropy = batch.sampling_log_probs, batch.sampling_entropy
         else:
-            old = response_token_outputs(self.model, batch, self.trainer.temperature, packed=self.pack).log_probs
+            outputs = response_token_outputs(self.model, batch, self.trainer.temperature, packed=self.pack)
+            old, entropy = outputs.log_probs, outputs.entropy
         reference = None
         if self.reference is not None:
             reference = response_token_outputs(self.reference, batch, self.trainer.temperature,
                                                packed=self.pack).log_probs
-        return old, reference
+        return old, entropy, reference
 
-    def reweight(self, step: int, batch: SequenceBatch, old_log_probs: torch.Tensor,
-                 advantages: torch.Tensor) -> MechanismOutput:
-        """The mechanism's output for the step (histograms only at steps the loggers want them)."""
+    def reweight(self, step: int, batch: SequenceBatch, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                 old_entropy: torch.Tensor | None = None) -> MechanismOutput:
+        """The mechanism's output for the step (histograms only at steps the loggers want them); ``entropy`` is
+        handed over only to a mechanism that reads it."""
         fields = {"old_log_probs": old_log_probs, "response_mask": batch.response_mask, "advantages": advantages}
+        if "entropy" in self.mechanism.required_fields and old_entropy is not None:
+            fields["entropy"] = old_entropy
         return self.mechanism.process(step, fields, histograms=self.loggers.wants_histogram(step))
 
     def update(self, batch: SequenceBatch, old_log_probs: torch.Tensor, reference_log_probs: torch.Tensor | None,

@@ -111,7 +111,11 @@ def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[
 
 
 def merge_dataflex(block: Any, overrides: Sequence[str]) -> dict[str, Any]:
-    """The experiment's dataflex block with ``dataflex.KEY=value`` overrides applied, validated, in full."""
+    """The experiment's dataflex block with ``dataflex.KEY=value`` overrides applied, validated, in full.
+
+    An override that names another scorer or actuator (``dataflex.actuator.name=stapo``) starts that component's
+    ``params`` afresh: the old component's parameters mean nothing to the new one (a preset's own follow it).
+    """
     merged = OmegaConf.create(to_plain(block))
     for override in overrides:
         key, equals, value = override.partition("=")
@@ -122,6 +126,10 @@ def merge_dataflex(block: Any, overrides: Sequence[str]) -> dict[str, Any]:
                 f"e.g. dataflex.actuator.params.alpha=0.5"
             )
         parsed = OmegaConf.from_dotlist([f"{key.removeprefix('dataflex.')}={value}"])
+        for component in ("scorer", "actuator"):
+            new_name = OmegaConf.select(parsed, f"{component}.name", default=None)
+            if new_name is not None and new_name != OmegaConf.select(merged, f"{component}.name", default=None):
+                merged[component] = {"name": new_name, "params": {}}
         merged = OmegaConf.merge(merged, parsed)
     return parse_dataflex_config(merged).to_dict()
 

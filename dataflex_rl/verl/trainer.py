@@ -3,7 +3,8 @@
 verl has no hook between computing advantages and updating the actor, so this subclass overrides
 ``_compute_advantage``: verl computes the advantages (and, with rollout correction, ``rollout_is_weights``) as
 usual, then :meth:`DataflexSyncTrainer._apply_mechanism` reads ``old_log_probs``, ``response_mask`` and
-``advantages`` for the whole batch from TransferQueue, calls ``Mechanism.process`` once (so the weights are
+``advantages`` (and ``entropy``, which verl writes next to ``old_log_probs``, for a mechanism whose scorer reads it)
+for the whole batch from TransferQueue, calls ``Mechanism.process`` once (so the weights are
 mean-normalised over the batch, not per micro-batch) and writes only ``advantages`` back. ``rollout_is_weights``
 is never read or written: verl's policy loss multiplies it in, so the two compose.
 
@@ -55,7 +56,8 @@ from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place
 
 TRAINER_NAME = "dataflex_sync"
-# The fields the mechanism reads (verl's TransferQueue names); only "advantages" is written back.
+# The fields every mechanism reads (verl's TransferQueue names); a scorer may add its own (``entropy``), read through
+# ``Mechanism.required_fields``. Only "advantages" is written back.
 MECHANISM_FIELDS = ("old_log_probs", "response_mask", "advantages")
 # marked_timer("mechanism") becomes verl's timing metric "timing_s/mechanism".
 MECHANISM_TIMER = keys.TIMING_MECHANISM.removeprefix("timing_s/")
@@ -78,10 +80,28 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
             f"command line, e.g. {EXAMPLE_OVERRIDES}"
         )
     mechanism = build_mechanism(to_plain(block))
+    check_fields_available(config, mechanism)
     if is_staged(mechanism):
         check_constant_schedule(config, mechanism)
         check_no_distillation(config, mechanism)
     return mechanism
+
+
+BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
+
+
+def check_fields_available(config: DictConfig | Mapping[str, Any], mechanism: Mechanism) -> None:
+    """Refuse a mechanism that reads ``entropy`` when verl writes none: under ``bypass_mode`` verl's
+    ``_compute_old_log_prob`` copies the rollout's log-probs and skips the pass that computes the entropy."""
+    if "entropy" not in mechanism.required_fields:
+        return
+    correction = (config.get("algorithm") or {}).get("rollout_correction") or {}
+    if correction.get("bypass_mode", False):
+        raise ConfigError(
+            f"{BYPASS_KEY} = True is not allowed with dataflex.scorer.name = {mechanism.config.scorer.name!r}: "
+            f"under bypass mode verl computes no old-policy entropy; set {BYPASS_KEY}=False or use a scorer that "
+            f"reads old_log_probs only (token_prob)"
+        )
 
 
 def is_staged(mechanism: Mechanism) -> bool:
@@ -279,10 +299,11 @@ class DataflexSyncTrainer(PPOTrainerSync):
 
         ``warmup_step`` counts verl's global steps (the first training step is 1).
         """
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(MECHANISM_FIELDS))
+        names = [*MECHANISM_FIELDS, *sorted(self.mechanism.required_fields - set(MECHANISM_FIELDS))]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=names)
         nested_response_mask = data["response_mask"]
         padded = data.to_padded_tensor()
-        fields = {name: padded[name] for name in MECHANISM_FIELDS}
+        fields = {name: padded[name] for name in names}
 
         want_histograms = self.histogram_logger is not None or self.run_record is not None
         output = self.mechanism.process(self.global_steps, fields, histograms=want_histograms)

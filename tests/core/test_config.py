@@ -46,7 +46,7 @@ def test_defaults_fill_missing_components():
     ("cfg", "pattern"),
     [
         (block(mechanism="resample"), r"dataflex\.mechanism = 'resample'.*registered mechanisms: isolate, reweight"),
-        (block(scorer={"name": "entropy"}), r"dataflex\.scorer\.name = 'entropy'.*registered scorers: token_prob"),
+        (block(scorer={"name": "gradient_norm"}), r"dataflex\.scorer\.name = 'gradient_norm'.*registered scorers: entropy, token_prob"),
         (block(actuator={"name": "clip"}), r"dataflex\.actuator\.name = 'clip'.*advantage_reweight"),
         (block(actuator={"name": "advantage_reweight", "params": {"beta": 1}}),
          r"dataflex\.actuator\.params: unknown key\(s\) 'beta'; allowed keys: alpha, normalize"),

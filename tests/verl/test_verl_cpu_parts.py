@@ -56,7 +56,7 @@ def test_a_row_samples_the_same_tokens_alone_or_in_any_batch(tiny):
     def draw(indices):
         ids, mask = encode_prompts(tokenizer, [prompts[i] for i in indices])
         generators = [torch.Generator().manual_seed(seeds[i]) for i in indices]
-        responses, log_probs = sample(DecoderWeights(model), ids, mask, 6, 1.0, tokenizer.eos_token_id,
+        responses, log_probs, _ = sample(DecoderWeights(model), ids, mask, 6, 1.0, tokenizer.eos_token_id,
                                       tokenizer.pad_token_id, row_generators=generators)
         drawn = {}
         for row, i in enumerate(indices):  # up to the first <eos> (the batch's loop may run longer)

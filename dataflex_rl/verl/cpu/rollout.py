@@ -187,12 +187,12 @@ class CPURolloutServer:
         budget = requests[0].max_tokens
         if self.cached:
             generators = [torch.Generator().manual_seed(request.seed) for request in requests] if temperature else None
-            responses, log_probs = sample(self.weights, prompt_ids, prompt_mask, budget, temperature,
+            responses, log_probs, _ = sample(self.weights, prompt_ids, prompt_mask, budget, temperature,
                                           self.eos_token_id, self.pad_token_id, row_generators=generators)
         else:  # HF generate draws the batch from one generator: seeded by the batch's requests
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(request_seed(self.seed, self.version, [r.seed for r in requests], 0))
-                responses, log_probs = hf_sample(self.model, prompt_ids, prompt_mask, budget, temperature,
+                responses, log_probs, _ = hf_sample(self.model, prompt_ids, prompt_mask, budget, temperature,
                                                  self.eos_token_id, self.pad_token_id)
         outputs = []
         for row, request in enumerate(requests):

@@ -9,10 +9,10 @@ STAMP := $(VENV)/.installed
 # Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
 # `make help` lists the "#>" lines below.
 #> ALPHA     alpha values, e.g. 0.0,0.25,0.5 (default that, or each preset's own alpha with MECH; 0 is always added)
-#> SEEDS     seeds (default 1,2)
-#> MECH      mechanism presets as an axis, e.g. ar,lopti,ar_lopti (conf/dataflex/; the baseline is added)
+#> SEEDS     seeds (default 1,2,3,4,5,6,7,8)
+#> MECH      mechanism presets as an axis, e.g. ar,lopti,high_entropy,stapo,ar_sigmoid (conf/dataflex/; the baseline is added)
 #> ETA       eta values as an axis (presets whose actuator has an eta)
-#> STEPS     RL steps per run (default 400)
+#> STEPS     RL steps per run (default 120 on the local backend; the trainer's own 400 for a single make train)
 #> JOBS      runs at once (default: the core count)
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
 #> BACKEND   local (CPU trainer, default) | verl (GPUs; on a laptop with VERL_EXPERIMENT=verl_cpu_tiny)

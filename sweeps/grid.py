@@ -21,8 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataflex_rl.validation import ConfigError
 from sweeps.config import PRESET_DIR, SweepConfig, check_no_env_interpolation
 
-ALPHA_KEY = "dataflex.actuator.params.alpha"
-ETA_KEY = "dataflex.actuator.params.eta"
+ACTUATOR_PARAMS_PREFIX = "dataflex.actuator.params."
+ALPHA_KEY = f"{ACTUATOR_PARAMS_PREFIX}alpha"
+ETA_KEY = f"{ACTUATOR_PARAMS_PREFIX}eta"
 # Keys the driver sets for every run; giving them in ``extra`` would fight the grid or the run store layout.
 MANAGED_KEYS = {
     "run_dir": "the driver puts each run in runs/<sweep>/<run>",
@@ -87,11 +88,26 @@ def format_number(value: float) -> str:
 
 
 def preset_has_param(preset: str, name: str) -> bool:
-    """Whether ``conf/dataflex/<preset>.yaml`` sets ``actuator.params.<name>``."""
+    """Whether the actuator of ``conf/dataflex/<preset>.yaml`` has a parameter ``name`` (set there or defaulted)."""
     from omegaconf import OmegaConf
 
+    from dataflex_rl.actuators import ACTUATORS
+    from dataflex_rl.registry import RegistryError
+
     block = OmegaConf.load(PRESET_DIR / f"{preset}.yaml")
-    return OmegaConf.select(block, f"actuator.params.{name}", default=None) is not None
+    try:
+        actuator = ACTUATORS.get(OmegaConf.select(block, "actuator.name", default=None))
+    except RegistryError:  # the run's own config check names the bad actuator
+        return False
+    return name in {field.name for field in dataclasses.fields(actuator.Params)}
+
+
+def applies_to(mechanism: str | None, key: str) -> bool:
+    """Whether an axis on ``key`` varies runs of preset ``mechanism``: always, except an actuator parameter's axis
+    (``dataflex.actuator.params.<name>``) for a preset whose actuator lacks that parameter."""
+    if mechanism is None or not key.startswith(ACTUATOR_PARAMS_PREFIX):
+        return True
+    return preset_has_param(mechanism, key.removeprefix(ACTUATOR_PARAMS_PREFIX))
 
 
 def parse_extra(extra: Sequence[str]) -> tuple[list[str], list[Axis]]:
@@ -172,10 +188,13 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
     specs: list[RunSpec] = []
     cells = []
     for mechanism, alpha in itertools.product(mechanisms, alphas):
-        # eta is an axis only for presets whose actuator has an eta (Lopti); others run once, without it.
-        mechanism_etas = etas if mechanism is None or preset_has_param(mechanism, "eta") else (None,)
-        cells += [(mechanism, alpha, eta, cell)
-                  for eta, cell in itertools.product(mechanism_etas, itertools.product(*axis_values))]
+        # An actuator parameter's axis (eta, or any dataflex.actuator.params.* key) applies only to the presets whose
+        # actuator has that parameter; the others (the baseline, say) run once, without it.
+        mechanism_etas = etas if applies_to(mechanism, ETA_KEY) else (None,)
+        mechanism_axes = [values if applies_to(mechanism, axis.bare_key) else [None]
+                          for axis, values in zip(axes, axis_values, strict=True)]
+        cells += [(mechanism, alpha, eta, tuple(item for item in cell if item is not None))
+                  for eta, cell in itertools.product(mechanism_etas, itertools.product(*mechanism_axes))]
     for mechanism, alpha, eta, cell in cells:
         for seed in config.seeds:
             name_parts, overrides = [], []

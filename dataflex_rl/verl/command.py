@@ -23,6 +23,7 @@ path with spaces the Hydra way: ``model="'/my models/qwen'"``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -34,7 +35,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dataflex_rl.actuators import ACTUATORS
 from dataflex_rl.config import parse_dataflex_config
+from dataflex_rl.scorers import SCORERS
 from dataflex_rl.validation import ConfigError, to_plain
 
 TRAINER_MODE_OVERRIDE = "trainer.v1.trainer_mode=dataflex_sync"
@@ -113,8 +116,9 @@ def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[
 def merge_dataflex(block: Any, overrides: Sequence[str]) -> dict[str, Any]:
     """The experiment's dataflex block with ``dataflex.KEY=value`` overrides applied, validated, in full.
 
-    An override that names another scorer or actuator (``dataflex.actuator.name=stapo``) starts that component's
-    ``params`` afresh: the old component's parameters mean nothing to the new one (a preset's own follow it).
+    An override that names another scorer or actuator (``dataflex.actuator.name=stapo``) keeps only the parameters
+    the new component has too (AR's ``alpha`` stays for ``lopti``, whose parameters are AR's plus two; none of them
+    for ``stapo``): the others would be refused as unknown to it.
     """
     merged = OmegaConf.create(to_plain(block))
     for override in overrides:
@@ -126,10 +130,13 @@ def merge_dataflex(block: Any, overrides: Sequence[str]) -> dict[str, Any]:
                 f"e.g. dataflex.actuator.params.alpha=0.5"
             )
         parsed = OmegaConf.from_dotlist([f"{key.removeprefix('dataflex.')}={value}"])
-        for component in ("scorer", "actuator"):
+        for component, registry in (("scorer", SCORERS), ("actuator", ACTUATORS)):
             new_name = OmegaConf.select(parsed, f"{component}.name", default=None)
-            if new_name is not None and new_name != OmegaConf.select(merged, f"{component}.name", default=None):
-                merged[component] = {"name": new_name, "params": {}}
+            if new_name is None or new_name not in registry:
+                continue  # no change of component, or an unknown one that validation below names
+            known = {field.name for field in dataclasses.fields(registry.get(new_name).Params)}
+            params = OmegaConf.select(merged, f"{component}.params", default=None) or {}
+            merged[component] = {"name": new_name, "params": {key: params[key] for key in params if key in known}}
         merged = OmegaConf.merge(merged, parsed)
     return parse_dataflex_config(merged).to_dict()
 

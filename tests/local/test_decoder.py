@@ -46,8 +46,23 @@ def test_cached_sampler_draws_the_samples_hf_generate_draws(architecture, temper
         # Rows end at different steps (the loop drops finished rows from its cache) and some run to the limit.
         assert lengths.min() < lengths.max() == 12
         torch.testing.assert_close(cached.sampling_log_probs, hf.sampling_log_probs, atol=2e-5, rtol=0)
+        torch.testing.assert_close(cached.sampling_entropy, hf.sampling_entropy, atol=2e-5, rtol=0)
     else:
-        assert cached.sampling_log_probs is None
+        assert cached.sampling_log_probs is None and cached.sampling_entropy is None
+
+
+@pytest.mark.parametrize("sampler", ["hf", "cached"])
+def test_sampling_entropy_is_the_old_policy_entropy_a_forward_pass_gives(sampler):
+    """The entropy the entropy scorer reads on the local backend (from the sampler's logits) equals the entropy
+    of the same weights' forward pass (what ``trainer.recompute_old_log_probs`` and verl compute), 0 at padding."""
+    model, tokenizer = tiny("qwen2")
+    torch.manual_seed(2)
+    batch = generate(model, tokenizer, PROMPTS, 4, 10, 0.7, sampler=sampler)
+    mask = batch.response_mask.bool()
+    recomputed = response_token_outputs(model, batch, 0.7).entropy
+    torch.testing.assert_close(batch.sampling_entropy[mask], recomputed[mask], atol=2e-5, rtol=0)
+    assert (batch.sampling_entropy[~mask] == 0).all() and (~mask).any()
+    assert float(batch.sampling_entropy[mask].min()) > 0.0
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])

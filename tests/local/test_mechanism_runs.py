@@ -1,4 +1,4 @@
-"""Two-step local runs of each mechanism preset (baseline, ar, lopti, ar_lopti) through the real entry point.
+"""Two-step local runs of each mechanism preset (baseline, ar, lopti, ar_lopti and the token rules) through the real entry point.
 
 A staged mechanism makes the trainer run one full PPO update per stage: the optimiser's step count in the last
 checkpoint says how many updates ran (steps x stages x ppo_epochs x ppo_mini_batches; the tiny runs have one epoch
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dataflex_rl import keys
-from dataflex_rl.tracking import load_metrics
+from dataflex_rl.tracking import load_histograms, load_metrics
 from dataflex_rl.train import run
 
 from .conftest import compose_train, tiny_overrides
@@ -73,3 +73,22 @@ def test_lopti_quantile_split_puts_the_share_eta_first(tmp_path, sft_cache):
     assert (train[keys.LOPTI_LOW_TOKEN_FRAC] - 0.25).abs().max() < 0.05
     # The threshold is the batch's quantile of pi, not eta itself.
     assert train[keys.LOPTI_THRESHOLD].between(0.0, 1.0).all() and (train[keys.LOPTI_THRESHOLD] != 0.25).all()
+
+
+@pytest.mark.parametrize(("preset", "reads_entropy"), [("high_entropy", True), ("stapo", True), ("ar_sigmoid", False)])
+def test_two_step_run_of_each_token_rule_preset(tmp_path, sft_cache, preset, reads_entropy):
+    run_dir, frame = run_preset(tmp_path, sft_cache, preset)
+    assert optimizer_steps(run_dir) == STEPS
+    train = frame.loc[1:STEPS]
+    assert (train[keys.ACTIVE] == 1.0).all() and train[keys.PG_LOSS].map(math.isfinite).all()
+    kept = train[keys.KEPT_TOKEN_FRAC]
+    if preset == "high_entropy":
+        # rho = 0.2 of the tokens, plus ties at the quantile; the loss keeps its normalisation over all tokens.
+        assert kept.between(0.2 - 1e-9, 1.0).all() and (kept < 1.0).all()
+        assert (train[keys.WEIGHT_KEYS[0]] == kept).all()  # 0/1 weights: their mean is the kept share
+    else:
+        # STAPO silences a rare few tokens at most (mean weight 1 over valid tokens); the sigmoid drops none.
+        assert kept.between(0.9, 1.0).all()
+        assert train[keys.WEIGHT_KEYS[0]].to_numpy() == pytest.approx(1.0, abs=1e-5)
+    histograms = load_histograms(run_dir)
+    assert (keys.HIST_ENTROPY in set(histograms["name"])) == reads_entropy

@@ -51,6 +51,20 @@ def test_default_grid_adds_the_baseline_first_and_names_runs():
     assert [spec.alpha for spec in expand_grid(config_of("alpha=0,0.5", "seeds=1"))] == [0.0, 0.5]
 
 
+def test_an_actuator_parameters_axis_multiplies_only_the_presets_that_have_it():
+    # MECH=high_entropy EXTRA="dataflex.actuator.params.rho=0.1,0.4": the baseline (added) has no rho, runs once.
+    specs = expand_grid(config_of("mechanisms=high_entropy", "seeds=1",
+                                  "extra=[dataflex.actuator.params.rho=0.1,0.4]"))
+    assert [spec.name for spec in specs] == ["s1-baseline", "s1-high_entropy-rho0.1", "s1-high_entropy-rho0.4"]
+    assert "dataflex.actuator.params.rho=0.1" not in specs[0].overrides
+    assert specs[1].overrides[-2:] == ("dataflex.actuator.params.rho=0.1", "seed=1")
+    assert specs[0].axis_keys == ("mechanism_label", "dataflex.actuator.params.rho", "seed")
+    # A parameter the actuator has without the preset setting it (Lopti's split) is an axis of that preset too.
+    split = expand_grid(config_of("mechanisms=lopti", "seeds=1", "extra=[+dataflex.actuator.params.split=threshold,"
+                                  "quantile]"))
+    assert [spec.name for spec in split] == ["s1-baseline", "s1-lopti-split-threshold", "s1-lopti-split-quantile"]
+
+
 def test_extra_axes_mechanisms_and_eta_multiply_the_grid():
     config = config_of("alpha=0.5", "seeds=1", "add_baseline=false", "mechanisms=baseline,ar",
                        "extra=[trainer.lr=1e-4,1e-3 task=arithmetic,knights_knaves trainer.kl_coef=0.0]")

@@ -200,3 +200,17 @@ def test_an_unknown_platform_is_refused(tmp_path):
     OmegaConf.save(experiment, path)
     with pytest.raises(ConfigError, match=r"platform = 'tpu' is not allowed: one of \[None, 'cpu'\]"):
         build_verl_command(path, [], ["prepared=/tmp/prepared"])
+
+
+def test_switching_actuator_keeps_only_the_parameters_the_new_one_has():
+    # The experiment's block is AR (alpha 0.5, normalize mean). STAPO has neither parameter; the sigmoid weights
+    # share normalize; Lopti's parameters are AR's plus two, so alpha stays (AR + Lopti).
+    from dataflex_rl.verl.command import load_experiment, merge_dataflex
+
+    block = load_experiment("verl_cpu_tiny").dataflex
+    stapo = merge_dataflex(block, ["dataflex.scorer.name=entropy", "dataflex.actuator.name=stapo"])
+    assert stapo["actuator"] == {"name": "stapo", "params": {"tau_p": 0.01, "entropy_quantile": 0.05}}
+    sigmoid = merge_dataflex(block, ["dataflex.actuator.name=sigmoid_reweight", "dataflex.actuator.params.k=2"])
+    assert sigmoid["actuator"]["params"] == {"k": 2.0, "tau": 0.5, "normalize": "mean"}
+    lopti = merge_dataflex(block, ["dataflex.mechanism=isolate", "dataflex.actuator.name=lopti"])
+    assert lopti["actuator"]["params"]["alpha"] == 0.5 and lopti["actuator"]["params"]["eta"] == 0.5

@@ -26,6 +26,7 @@ from dataflex_rl import keys
 from dataflex_rl.tracking import load_histograms, load_metrics, read_meta, read_status
 
 from cpu_mode import TEST_PREPARE_OVERRIDES, prepare_folder, run_verl  # noqa: E402  (sibling module; tests/verl is on sys.path)
+from sweeps.commands import preset_overrides
 
 AR = ["dataflex.actuator.params.alpha=0.5"]
 BASELINE = ["dataflex.actuator.params.alpha=0.0"]
@@ -197,3 +198,23 @@ def test_a_two_run_verl_sweep_on_the_cpu_gives_a_report(tmp_path, monkeypatch):
         assert read_status(tmp_path / "runs" / "cpu" / run)["state"] == "completed"
         assert math.isfinite(load_metrics(tmp_path / "runs" / "cpu" / run)[keys.VAL_ACCURACY].iloc[-1])
     assert os.path.isdir(tmp_path / "runs" / "cpu" / "verl_prepared" / "model")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["high_entropy", "stapo", "ar_sigmoid"])
+def test_token_rule_presets_run_on_the_real_trainer(prepared, tmp_path, preset):
+    """Each token rule's preset, as ``make sweep BACKEND=verl MECH=<preset>`` passes it: the entropy rules read the
+    ``entropy`` verl's ``_compute_old_log_prob`` wrote, and the actor's loss uses the advantages they wrote."""
+    run = run_verl(prepared, tmp_path / preset, dataflex=preset_overrides(preset))
+    metrics = completed_metrics(run)
+    training = metrics.loc[metrics.index > 0]
+    assert (training[keys.ACTIVE] == 1.0).all() and (training["critic/score/mean"] > 0).all()
+    kept = training[keys.KEPT_TOKEN_FRAC]
+    if preset == "high_entropy":
+        assert kept.between(0.2 - 1e-9, 1.0).all() and (kept < 1.0).all()
+    else:
+        assert kept.between(0.9, 1.0).all()
+        assert training["dataflex/weight/mean"].to_numpy() == pytest.approx(1.0, abs=1e-5)
+    assert_actor_used_written_advantages(metrics)
+    names = set(load_histograms(run.run_dir)["name"])
+    assert (keys.HIST_ENTROPY in names) == (preset != "ar_sigmoid")

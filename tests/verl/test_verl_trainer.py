@@ -66,6 +66,8 @@ def fill_queue(queue, rows: list[dict], *, with_rollout_log_probs: bool) -> KVBa
         }
         if with_rollout_log_probs:
             fields["rollout_log_probs"] = torch.tensor(row["rollout_log_probs"], dtype=torch.float32)
+        if "entropy" in row:  # what verl's _compute_old_log_prob writes next to old_log_probs
+            fields["entropy"] = torch.tensor(row["entropy"], dtype=torch.float32)
         queue.add(PARTITION, key, **fields)
         keys_in_order.append(key)
     return KVBatchMeta(keys=keys_in_order, tags=[{} for _ in keys_in_order], partition_id=PARTITION)
@@ -453,3 +455,47 @@ def test_stages_of_another_batch_are_refused(verl_config, queues):
     with pytest.raises(RuntimeError, match="different batch"):
         trainer._update_actor(reordered, metrics={})
     assert trainer.actor_rollout_wg.seen_advantages == []
+
+
+# --- token rules that read the old policy's entropy -----------------------------------------------------------------
+HIGH_ENTROPY = {"mechanism": "reweight", "scorer": {"name": "entropy", "params": {}},
+                "actuator": {"name": "entropy_quantile", "params": {"rho": 0.3}}, "warmup_step": 0}
+
+
+def test_entropy_rules_read_verls_entropy_field_and_equal_the_mechanism(verl_config, queues, monkeypatch):
+    import wandb
+
+    logged = []
+    monkeypatch.setattr(wandb, "run", SimpleNamespace(id="run-1", tags=()))
+    monkeypatch.setattr(wandb, "log", lambda payload, step: logged.append(payload))
+    set_dataflex(verl_config, HIGH_ENTROPY)
+    verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=13, prompts=3, group=4)
+    generator = torch.Generator().manual_seed(13)
+    for row in rows:
+        row["entropy"] = (torch.rand(len(row["mask"]), generator=generator) * 2).tolist()
+    queue = queues.new()
+    batch = fill_queue(queue, rows, with_rollout_log_probs=False)
+    metrics: dict = {}
+    trainer = stub_trainer(verl_config, global_steps=1, histogram_logger=WandbHistogramLogger("reweight"))
+    trainer._compute_advantage(batch, metrics=metrics)
+
+    verl_queue = queues.new()
+    fill_queue(verl_queue, rows, with_rollout_log_probs=False)
+    stub_verl_trainer(verl_config)._compute_advantage(batch, metrics={})
+    fields = {name: padded(verl_queue, batch, name)
+              for name in ("old_log_probs", "response_mask", "advantages", "entropy")}
+    expected, expected_metrics = build_mechanism(HIGH_ENTROPY).apply(1, fields)
+    assert torch.equal(padded(queue, batch, "advantages"), expected)
+    assert 0.3 <= metrics[keys.KEPT_TOKEN_FRAC] == expected_metrics[keys.KEPT_TOKEN_FRAC] < 1.0
+    assert set(logged[0]) == {keys.HIST_WEIGHT, keys.HIST_TOKEN_PROB, keys.HIST_ENTROPY}
+
+
+def test_entropy_rules_are_refused_under_bypass_mode_where_verl_computes_no_entropy(verl_config):
+    set_dataflex(verl_config, HIGH_ENTROPY)
+    verl_config.algorithm.rollout_correction.bypass_mode = True
+    with pytest.raises(ConfigError, match=r"algorithm\.rollout_correction\.bypass_mode = True is not allowed with "
+                                          r"dataflex\.scorer\.name = 'entropy'"):
+        DataflexSyncTrainer(config=verl_config)
+    set_dataflex(verl_config, dataflex_block(alpha=0.5))  # AR reads old_log_probs only: fine under bypass mode
+    assert mechanism_from_verl_config(verl_config).config.scorer.name == "token_prob"

@@ -140,6 +140,12 @@ def _sorted_groups(frame: pd.DataFrame, group_keys: Sequence[str]) -> list[tuple
     return [tuple(row) for row in unique.itertuples(index=False)]
 
 
+def group_color_map(frame: pd.DataFrame, group_keys: Sequence[str]) -> dict[tuple[Any, ...], Any]:
+    """``{group key tuple: colour}`` for the groups of ``frame`` in sorted order: the colour each group gets in the
+    per-group figures of the same rows (:func:`plot_curves` and friends)."""
+    return group_colors(_sorted_groups(frame, group_keys))
+
+
 def _rows_of(frame: pd.DataFrame, group_keys: Sequence[str], group: tuple[Any, ...]) -> pd.DataFrame:
     mask = np.ones(len(frame), dtype=bool)
     for key, value in zip(group_keys, group, strict=True):
@@ -152,6 +158,13 @@ def _rows_of(frame: pd.DataFrame, group_keys: Sequence[str], group: tuple[Any, .
 
 
 # --- curves ------------------------------------------------------------------------------------------------------
+
+
+# The curve statistics plot_curves draws: (interval columns of aggregate_curves, how the title names them).
+CURVE_STATISTICS: dict[str, tuple[str, str, str]] = {
+    "mean": ("ci_low", "ci_high", "mean over seeds, {confidence:.0%} Student-t CI"),
+    "iqm": ("iqm_ci_low", "iqm_ci_high", "IQM over seeds, {confidence:.0%} Tukey-McLaughlin CI"),
+}
 
 
 def plot_curves(
@@ -167,14 +180,22 @@ def plot_curves(
     band: bool = True,
     smoothing: float | None = None,
     title: str | None = None,
+    statistic: str = "mean",
+    min_seeds: int | None = None,
 ) -> Axes:
-    """Mean curve of ``metric`` per group over steps, with a bootstrap ``confidence`` band (one line per group).
+    """Curve of ``metric`` per group over steps (the mean over seeds, or their IQM with ``statistic="iqm"``), with its
+    ``confidence`` interval as a band (one line per group), from :func:`analysis.aggregate.aggregate_curves`: Student t
+    for the mean, Tukey-McLaughlin for the IQM.
 
     Curves are aligned as in :func:`analysis.aggregate.align_curves` (forward fill within each run, no extrapolation).
-    ``smoothing`` (in [0, 1), e.g. 0.9): the mean curve is drawn EMA-smoothed (:func:`ema`) over the raw mean, which
-    stays faint behind it with its band; the smoothed line is ``ax.lines[2 * i + 1]`` for group ``i``, the raw one
-    ``ax.lines[2 * i]``. ``title``: default the metric's readable name.
+    ``smoothing`` (in [0, 1), e.g. 0.9): the curve is drawn EMA-smoothed (:func:`ema`) over the raw one, which stays
+    faint behind it with its band; the smoothed line is ``ax.lines[2 * i + 1]`` for group ``i``, the raw one
+    ``ax.lines[2 * i]``. ``min_seeds``: the band only at steps with at least this many runs (None: wherever the
+    interval is defined, n >= 2). ``title``: default the metric's readable name.
     """
+    if statistic not in CURVE_STATISTICS:
+        raise ValueError(f"statistic={statistic!r} is not one of {sorted(CURVE_STATISTICS)}")
+    low_column, high_column, detail = CURVE_STATISTICS[statistic]
     ax = _axes(ax)
     curves = aggregate_curves(long, metric, group_keys=group_keys, step_grid=step_grid, confidence=confidence,
                               n_bootstrap=n_bootstrap, random_state=random_state)
@@ -184,18 +205,89 @@ def plot_curves(
         rows = _rows_of(curves, group_keys, group)
         label = group_label(group_keys, group) + f" (n={int(rows['n'].max())})"
         if smoothing:
-            ax.plot(rows["step"], rows["mean"], color=colors[group], alpha=0.3, linewidth=0.8)
-            ax.plot(rows["step"], ema(rows["mean"].to_numpy(), smoothing), color=colors[group], linewidth=1.8,
+            ax.plot(rows["step"], rows[statistic], color=colors[group], alpha=0.3, linewidth=0.8)
+            ax.plot(rows["step"], ema(rows[statistic].to_numpy(), smoothing), color=colors[group], linewidth=1.8,
                     label=label)
         else:
-            ax.plot(rows["step"], rows["mean"], color=colors[group], linewidth=1.8, label=label)
+            ax.plot(rows["step"], rows[statistic], color=colors[group], linewidth=1.8, label=label)
         if band:
-            ax.fill_between(rows["step"], rows["ci_low"], rows["ci_high"], color=colors[group],
+            shown = None if min_seeds is None else (rows["n"] >= min_seeds).to_numpy()
+            ax.fill_between(rows["step"], rows[low_column], rows[high_column], where=shown, color=colors[group],
                             alpha=0.12 if smoothing else 0.2, linewidth=0)
     ax.set_xlabel(STEP_LABEL)
     ax.set_ylabel(metric_label(metric))
-    detail = f"mean over seeds, {confidence:.0%} CI" + (f", EMA {smoothing:g}" if smoothing else "")
+    detail = detail.format(confidence=confidence) + (f", EMA {smoothing:g}" if smoothing else "")
     ax.set_title(f"{title or metric_label(metric)}\n({detail})", fontsize="medium")
+    ax.grid(alpha=0.3, linewidth=0.5)
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_sample_efficiency(
+    long: pd.DataFrame,
+    metric: str,
+    *,
+    group_keys: Sequence[str] = ("alpha",),
+    axes: Sequence[Axes] | None = None,
+    step_grid: Any = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    min_seeds: int | None = MIN_SEEDS_FOR_INTERVAL,
+) -> np.ndarray:
+    """Sample-efficiency curves in rliable's style: ``metric`` per group over steps as the mean over seeds (left, with
+    its Student-t interval) and as the IQM (right, with its Tukey-McLaughlin interval), on a shared y-axis; bands only
+    from ``min_seeds`` runs on. Returns the two axes ``(2,)`` (made in a new figure when ``axes`` is None)."""
+    if axes is None:
+        _, created = plt.subplots(1, 2, figsize=(11.0, 4.2), sharey=True, layout="constrained")
+        axes = created
+    if len(axes) != 2:
+        raise ValueError(f"plot_sample_efficiency draws 2 panels (mean, IQM), got {len(axes)} axes")
+    for ax, statistic in zip(axes, ("mean", "iqm"), strict=True):
+        plot_curves(long, metric, group_keys=group_keys, ax=ax, step_grid=step_grid, confidence=confidence,
+                    statistic=statistic, min_seeds=min_seeds, title=metric_label(metric))
+    axes[1].set_ylabel("")  # the y-axis is shared
+    return np.asarray(axes)
+
+
+def plot_curve_difference(
+    frame: pd.DataFrame,
+    *,
+    ax: Axes | None = None,
+    color: Any = None,
+    title: str | None = None,
+) -> Axes:
+    """One comparison of :func:`analysis.curves.curve_differences` (its rows for one group and one metric) over steps:
+    the mean paired difference (group minus baseline) as a line with dots, its pointwise interval as a dark band, the
+    simultaneous band as a light band around it, and a dashed zero line. ``ax.collections[0]`` is the simultaneous
+    band, ``ax.collections[1]`` the pointwise one, ``ax.lines[0]`` the mean difference. ``color``: default the first
+    :data:`PALETTE` colour; ``title``: default "<metric>: <group> minus the baseline"."""
+    from analysis.curves import CURVE_DIFFERENCE_COLUMNS
+
+    group_keys = [column for column in frame.columns if column not in CURVE_DIFFERENCE_COLUMNS]
+    comparisons = frame[[*group_keys, "metric"]].drop_duplicates()
+    if len(comparisons) != 1:
+        raise ValueError(f"plot_curve_difference draws one comparison; the frame holds {len(comparisons)}: "
+                         f"{comparisons.to_dict('records')[:5]} (select one group and metric first)")
+    ax = _axes(ax)
+    rows = frame.sort_values("step")
+    color = PALETTE[0] if color is None else color
+    metric = str(rows["metric"].iloc[0])
+    confidence = float(rows["confidence"].iloc[0])
+    steps = rows["step"].to_numpy()
+    counts = rows["n"].to_numpy()
+    seeds = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
+    ax.fill_between(steps, rows["band_low"], rows["band_high"], color=color, alpha=0.15, linewidth=0,
+                    label=f"{confidence:.0%} simultaneous band ({rows['band_method'].iloc[0]}, "
+                          f"{int(rows['band_steps'].iloc[0])} steps)")
+    ax.fill_between(steps, rows["ci_low"], rows["ci_high"], color=color, alpha=0.4, linewidth=0,
+                    label=f"{confidence:.0%} pointwise interval (paired t)")
+    ax.plot(steps, rows["mean_diff"], color=color, linewidth=1.6, marker="o", markersize=3,
+            label=f"mean paired difference (n={seeds} seeds)")
+    ax.axhline(0.0, color="0.3", linewidth=0.9, linestyle="--", zorder=1)
+    group = tuple(rows[key].iloc[0] for key in group_keys)
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel(f"\u0394 {metric_label(metric)}\n(group \u2212 baseline)")
+    ax.set_title(title or f"{metric_label(metric)}: {group_label(group_keys, group)} minus the baseline",
+                 fontsize="medium")
     ax.grid(alpha=0.3, linewidth=0.5)
     ax.legend(fontsize="small")
     return ax

@@ -5,8 +5,9 @@ Writes into ``runs/<sweep>/report/`` (or ``--out``):
 - ``report.md`` (and ``report.html``, the same page for a browser): the summary table, runs per group, excluded runs
   with their state and error, the comparison tables (final-window mean and time-averaged AUC, with paired deltas
   against the baseline), what each comparison could detect (MDE, seeds needed for a target difference), the split of
-  each group's variance into evaluation and training noise, the seed plan of a planned sweep, and the figures as
-  relative PNG links;
+  each group's variance into evaluation and training noise, the seed plan of a planned sweep, the figures as
+  relative PNG links, and where in training the groups differ (per-step paired differences against the baseline with
+  a simultaneous band, :mod:`analysis.curves`, and mean / IQM sample-efficiency curves);
 - ``table_final_window.{md,csv,tex,html}``, ``table_auc.{md,csv,tex,html}`` (CSV = the numbers behind the table);
 - ``fig_*.png`` (200 dpi) and ``fig_*.pdf`` (vector); ``runs.csv`` (the run table, config columns included).
 
@@ -46,6 +47,7 @@ from analysis.aggregate import (
     paired_differences,
     run_summaries,
 )
+from analysis.curves import BAND_METHOD, MEASURED_BAND_COVERAGE, curve_differences
 from analysis.export import write_sweep_tables
 from analysis.html_report import write_report_html
 from analysis.power import plan_section, power_section, variance_section
@@ -243,6 +245,7 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
         document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
     document.add("## Figures", "")
     _figure_sections(document, data, summaries, table_metrics, group_keys, options)
+    _where_groups_differ_section(document, data, table_metrics, group_keys, options)
     report_path = out_dir / "report.md"
     report_path.write_text("\n".join(document.lines).rstrip() + "\n")
     write_report_html(report_path)
@@ -530,6 +533,95 @@ def _low_prob_share_figure(document: _Document, data: SweepData, group_keys: Seq
                         data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
                         confidence=options.confidence, random_state=options.random_state,
                         smoothing=curve_smoothing(data.metrics, keys.TOKEN_PROB_LOW_FRAC)))
+
+
+def _where_groups_differ_section(document: _Document, data: SweepData, table_metrics: Sequence[str],
+                                 group_keys: Sequence[str], options: ReportOptions) -> None:
+    """"## Where in training the groups differ": per evaluation metric of the tables, one figure per comparison with
+    the baseline (:func:`analysis.curves.curve_differences`), then the primary metric's sample-efficiency curves.
+    Nothing without a baseline group and another group to compare with it."""
+    if not table_metrics:
+        return
+    runs = data.included_runs  # the groups and their values, without scanning the metrics table
+    baseline = default_baseline(runs, group_keys)
+    if baseline is None or len(runs[list(group_keys)].drop_duplicates()) < 2:
+        return
+    within = [key for key in group_keys if key not in baseline]
+    measured = "" if options.confidence != 0.95 else (  # measured at the default level only
+        " (simulated with correlated steps: " + ", ".join(f"{value:.1%}" for value in MEASURED_BAND_COVERAGE.values())
+        + f" at {', '.join(map(str, MEASURED_BAND_COVERAGE))} seeds, see docs/analysis.md)")
+    document.add(
+        "## Where in training the groups differ", "",
+        f"Each group against the baseline{' at the same ' + ', '.join(within) if within else ''}, paired by seed at "
+        "every evaluation step both logged: the line is the mean paired difference (group minus baseline), the dark "
+        f"band its {options.confidence:.0%} pointwise paired-t interval, the light band a {options.confidence:.0%} "
+        f"simultaneous band over all K steps of the comparison ({BAND_METHOD}: Bonferroni over the K steps with "
+        "paired-t quantiles `t_{1-a/(2K), n-1}`). The whole true difference curve lies inside the light band with "
+        f"probability at least {options.confidence:.0%} whatever the correlation between steps{measured}. Where "
+        "the light band excludes 0, the groups differ at that step; a dark band alone "
+        "misses somewhere along a curve far more often than its level says. Comparisons with fewer than "
+        f"{MIN_SEEDS_FOR_INTERVAL} paired seeds are not drawn.", "")
+    evaluation_metrics = [m for m in table_metrics if curve_smoothing(data.metrics, m) is None]
+    dense = [m for m in table_metrics if m not in evaluation_metrics]
+    if dense:
+        document.add(f"Not compared step by step (logged at least {SMOOTH_MIN_POINTS} times per run, so a "
+                     f"simultaneous band over every step is too wide to show anything): {', '.join(dense)}.", "")
+    duplicates = plots.identical_metrics(data.metrics, evaluation_metrics)
+    for metric in (m for m in evaluation_metrics if m not in duplicates):
+        _curve_difference_figures(document, data, metric, group_keys, baseline, options)
+    _sample_efficiency_figure(document, data, table_metrics, group_keys, options)
+
+
+def _curve_difference_figures(document: _Document, data: SweepData, metric: str, group_keys: Sequence[str],
+                              baseline: Mapping[str, object], options: ReportOptions) -> None:
+    """One curve-difference figure per comparison of ``metric`` with at least ``MIN_SEEDS_FOR_INTERVAL`` paired
+    seeds; a line naming the others."""
+    try:
+        frame = curve_differences(data.metrics, metric, group_keys=group_keys, baseline=baseline,
+                                  confidence=options.confidence)
+    except ValueError as exc:
+        document.add(f"### {plots.metric_label(metric)}: differences against the baseline", "",
+                     f"_Could not compare: {exc}_", "")
+        return
+    colors = plots.group_color_map(data.metrics[data.metrics["metric"].astype(str) == metric], group_keys)
+    too_few = []
+    for group, rows in frame.groupby(list(group_keys), sort=True, dropna=False, observed=True):
+        group = group if isinstance(group, tuple) else (group,)
+        label = plots.group_label(group_keys, group)
+        if int(rows["n"].max()) < MIN_SEEDS_FOR_INTERVAL:
+            too_few.append(f"{label} ({int(rows['n'].max())})")
+            continue
+        color = next((c for g, c in colors.items() if tuple(map(str, g)) == tuple(map(str, group))), None)
+        document.figure(f"{metric}: {label} against the baseline", f"difference_{_slug(metric)}_{_slug(label)}",
+                        lambda figure, r=rows, c=color: plots.plot_curve_difference(
+                            r, ax=figure.add_subplot(), color=c))
+    if too_few:
+        document.add(f"`{metric}`, not drawn (fewer than {MIN_SEEDS_FOR_INTERVAL} seeds paired with the baseline; "
+                     f"most paired seeds at a step in brackets): {', '.join(too_few)}.", "")
+
+
+def _sample_efficiency_figure(document: _Document, data: SweepData, table_metrics: Sequence[str],
+                              group_keys: Sequence[str], options: ReportOptions) -> None:
+    """Mean and IQM curves of the primary metric with their intervals, when at least two groups have
+    ``MIN_SEEDS_FOR_INTERVAL`` runs to give them."""
+    metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
+    rows = data.metrics[data.metrics["metric"].astype(str) == metric]
+    runs = rows.groupby(list(group_keys), dropna=False, observed=True)["run"].nunique()
+    title = f"Sample efficiency: {metric}"
+    if int((runs >= MIN_SEEDS_FOR_INTERVAL).sum()) < 2:
+        document.add(f"### {title}", "", f"Skipped: fewer than two groups with {MIN_SEEDS_FOR_INTERVAL} seeds.", "")
+        return
+    document.add("Sample efficiency (rliable's curves): the mean over seeds at each step with its Student-t interval, "
+                 "and the interquartile mean (IQM) with the Tukey-McLaughlin trimmed-mean t interval (25% trimmed, "
+                 "winsorised variance, n - 2g - 1 degrees of freedom). Below 4 seeds the IQM trims nothing and equals "
+                 "the mean. Measured by simulation on normal data, the IQM band covers 0.949 at 3 seeds but 0.938 at "
+                 "5 and 0.941 at 10 for a nominal 0.95 (docs/analysis.md): read it as a 94% band; the mean's covers "
+                 f"0.95. Bands from {MIN_SEEDS_FOR_INTERVAL} seeds on.", "")
+    document.figure(title, f"sample_efficiency_{_slug(metric)}",
+                    lambda figure: plots.plot_sample_efficiency(
+                        data.metrics, metric, group_keys=group_keys, confidence=options.confidence,
+                        axes=figure.subplots(1, 2, sharey=True)),
+                    size=(11.0, 4.2))
 
 
 def after_sft_reference(long: pd.DataFrame, metric: str) -> float | None:

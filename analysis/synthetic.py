@@ -284,3 +284,70 @@ def write_fake_sweep(
         grid = {"alpha": list(alphas), "seed": list(seeds)}
         run_store.atomic_write_json(sweep_dir / "sweep.json", {"sweep": sweep, "grid": grid, "runs": manifest_runs})
     return sweep_dir
+
+
+def correlated_curve_table(
+    n_seeds: int,
+    *,
+    n_replicates: int = 1,
+    n_steps: int = 8,
+    eval_every: int = 10,
+    difference: float = 0.02,
+    autocorrelation: float = 0.7,
+    difference_sd: float = 0.02,
+    noise_sd: float = 0.01,
+    seed_sd: float = 0.03,
+    random_state: int | np.random.Generator | None = 0,
+) -> tuple[Any, Any]:
+    """A long table of evaluation curves of two groups with a known paired difference, and that truth.
+
+    ``n_replicates`` independent sweeps (factor column ``replicate``), each of ``n_seeds`` seeds x alpha {0, 0.5},
+    evaluated at steps ``0, eval_every, ..., (n_steps - 1) eval_every`` (metric ``val/accuracy``). Seed ``i`` of
+    replicate ``r`` at step ``k`` (step index ``k``):
+
+    - baseline ``y_rik = 0.5 + 0.2 (1 - exp(-k / 3)) + u_ri + e_rik``, ``u_ri ~ N(0, seed_sd^2)`` a seed effect shared
+      by the seed's two runs (it cancels in the paired difference), ``e_rik ~ N(0, noise_sd^2)``;
+    - treatment ``x_rik = y_rik + delta_k + a_rik + f_rik``: the true difference ``delta_k = difference k / (n_steps
+      - 1)`` (0 at the start, ``difference`` at the end), a seed's drift ``a_ri.`` that is stationary AR(1) across steps
+      (``a_rik = autocorrelation a_ri(k-1) + sqrt(1 - autocorrelation^2) difference_sd z_rik``, sd ``difference_sd``),
+      and independent noise ``f_rik ~ N(0, noise_sd^2)``.
+
+    The paired differences ``x - y`` are then normal with mean ``delta_k`` and correlated across steps. Returns
+    ``(long, truth)``: the long table (:data:`analysis.frames.LONG_COLUMNS` plus ``replicate``; seeds numbered
+    ``0 .. n_seeds - 1`` in every replicate) and ``truth`` with columns ``step, difference``. Every array is drawn at
+    once, so thousands of replicates take a fraction of a second.
+    """
+    import pandas as pd
+
+    if n_seeds < 1 or n_replicates < 1 or n_steps < 1:
+        raise ValueError(f"n_seeds={n_seeds!r}, n_replicates={n_replicates!r}, n_steps={n_steps!r} must be positive")
+    if not -1.0 < autocorrelation < 1.0:
+        raise ValueError(f"autocorrelation={autocorrelation!r} must lie strictly between -1 and 1")
+    rng = np.random.default_rng(random_state)
+    step_index = np.arange(n_steps, dtype=np.float64)
+    true_difference = difference * step_index / max(n_steps - 1, 1)
+    shape = (n_replicates, n_seeds, n_steps)
+    baseline = (0.5 + 0.2 * (1.0 - np.exp(-step_index / 3.0)) + rng.normal(0.0, seed_sd, shape[:2])[..., None]
+                + rng.normal(0.0, noise_sd, shape))
+    innovations = rng.standard_normal(shape) * difference_sd
+    drift = np.empty(shape)
+    drift[..., 0] = innovations[..., 0]
+    for k in range(1, n_steps):  # stationary AR(1): variance difference_sd^2 at every step
+        drift[..., k] = autocorrelation * drift[..., k - 1] + np.sqrt(1.0 - autocorrelation ** 2) * innovations[..., k]
+    treatment = baseline + true_difference + drift + rng.normal(0.0, noise_sd, shape)
+
+    replicate = np.broadcast_to(np.arange(n_replicates)[:, None, None], shape).ravel()
+    seed = np.broadcast_to(np.arange(n_seeds)[None, :, None], shape).ravel()
+    steps = np.broadcast_to((step_index.astype(np.int64) * eval_every)[None, None, :], shape).ravel()
+    runs_per_group = n_replicates * n_seeds
+    run_names = np.array([f"sim-{index}" for index in range(2 * runs_per_group)], dtype=object)
+    run_of = np.repeat(np.arange(runs_per_group), n_steps)  # one run per (replicate, seed) and group
+    frames = []
+    for group, (alpha, values) in enumerate(((0.0, baseline), (0.5, treatment))):
+        frames.append(pd.DataFrame({
+            "sweep": "simulated", "run": run_names[run_of + group * runs_per_group], "backend": "local",
+            "mechanism": "reweight", "mechanism_label": "reweight", "alpha": alpha,
+            "seed": seed, "replicate": replicate, "step": steps, "metric": keys.VAL_ACCURACY,
+            "value": values.ravel()}))
+    truth = pd.DataFrame({"step": np.arange(n_steps, dtype=np.int64) * eval_every, "difference": true_difference})
+    return pd.concat(frames, ignore_index=True), truth

@@ -36,6 +36,9 @@ def test_notebook_executes_against_a_fake_sweep(fake_sweep: Path, tmp_path: Path
     assert "val/accuracy after SFT (step 0)" in markdown[0]  # the summary table of the report and the sweep
     tables = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     assert "<table" in tables[-1]  # the one long table, grouped
+    differences = next(cell for cell in notebook.cells if cell.cell_type == "code" and "curve_differences" in cell.source)
+    figures = [o for o in differences.outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+    assert len(figures) == 3  # alpha 0.25 and 0.5 against alpha 0, then the sample-efficiency curves
 
 
 def test_the_notebook_extra_is_installed_and_jupyterlab_starts() -> None:

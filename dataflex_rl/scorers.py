@@ -114,13 +114,16 @@ def check_finite(values: torch.Tensor, response_mask: torch.Tensor, field: str) 
     """Raise ``ValueError`` if a valid token's value of ``field`` is NaN or infinite (how many, and where)."""
     bad = response_mask & ~torch.isfinite(values)
     if bool(bad.any()):
-        positions = bad.nonzero()
-        first = [tuple(int(i) for i in row) for row in positions[:5]]
-        values_at = [float(values[row, col]) for row, col in first]
-        raise ValueError(
-            f"batch field {field!r} has {positions.shape[0]} NaN or infinite value(s) on valid tokens; first "
-            f"(row, position) -> value: {dict(zip(first, values_at))}"
-        )
+        count, first = bad_positions(values, bad)
+        raise ValueError(f"batch field {field!r} has {count} NaN or infinite value(s) on valid tokens; first "
+                         f"(row, position) -> value: {first}")
+
+
+def bad_positions(values: torch.Tensor, bad: torch.Tensor) -> tuple[int, dict[tuple[int, int], float]]:
+    """``(how many of bad are True, {(row, position): value} of the first five})`` for an error message."""
+    positions = bad.nonzero()
+    first = [tuple(int(i) for i in row) for row in positions[:5]]
+    return positions.shape[0], {(row, col): float(values[row, col]) for row, col in first}
 
 
 def masked_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -132,11 +135,8 @@ def check_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor, field:
     """Raise ``ValueError`` if a valid token's log-prob is non-finite or positive (how many, and where)."""
     bad = response_mask & ~(torch.isfinite(log_probs) & (log_probs <= 0))
     if bool(bad.any()):
-        positions = bad.nonzero()
-        first = [tuple(int(i) for i in row) for row in positions[:5]]
-        values = [float(log_probs[row, col]) for row, col in first]
+        count, first = bad_positions(log_probs, bad)
         raise ValueError(
-            f"{field}: {positions.shape[0]} valid token(s) have a non-finite or positive log-prob "
-            f"(a log-probability must be finite and <= 0); first (row, position) -> value: "
-            f"{dict(zip(first, values))}"
+            f"{field}: {count} valid token(s) have a non-finite or positive log-prob "
+            f"(a log-probability must be finite and <= 0); first (row, position) -> value: {first}"
         )

@@ -19,6 +19,7 @@ The alternatives to AR on the same hook (``docs/mechanisms.md`` has each paper's
     entropy_quantile   w_t = 1[H_t >= q_{1 - rho}(H)]                  (80/20 high-entropy tokens, arXiv:2506.01939)
     stapo              w_t = 1 - 1[A_t > 0, pi_t < tau_p, H_t < q_{entropy_quantile}(H)], mean-normalised
                                                                         (STAPO, arXiv:2602.15620)
+    prob_band          w_t = 1[low <= pi_t < high]  (high = 1: pi_t <= 1) (the AR paper's quartile experiment)
 
 with ``H_t`` the old policy's entropy at token ``t`` (the ``entropy`` scorer) and ``q_p(H)`` the ``p``-quantile of
 ``H`` over the batch's valid tokens (linear interpolation, as ``torch.quantile``).
@@ -264,6 +265,43 @@ class SpuriousTokenMask(Actuator):
             raise ValueError(f"{self.name}: weights need the advantages and the token probabilities")
         kept = (response_mask & ~self.spurious(signal, response_mask, advantages, token_probs)).float()
         return masked_mean_normalize(kept, response_mask)
+
+
+@register_actuator("prob_band")
+class ProbabilityBand(Actuator):
+    """The AR paper's quartile experiment: keep the advantages of the tokens whose ``pi`` lies in ``[low, high)``
+    (``high = 1`` closed, as the gradient statistics' buckets) and zero the rest, so that only one probability band
+    updates the policy (the authors' ``mask_prob_interval1``-``4`` and ``mask_prob_lower*`` variants, whose bands
+    are ``(low, high]``: the two differ only for a token exactly at an edge).
+
+    ``normalize: none`` (the default, as theirs: the loss stays normalised over all response tokens) or ``mean``.
+    """
+
+    name = "prob_band"
+    signals = frozenset({"token_prob"})
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        """``dataflex.actuator.params`` of ``prob_band``."""
+        low: float = 0.0
+        high: float = 0.25
+        normalize: str = "none"
+
+        def __post_init__(self) -> None:
+            object.__setattr__(self, "low", check_unit_interval("low", self.low))
+            object.__setattr__(self, "high", check_unit_interval("high", self.high))
+            if self.low >= self.high:
+                raise ConfigError(f"high = {self.high!r} is not allowed with low = {self.low!r}: the band [low, high) "
+                                  f"needs low < high (both in [0, 1])")
+            check_choice("normalize", self.normalize, NORMALIZE_CHOICES)
+
+    def weights(self, signal: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor | None = None,
+                token_probs: torch.Tensor | None = None) -> torch.Tensor:
+        """1.0 on valid tokens with ``low <= pi < high`` (``pi <= 1`` when ``high = 1``), 0 elsewhere."""
+        probs = signal.float()
+        below_high = probs <= self.params.high if self.params.high == 1.0 else probs < self.params.high
+        kept = (response_mask & (probs >= self.params.low) & below_high).float()
+        return kept if self.params.normalize == "none" else masked_mean_normalize(kept, response_mask)
 
 
 def masked_mean_normalize(weights: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

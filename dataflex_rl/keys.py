@@ -68,6 +68,7 @@ TIMING_STEP = "timing_s/step"
 TIMING_MECHANISM = "timing_s/mechanism"
 TIMING_LOG = "timing_s/log"  # logging of the previous step
 TIMING_EXACT_GRAD = "timing_s/exact_grad"  # exact per-bucket gradient norms (every stats.exact_every steps)
+TIMING_PROB_CHANGE = "timing_s/prob_change"  # the updated policy's forward pass (every stats.prob_change_every steps)
 
 # --- validation --------------------------------------------------------------------------------------------
 VAL_ACCURACY = "val/accuracy"
@@ -100,6 +101,23 @@ def grad_by_prob(label: str, stat: str) -> str:
 
 GRAD_LOW_PROB_SHARE = f"{GRAD_BY_PROB_PREFIX}/low_prob_share"  # share of the logit-gradient norm from pi < 0.5
 
+# --- how one update moved each token's probability (prob_change/...) ------------------------------------------
+PROB_CHANGE_PREFIX = "prob_change"
+ADVANTAGE_SIGNS = ("pos", "neg")  # tokens with a positive / negative advantage (0: neither)
+# Over every valid token with a non-zero advantage: the share whose probability moved in its advantage's direction.
+PROB_CHANGE_CORRECT_SHARE = f"{PROB_CHANGE_PREFIX}/correct_share"
+
+
+def prob_change(sign: str, label: str, stat: str) -> str:
+    """``prob_change/<sign>/<bucket>/<stat>``: how one step's policy update moved ``pi`` of the valid tokens with a
+    positive (``sign = pos``) or negative (``neg``) advantage whose old ``pi`` was in the bucket ``label``.
+
+    ``stat``: ``mean_delta`` (mean of ``pi_new - pi_old``), ``correct_share`` (share of them whose ``pi`` moved in
+    the direction of the advantage's sign, up for ``pos`` and down for ``neg``: the AR paper's "correct ratio"),
+    ``token_share`` (their share of the valid tokens).
+    """
+    return f"{PROB_CHANGE_PREFIX}/{sign}/{label}/{stat}"
+
 
 # --- which names are metric keys ---------------------------------------------------------------------------
 # Keys built by the functions above, as patterns (a stage's actor metric, a difficulty's accuracy, a bucket's statistic).
@@ -107,8 +125,10 @@ METRIC_PATTERNS = (
     (re.compile(r"actor/stage\d+/[\w.]+"), "actor/stage<i>/<name>"),
     (re.compile(re.escape(VAL_ACCURACY) + r"/d\d+"), f"{VAL_ACCURACY}/d<difficulty>"),
     (re.compile(re.escape(GRAD_BY_PROB_PREFIX) + r"/\d\.\d\d-\d\.\d\d/\w+"), f"{GRAD_BY_PROB_PREFIX}/<bucket>/<stat>"),
+    (re.compile(PROB_CHANGE_PREFIX + r"/(pos|neg)/\d\.\d\d-\d\.\d\d/\w+"), f"{PROB_CHANGE_PREFIX}/<sign>/<bucket>/<stat>"),
 )
-_NOT_SCALARS = {"WEIGHT_PREFIX", "GRAD_BY_PROB_PREFIX", "HIST_WEIGHT", "HIST_TOKEN_PROB", "HIST_ENTROPY"}
+_NOT_SCALARS = {"WEIGHT_PREFIX", "GRAD_BY_PROB_PREFIX", "PROB_CHANGE_PREFIX", "HIST_WEIGHT", "HIST_TOKEN_PROB",
+                "HIST_ENTROPY"}
 
 
 def scalar_keys() -> tuple[str, ...]:

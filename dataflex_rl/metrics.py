@@ -208,3 +208,43 @@ def prob_bucket_stats(
     total = totals[share_source]
     stats[keys.GRAD_LOW_PROB_SHARE] = float(norms[share_source][low].sum(dtype=torch.float64)) / total if total else 0.0
     return stats
+
+
+def prob_change_stats(
+    old_log_probs: torch.Tensor,
+    new_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    edges: Sequence[float] = DEFAULT_BUCKET_EDGES,
+) -> dict[str, float]:
+    """How one step's policy update moved each token's probability (the AR paper's "why", its Fig. 2), by advantage
+    sign x old-probability bucket: ``prob_change/<pos|neg>/<bucket>/{mean_delta,correct_share,token_share}`` and
+    ``prob_change/correct_share`` over all tokens with a non-zero advantage (:func:`dataflex_rl.keys.prob_change`).
+
+    ``old_log_probs``: the sampling policy's ``(bs, L)`` log-probs (what the update started from);
+    ``new_log_probs``: the same tokens under the updated policy; ``advantages``: the advantages before any
+    reweighting (their sign decides the direction each token should move; a token a rule gave weight 0 still has
+    one); buckets ``[low, high)`` on the old ``pi`` (the last one closed), as :func:`prob_bucket_stats`. A token
+    whose ``pi`` did not change counts as not moved the right way. Empty cells are 0.
+    """
+    mask = response_mask.bool()
+    old = old_log_probs[mask].double().exp()
+    delta = new_log_probs[mask].double().exp() - old
+    advantage = advantages[mask].double()
+    total_tokens = old.numel()
+    stats: dict[str, float] = {}
+    correct_total, signed_total = 0, 0
+    buckets = bucket_edges(edges)
+    for sign, in_sign, right_way in (("pos", advantage > 0, delta > 0), ("neg", advantage < 0, delta < 0)):
+        for index, (low, high, label) in enumerate(buckets):
+            below_high = (old <= high) if index == len(buckets) - 1 else (old < high)
+            cell = in_sign & (old >= low) & below_high
+            count = int(cell.sum())
+            correct = int((cell & right_way).sum())
+            stats[keys.prob_change(sign, label, "token_share")] = count / total_tokens if total_tokens else 0.0
+            stats[keys.prob_change(sign, label, "mean_delta")] = float(delta[cell].mean()) if count else 0.0
+            stats[keys.prob_change(sign, label, "correct_share")] = correct / count if count else 0.0
+            correct_total += correct
+            signed_total += count
+    stats[keys.PROB_CHANGE_CORRECT_SHARE] = correct_total / signed_total if signed_total else 0.0
+    return stats

@@ -167,6 +167,7 @@ class StatsConfig:
     bucket_edges: tuple[float, ...] = (0.25, 0.5, 0.75)
     exact_every: int = 50  # 0: never; the exact per-bucket parameter-gradient norms cost one backward per bucket
     exact_samples: int = 64  # sequences in the subsample for the exact norms
+    prob_change_every: int = 10  # 0: never; how the update moved each token's pi costs one forward pass of the batch
 
     def __post_init__(self) -> None:
         edges = tuple(self.bucket_edges)
@@ -177,6 +178,7 @@ class StatsConfig:
         _set(self, "bucket_edges", tuple(float(e) for e in edges))
         check_non_negative_int("exact_every", self.exact_every)
         check_int_at_least("exact_samples", self.exact_samples, 1)
+        check_non_negative_int("prob_change_every", self.prob_change_every)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -160,6 +160,9 @@ class GRPOTrainer:
         step_metrics.update(self.gradient_statistics(rollout.batch, old_log_probs, output, grad_factor))
         step_metrics.update(exact)
         mechanism_seconds += time.perf_counter() - stats_start
+        change_start = time.perf_counter()
+        step_metrics.update(self.probability_changes(step, rollout.batch, old_log_probs, advantages))
+        change_seconds = time.perf_counter() - change_start
         step_metrics.update(output.metrics)
         step_metrics.update(self._rollout_metrics(rollout, scores, output.advantages))
         step_metrics.update({
@@ -168,6 +171,7 @@ class GRPOTrainer:
             keys.TIMING_MECHANISM: mechanism_seconds,
             keys.TIMING_LOG: self._last_log_seconds,
             keys.TIMING_EXACT_GRAD: exact_seconds,
+            keys.TIMING_PROB_CHANGE: change_seconds,
             keys.TIMING_STEP: time.perf_counter() - start,
         })
         self._pending_histograms = output.histograms
@@ -316,6 +320,20 @@ class GRPOTrainer:
         per_token = {"logit_grad_norm": weighted.abs() * grad_factor}
         return mechanism_metrics.prob_bucket_stats(old_log_probs.exp(), weighted, batch.response_mask,
                                                    self.config.stats.bucket_edges, per_token_grad_norms=per_token)
+
+    @torch.no_grad()
+    def probability_changes(self, step: int, batch: SequenceBatch, old_log_probs: torch.Tensor,
+                            advantages: torch.Tensor) -> dict[str, float]:
+        """Every ``stats.prob_change_every`` steps: how the step's update moved each token's ``pi``
+        (:func:`dataflex_rl.metrics.prob_change_stats`), from one forward pass of the updated policy over the batch;
+        ``advantages`` are the ones before the mechanism (their sign is the direction a token should move)."""
+        every = self.config.stats.prob_change_every
+        if not every or step % every:
+            return {}
+        self.model.eval()
+        new_log_probs = response_token_outputs(self.model, batch, self.trainer.temperature, packed=self.pack).log_probs
+        return mechanism_metrics.prob_change_stats(old_log_probs, new_log_probs, advantages, batch.response_mask,
+                                                   self.config.stats.bucket_edges)
 
     def exact_bucket_gradients(self, step: int, batch: SequenceBatch, old_log_probs: torch.Tensor,
                                output: MechanismOutput) -> dict[str, float]:

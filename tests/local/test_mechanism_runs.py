@@ -92,3 +92,18 @@ def test_two_step_run_of_each_token_rule_preset(tmp_path, sft_cache, preset, rea
         assert train[keys.WEIGHT_KEYS[0]].to_numpy() == pytest.approx(1.0, abs=1e-5)
     histograms = load_histograms(run_dir)
     assert (keys.HIST_ENTROPY in set(histograms["name"])) == reads_entropy
+
+
+def test_band_preset_updates_one_quartile_and_logs_how_every_bucket_moved(tmp_path, sft_cache):
+    run_dir, frame = run_preset(tmp_path, sft_cache, "band_q1", ["stats.prob_change_every=2"])
+    train = frame.loc[1:STEPS]
+    # Only tokens with pi < 0.25 keep their advantages: the kept share is the bucket's token share.
+    low_share = train[keys.grad_by_prob("0.00-0.25", "token_share")]
+    assert train[keys.KEPT_TOKEN_FRAC].tolist() == pytest.approx(low_share.tolist())
+    # The probability change is measured at step 2 only (every 2 steps), by advantage sign x bucket.
+    correct = frame[keys.PROB_CHANGE_CORRECT_SHARE]
+    assert math.isnan(correct.loc[1]) and 0.0 <= correct.loc[2] <= 1.0
+    shares = [frame.loc[2, keys.prob_change(sign, label, "token_share")] for sign in keys.ADVANTAGE_SIGNS
+              for label in ("0.00-0.25", "0.25-0.50", "0.50-0.75", "0.75-1.00")]
+    assert 0.0 < sum(shares) <= 1.0 + 1e-9  # tokens with a non-zero advantage, each in one cell
+    assert frame.loc[2, keys.TIMING_PROB_CHANGE] > 0

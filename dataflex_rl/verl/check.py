@@ -217,13 +217,13 @@ def check_trainer_mode(config: Any) -> None:
 
 def validate_config(config: Any, environment: Mapping[str, str] | None = None) -> tuple[Any, Any]:
     """``(mechanism, run place)`` after the checks the trainer makes when it is built (the ``dataflex`` block, a
-    staged mechanism's LR schedule and distillation, the ``dataflex_run`` block) and, in verl's CPU mode
+    staged mechanism's LR schedule and distillation, the ``dataflex_run`` and ``dataflex_stats`` blocks) and, in verl's CPU mode
     (``environment`` has ``VERL_PLATFORM=cpu``), the rollout it needs. Raises :class:`ConfigError` naming the key."""
     from omegaconf import OmegaConf
 
     from dataflex_rl.validation import ConfigError
     from dataflex_rl.verl.run_record import run_place
-    from dataflex_rl.verl.trainer import mechanism_from_verl_config
+    from dataflex_rl.verl.trainer import mechanism_from_verl_config, prob_change_every
 
     check_trainer_mode(config)
     if (environment or {}).get("VERL_PLATFORM") == "cpu":
@@ -234,6 +234,7 @@ def validate_config(config: Any, environment: Mapping[str, str] | None = None) -
             raise ConfigError(f"actor_rollout_ref.rollout.name = {rollout!r} is not allowed in verl's CPU mode: "
                               f"it needs {ROLLOUT_NAME} (vLLM, SGLang and TRT-LLM need GPUs)")
     mechanism = mechanism_from_verl_config(config)
+    prob_change_every(config)
     return mechanism, run_place(config, mechanism.config.mechanism)
 
 

@@ -18,6 +18,11 @@ advantages are written back, so verl's step metrics see them. Each stage's actor
 ``actor/stage<i>/<name>``; the merged ``actor/<name>`` is their mean (as in the paper's code), plus
 ``actor/update_stages``.
 
+With ``+dataflex_stats.prob_change_every=N`` (default 0: off) the trainer measures every N global steps how the
+step's update moved each token's probability (:func:`dataflex_rl.metrics.prob_change_stats`, the same
+``prob_change/...`` metrics as the local backend), from one more ``compute_log_prob`` pass of the updated actor over
+the batch.
+
 With a ``dataflex_run.dir`` in the config the trainer also writes the project's run store
 (:mod:`dataflex_rl.verl.run_record`), so the analysis reads verl runs like local ones, and gives verl's W&B run the
 run's identity (name, group, job type, tags) before verl's ``fit`` opens it.
@@ -44,13 +49,13 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
-from verl.workers.utils.padding import response_to_nested
+from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from dataflex_rl import keys
-from dataflex_rl.validation import ConfigError, to_plain
+from dataflex_rl.validation import ConfigError, check_keys, check_non_negative_int, to_plain
 from dataflex_rl.config import build_mechanism
 from dataflex_rl.mechanism import Mechanism
-from dataflex_rl.metrics import Histogram, prob_bucket_stats
+from dataflex_rl.metrics import Histogram, prob_bucket_stats, prob_change_stats
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place
@@ -85,6 +90,22 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
         check_constant_schedule(config, mechanism)
         check_no_distillation(config, mechanism)
     return mechanism
+
+
+STATS_BLOCK = "dataflex_stats"
+STATS_KEYS = ("prob_change_every",)
+
+
+def prob_change_every(config: DictConfig | Mapping[str, Any]) -> int:
+    """``dataflex_stats.prob_change_every``: every how many global steps the probability change is measured (0, the
+    default when the block is absent: never; it costs one more log-prob pass of the actor over the batch)."""
+    block = to_plain(config.get(STATS_BLOCK)) if isinstance(config, (DictConfig, Mapping)) else None
+    if block is None:
+        return 0
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"{STATS_BLOCK} = {block!r} is not allowed: it must be a mapping with keys {STATS_KEYS}")
+    check_keys(STATS_BLOCK, block, STATS_KEYS)
+    return check_non_negative_int(f"{STATS_BLOCK}.prob_change_every", block.get("prob_change_every", 0))
 
 
 BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
@@ -165,6 +186,17 @@ def check_no_distillation(config: DictConfig | Mapping[str, Any], mechanism: Mec
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingChange:
+    """What the advantage step keeps for the probability change: the batch's keys in order and its padded ``(bs, L)``
+    old log-probs, advantages before the mechanism, and boolean response mask."""
+
+    keys: tuple[str, ...]
+    old_log_probs: torch.Tensor
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+
+
 @dataclasses.dataclass
 class PendingStages:
     """A batch's staged update, from the advantage step to the actor update.
@@ -204,6 +236,7 @@ class DataflexSyncTrainer(PPOTrainerSync):
     def __init__(self, config: DictConfig) -> None:
         # Validate before verl builds anything, so a bad dataflex block stops the run before any worker starts.
         self.mechanism = mechanism_from_verl_config(config)
+        self.prob_change_every = prob_change_every(config)
         self.run_place = run_place(config, self.mechanism.config.mechanism)
         self.histogram_logger = WandbHistogramLogger(self.mechanism.config.mechanism) if wandb_enabled(config) else None
         super().__init__(config)
@@ -223,6 +256,9 @@ class DataflexSyncTrainer(PPOTrainerSync):
 
     # Set by the advantage step when the mechanism asks for staged updates; taken by the next actor update.
     pending_stages: PendingStages | None = None
+    # Set by the advantage step at a step that measures the probability change; taken after the actor update.
+    pending_change: PendingChange | None = None
+    prob_change_every = 0
     # The mechanism's histograms of the current step, for the run store (written with the step's metrics).
     pending_histograms: dict[str, Histogram] = {}
     # The run store (with a dataflex_run.dir); open from the start of fit to its end.
@@ -305,6 +341,10 @@ class DataflexSyncTrainer(PPOTrainerSync):
         padded = data.to_padded_tensor()
         fields = {name: padded[name] for name in names}
 
+        self.pending_change = None
+        if self.prob_change_every and self.global_steps % self.prob_change_every == 0:
+            self.pending_change = PendingChange(tuple(batch.keys), fields["old_log_probs"], fields["advantages"],
+                                                fields["response_mask"].bool())
         want_histograms = self.histogram_logger is not None or self.run_record is not None
         output = self.mechanism.process(self.global_steps, fields, histograms=want_histograms)
         metrics.update(output.metrics)
@@ -323,6 +363,30 @@ class DataflexSyncTrainer(PPOTrainerSync):
         return put_advantages(batch, output.advantages, nested_response_mask)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's actor update (:meth:`update_in_stages`), then the probability change when the step measures it."""
+        batch = self.update_in_stages(batch, metrics)
+        change, self.pending_change = self.pending_change, None
+        if change is not None:
+            metrics.update(self.probability_changes(batch, change))
+        return batch
+
+    def probability_changes(self, batch: KVBatchMeta, change: PendingChange) -> dict[str, float]:
+        """The ``prob_change/...`` metrics of the step: the updated actor's log-probs of the batch (verl's
+        ``compute_log_prob``, which writes ``log_probs`` to TransferQueue) against the old ones, by the sign of the
+        advantages before the mechanism."""
+        if change.keys != tuple(batch.keys):
+            raise RuntimeError(f"the actor update got a different batch (or order) than the advantage step: "
+                               f"{len(batch.keys)} keys vs {len(change.keys)}")
+        batch.extra_info.update({"calculate_entropy": False, "compute_loss": False,
+                                 "temperature": self.config.actor_rollout_ref.rollout.temperature})
+        self.actor_rollout_wg.compute_log_prob(batch)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["log_probs", "response_mask"])
+        data["new_log_probs"] = response_from_nested(data.pop("log_probs"), data["response_mask"])
+        new_log_probs = data.to_padded_tensor()["new_log_probs"]
+        return prob_change_stats(change.old_log_probs, new_log_probs, change.advantages, change.response_mask)
+
+    def update_in_stages(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's actor update, once per stage of a staged mechanism (see the module docstring)."""
         stages, self.pending_stages = self.pending_stages, None
         if stages is None:

@@ -218,3 +218,20 @@ def test_token_rule_presets_run_on_the_real_trainer(prepared, tmp_path, preset):
     assert_actor_used_written_advantages(metrics)
     names = set(load_histograms(run.run_dir)["name"])
     assert (keys.HIST_ENTROPY in names) == (preset != "ar_sigmoid")
+
+
+@pytest.mark.slow
+def test_band_preset_with_the_probability_change_on_the_real_trainer(prepared, tmp_path):
+    """The quartile experiment on verl (band_q4: only tokens with pi >= 0.75 update) with the optional probability
+    change measured every step: one more compute_log_prob pass of the updated actor, the local backend's metrics."""
+    run = run_verl(prepared, tmp_path / "band", dataflex=preset_overrides("band_q4"),
+                   extra=["+dataflex_stats.prob_change_every=1"])
+    metrics = completed_metrics(run)
+    training = metrics.loc[metrics.index > 0]
+    high_share = training[keys.grad_by_prob("0.75-1.00", "token_share")]
+    assert training[keys.KEPT_TOKEN_FRAC].to_numpy() == pytest.approx(high_share.to_numpy(), abs=1e-6)
+    assert_actor_used_written_advantages(metrics)
+    correct = training[keys.PROB_CHANGE_CORRECT_SHARE]
+    assert correct.between(0.0, 1.0).all() and correct.notna().all()
+    cells = [keys.prob_change(sign, "0.75-1.00", "token_share") for sign in keys.ADVANTAGE_SIGNS]
+    assert (training[cells].sum(axis=1) > 0).all()

@@ -27,6 +27,7 @@ from dataflex_rl.verl.trainer import (
     TRAINER_NAME,
     DataflexSyncTrainer,
     mechanism_from_verl_config,
+    prob_change_every,
 )
 
 PARTITION = "train"
@@ -499,3 +500,82 @@ def test_entropy_rules_are_refused_under_bypass_mode_where_verl_computes_no_entr
         DataflexSyncTrainer(config=verl_config)
     set_dataflex(verl_config, dataflex_block(alpha=0.5))  # AR reads old_log_probs only: fine under bypass mode
     assert mechanism_from_verl_config(verl_config).config.scorer.name == "token_prob"
+
+
+# --- the probability change (dataflex_stats.prob_change_every) ------------------------------------------------------
+class FakeActorWorkers:
+    """``compute_log_prob`` as verl's actor workers answer it: ``log_probs`` over prompt + response in TransferQueue,
+    shifted by one (the response's log-probs sit at positions [T - r - 1, T - 1)). Here: the old log-probs + 0.1
+    on positive-advantage rows' tokens, - 0.1 elsewhere (a policy that moved as the advantages say, then clipped)."""
+
+    def __init__(self, queue, shift: dict[str, float]) -> None:
+        self.queue, self.shift, self.calls = queue, shift, []
+
+    def compute_log_prob(self, batch):
+        self.calls.append(dict(batch.extra_info))
+        for key in batch.keys:
+            row = self.queue.row(batch.partition_id, key)
+            new = (row["old_log_probs"] + self.shift[key]).clamp(max=0.0)
+            row["log_probs"] = torch.cat([torch.zeros(1), new, torch.zeros(1)])  # one prompt token, then the shift
+        return batch
+
+
+def test_probability_change_reads_the_updated_actors_log_probs(verl_config, queues):
+    OmegaConf.set_struct(verl_config, False)
+    verl_config.dataflex_stats = {"prob_change_every": 2}
+    OmegaConf.set_struct(verl_config, True)
+    set_dataflex(verl_config, dataflex_block(alpha=0.5))
+    verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=21, prompts=2, group=4)
+    queue = queues.new()
+    batch = fill_queue(queue, rows, with_rollout_log_probs=False)
+    trainer = stub_trainer(verl_config, global_steps=1)
+    trainer.prob_change_every = prob_change_every(verl_config)
+    trainer._compute_advantage(batch, metrics={})
+    assert trainer.pending_change is None  # step 1: not measured (every 2 steps)
+    trainer.global_steps = 2
+    trainer._compute_advantage(fill_queue(queue, rows, with_rollout_log_probs=False), metrics={})
+    change = trainer.pending_change
+    assert change is not None and change.keys == tuple(batch.keys)
+    # the advantages kept are verl's, before the mechanism reweighted them
+    assert not torch.equal(change.advantages, padded(queue, batch, "advantages"))
+    signs = {key: float(torch.sign(change.advantages[index][change.response_mask[index]].sum()))
+             for index, key in enumerate(batch.keys)}
+    trainer.actor_rollout_wg = FakeActorWorkers(queue, {key: 0.1 * sign for key, sign in signs.items()})
+    trainer.pending_change = None
+    stats = trainer.probability_changes(batch, change)
+    assert trainer.actor_rollout_wg.calls[0]["calculate_entropy"] is False
+    # Each row's advantage has one sign (GRPO: one per response); its tokens moved that way unless clipped at pi = 1.
+    old = change.old_log_probs[change.response_mask]
+    expected = prob_change_stats_reference(change, signs, batch.keys)
+    assert stats[keys.PROB_CHANGE_CORRECT_SHARE] == pytest.approx(expected)
+    assert 0.5 < stats[keys.PROB_CHANGE_CORRECT_SHARE] <= 1.0 and bool((old < 0).any())
+
+
+def prob_change_stats_reference(change, signs, keys_in_order) -> float:
+    """The share of signed tokens that moved their way: tokens of rows with a non-zero sign, except those already at
+    log-prob 0 that were pushed up (clamped: unchanged)."""
+    moved = total = 0
+    for index, key in enumerate(keys_in_order):
+        sign = signs[key]
+        advantages = change.advantages[index][change.response_mask[index]]
+        old = change.old_log_probs[index][change.response_mask[index]]
+        signed = advantages != 0
+        total += int(signed.sum())
+        if sign > 0:
+            moved += int((signed & (old < 0)).sum())
+        elif sign < 0:
+            moved += int(signed.sum())
+    return moved / total
+
+
+@pytest.mark.parametrize(("block", "message"), [
+    ({"prob_change_every": -1}, r"dataflex_stats\.prob_change_every = -1 is not allowed"),
+    ({"every": 2}, r"dataflex_stats.*unknown key\(s\) 'every'"),
+])
+def test_bad_stats_block_fails_at_build(verl_config, block, message):
+    OmegaConf.set_struct(verl_config, False)
+    verl_config.dataflex_stats = block
+    OmegaConf.set_struct(verl_config, True)
+    with pytest.raises(ConfigError, match=message):
+        DataflexSyncTrainer(config=verl_config)

@@ -59,6 +59,13 @@ GRAD_STAT_LABELS: dict[str, str] = {
     "logit_grad_bound": "Logit-gradient bound mean |A w| (1 - \u03c0)",
 }
 STEP_LABEL = "RL step"
+PROB_CHANGE_PATTERN = re.compile(
+    rf"^{re.escape(keys.PROB_CHANGE_PREFIX)}/(?P<sign>pos|neg)/(?P<low>[0-9.]+)-(?P<high>[0-9.]+)/(?P<stat>[A-Za-z_]+)$")
+PROB_CHANGE_LABELS: dict[str, str] = {
+    "correct_share": "Share of tokens whose \u03c0 moved with their advantage",
+    "mean_delta": "Mean change of \u03c0 in one update",
+}
+ADVANTAGE_SIGN_LABELS = {"pos": "positive advantage (\u03c0 should rise)", "neg": "negative advantage (\u03c0 should fall)"}
 
 
 def metric_label(metric: str) -> str:
@@ -639,6 +646,24 @@ def plot_grad_by_bucket(
     if not buckets:
         raise KeyError(f"no '{keys.GRAD_BY_PROB_PREFIX}/<low>-<high>/{stat}' metric in the table")
     ax = _axes(ax)
+    _bucket_bars(ax, long, buckets, value=value, group_keys=group_keys, final_window=final_window,
+                 confidence=confidence, n_bootstrap=n_bootstrap, random_state=random_state)
+    ax.set_ylabel(GRAD_STAT_LABELS.get(stat, stat))
+    ax.set_title(f"{GRAD_STAT_LABELS.get(stat, stat)} by token probability\n"
+                 f"({_summary_text(value, final_window)}, mean over seeds, {confidence:.0%} CI)", fontsize="medium")
+    return ax
+
+
+def _summary_text(value: str, final_window: int) -> str:
+    return {"auc": "time-averaged over training", "final_window": f"mean of the last {final_window} steps"}.get(
+        value, value)
+
+
+def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, float, float]], *, value: str,
+                 group_keys: Sequence[str], final_window: int, confidence: float, n_bootstrap: int,
+                 random_state: RandomState) -> None:
+    """One bar per ``(metric, low, high)`` bucket and group: the per-run summary ``value`` of the bucket's metric,
+    mean over seeds with its interval as error bars (:func:`analysis.aggregate.aggregate_runs`)."""
     summaries = run_summaries(long, metrics=[b[0] for b in buckets], final_window=final_window)
     aggregates = aggregate_runs(summaries, value=value, group_keys=group_keys, confidence=confidence,
                                 n_bootstrap=n_bootstrap, random_state=random_state)
@@ -653,17 +678,56 @@ def plot_grad_by_bucket(
         low = np.array([by_metric[b[0]]["ci_low"] if b[0] in by_metric else np.nan for b in buckets])
         high = np.array([by_metric[b[0]]["ci_high"] if b[0] in by_metric else np.nan for b in buckets])
         ax.bar(positions + (index - (len(groups) - 1) / 2) * width, center, width=width, color=colors[group],
-               yerr=np.clip(np.vstack([center - low, high - center]), 0.0, None), capsize=2,
+               yerr=np.clip(np.nan_to_num(np.vstack([center - low, high - center])), 0.0, None), capsize=2,
                label=group_label(group_keys, group))
     ax.set_xticks(positions, [f"[{b[1]:.2f}, {b[2]:.2f})" for b in buckets])
-    ax.set_xlabel("token probability \u03c0 bucket")
-    summary = {"auc": "time-averaged over training", "final_window": f"mean of the last {final_window} steps"}
-    ax.set_ylabel(GRAD_STAT_LABELS.get(stat, stat))
-    ax.set_title(f"{GRAD_STAT_LABELS.get(stat, stat)} by token probability\n"
-                 f"({summary.get(value, value)}, mean over seeds, {confidence:.0%} CI)", fontsize="medium")
+    ax.set_xlabel("token probability \u03c0 bucket (before the update)")
     ax.grid(axis="y", alpha=0.3, linewidth=0.5)
     ax.legend(fontsize="small")
-    return ax
+
+
+def prob_change_metrics(metric_names: Collection[str], sign: str, stat: str) -> list[tuple[str, float, float]]:
+    """``(metric, low, high)`` of every ``prob_change/<sign>/<low>-<high>/<stat>`` key, sorted by ``low``."""
+    found = []
+    for name in metric_names:
+        match = PROB_CHANGE_PATTERN.match(str(name))
+        if match and match["sign"] == sign and match["stat"] == stat:
+            found.append((str(name), float(match["low"]), float(match["high"])))
+    return sorted(found, key=lambda item: item[1])
+
+
+def plot_prob_change(
+    long: pd.DataFrame,
+    *,
+    stat: str = "correct_share",
+    value: str = "auc",
+    group_keys: Sequence[str] = ("alpha",),
+    final_window: int = DEFAULT_FINAL_WINDOW,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_bootstrap: int = 2000,
+    random_state: RandomState = 0,
+    axes: Sequence[Axes] | None = None,
+) -> np.ndarray:
+    """How one update moved each token's probability (the AR paper's Fig. 2): bars of
+    ``prob_change/<sign>/<bucket>/<stat>`` per old-probability bucket, one series per group, with intervals over
+    seeds; left the tokens with a positive advantage, right those with a negative one. ``stat``: ``correct_share``
+    (the share that moved in the direction of its advantage) or ``mean_delta``. Returns the two axes."""
+    names = long["metric"].unique()
+    if not prob_change_metrics(names, "pos", stat) and not prob_change_metrics(names, "neg", stat):
+        raise KeyError(f"no '{keys.PROB_CHANGE_PREFIX}/<sign>/<low>-<high>/{stat}' metric in the table")
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11.0, 4.2), sharey=True)
+    for ax, sign in zip(axes, keys.ADVANTAGE_SIGNS, strict=True):
+        buckets = prob_change_metrics(names, sign, stat)
+        if buckets:
+            _bucket_bars(ax, long, buckets, value=value, group_keys=group_keys, final_window=final_window,
+                         confidence=confidence, n_bootstrap=n_bootstrap, random_state=random_state)
+        # the reference: half the tokens moving each way (correct_share), or no change (mean_delta)
+        ax.axhline(0.5 if stat == "correct_share" else 0.0, color="0.4", linewidth=0.8, linestyle="--")
+        ax.set_title(f"{ADVANTAGE_SIGN_LABELS[sign]}\n({_summary_text(value, final_window)}, mean over seeds, "
+                     f"{confidence:.0%} CI)", fontsize="medium")
+    axes[0].set_ylabel(PROB_CHANGE_LABELS.get(stat, stat))
+    return np.asarray(axes)
 
 
 def available_grad_stats(metric_names: Collection[str], stats: Sequence[str] = GRAD_BUCKET_STATS) -> list[str]:

@@ -437,6 +437,7 @@ def _figure_sections(
     _final_metric_figure(document, data, summaries, table_metrics, group_keys, options)
     _histogram_figures(document, data, group_keys)
     _gradient_figures(document, data, group_keys, options)
+    _prob_change_figures(document, data, group_keys, options)
     _low_prob_share_figure(document, data, group_keys, options)
 
 
@@ -519,6 +520,28 @@ def _gradient_figures(document: _Document, data: SweepData, group_keys: Sequence
                             data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
                             confidence=options.confidence, n_bootstrap=options.n_bootstrap,
                             random_state=options.random_state, ax=figure.add_subplot()))
+
+
+def _prob_change_figures(document: _Document, data: SweepData, group_keys: Sequence[str],
+                         options: ReportOptions) -> None:
+    """How one update moved each token's probability, by advantage sign and bucket (next to the gradient shares)."""
+    names = set(data.metric_names)
+    stats = [stat for stat in plots.PROB_CHANGE_LABELS
+             if any(plots.prob_change_metrics(names, sign, stat) for sign in keys.ADVANTAGE_SIGNS)]
+    if not stats:
+        return
+    document.add("How one policy update moved each token's probability (the AR paper's \"why\"): after a step's "
+                 "update the updated policy scores the same batch, and per advantage sign and old-probability bucket "
+                 "the bars give the share of tokens whose probability moved in the direction of their advantage "
+                 "(above 0.5: mostly the right way) and the mean change, time-averaged over the measured steps, mean "
+                 "over seeds with the t interval.", "")
+    for stat in stats:
+        document.figure(f"Probability change by token probability ({stat})", f"prob_change_{stat}",
+                        lambda figure, s=stat: plots.plot_prob_change(
+                            data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
+                            confidence=options.confidence, n_bootstrap=options.n_bootstrap,
+                            random_state=options.random_state, axes=figure.subplots(1, 2, sharey=True)),
+                        size=(11.0, 4.2))
 
 
 def _low_prob_share_figure(document: _Document, data: SweepData, group_keys: Sequence[str],

@@ -615,10 +615,16 @@ def plot_histogram(
 
 def grad_bucket_metrics(metric_names: Collection[str], stat: str) -> list[tuple[str, float, float]]:
     """``(metric, low, high)`` of every ``grad_norm/by_prob/<low>-<high>/<stat>`` key, sorted by ``low``."""
+    return _bucket_metrics(GRAD_BUCKET_PATTERN, metric_names, stat=stat)
+
+
+def _bucket_metrics(pattern: re.Pattern[str], metric_names: Collection[str],
+                    **wanted: str) -> list[tuple[str, float, float]]:
+    """``(metric, low, high)`` of every name ``pattern`` matches with the ``wanted`` groups, sorted by ``low``."""
     found = []
     for name in metric_names:
-        match = GRAD_BUCKET_PATTERN.match(str(name))
-        if match and match["stat"] == stat:
+        match = pattern.match(str(name))
+        if match and all(match[group] == value for group, value in wanted.items()):
             found.append((str(name), float(match["low"]), float(match["high"])))
     return sorted(found, key=lambda item: item[1])
 
@@ -688,12 +694,7 @@ def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, floa
 
 def prob_change_metrics(metric_names: Collection[str], sign: str, stat: str) -> list[tuple[str, float, float]]:
     """``(metric, low, high)`` of every ``prob_change/<sign>/<low>-<high>/<stat>`` key, sorted by ``low``."""
-    found = []
-    for name in metric_names:
-        match = PROB_CHANGE_PATTERN.match(str(name))
-        if match and match["sign"] == sign and match["stat"] == stat:
-            found.append((str(name), float(match["low"]), float(match["high"])))
-    return sorted(found, key=lambda item: item[1])
+    return _bucket_metrics(PROB_CHANGE_PATTERN, metric_names, sign=sign, stat=stat)
 
 
 def plot_prob_change(

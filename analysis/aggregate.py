@@ -577,9 +577,11 @@ def _rowwise_interquartile_mean(block: np.ndarray) -> np.ndarray:
         return np.where(kept > 0, (cumulative[rows, upper] - cumulative[rows, cut]) / kept, np.nan)
 
 
-def _rowwise_iqm_interval(block: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+def _rowwise_iqm_interval(block: np.ndarray, confidence: float,
+                          center: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Tukey-McLaughlin interval (module doc) of the IQM of each row of ``(rows, n)`` ignoring NaN: ``(low, high)``
-    each ``(rows,)``, NaN where fewer than 2 values are kept after trimming."""
+    each ``(rows,)``, NaN where fewer than 2 values are kept after trimming. ``center``: the rows' IQMs when the
+    caller has them (:func:`_rowwise_interquartile_mean`)."""
     finite = np.isfinite(block)
     count = finite.sum(axis=1)
     ordered = np.sort(np.where(finite, block, np.inf), axis=1)  # finite values first, in order
@@ -598,7 +600,7 @@ def _rowwise_iqm_interval(block: np.ndarray, confidence: float) -> tuple[np.ndar
         squares = np.where(present, (winsorised - winsorised_mean[:, None]) ** 2, 0.0).sum(axis=1)
         standard_error = np.sqrt(squares / (kept * (kept - 1.0)))
     half = _t_quantiles(confidence, kept - 1) * np.where(kept >= 2, standard_error, np.nan)
-    center = _rowwise_interquartile_mean(block)
+    center = _rowwise_interquartile_mean(block) if center is None else center
     return center - half, center + half
 
 
@@ -661,7 +663,8 @@ def aggregate_curves(
         frame["iqm"] = _rowwise_interquartile_mean(block)
         frame["ci_low"] = low
         frame["ci_high"] = high
-        frame["iqm_ci_low"], frame["iqm_ci_high"] = _rowwise_iqm_interval(block, confidence)
+        frame["iqm_ci_low"], frame["iqm_ci_high"] = _rowwise_iqm_interval(block, confidence,
+                                                                          frame["iqm"].to_numpy())
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=[*group_keys, "step", "n", "mean", "std", "iqm", "ci_low", "ci_high",

@@ -2,8 +2,10 @@
 
 Modules (imported on demand, so ``import analysis`` stays light): :mod:`analysis.load` (run stores, and the W&B
 loaders of :mod:`analysis.wandb_runs` and :mod:`analysis.wandb_offline`, into the tables of :mod:`analysis.frames`),
-:mod:`analysis.aggregate`, :mod:`analysis.curves` (where in training two groups differ: per-step paired differences
-against the baseline with a simultaneous band), :mod:`analysis.power`, :mod:`analysis.tables`, :mod:`analysis.plots`,
+:mod:`analysis.aggregate` (per-run summaries, per-group statistics, paired differences; on :mod:`analysis.statistics`,
+:mod:`analysis.bootstrap` and :mod:`analysis.groups`), :mod:`analysis.curves` (sample-efficiency curves, and where in
+training two groups differ: per-step paired differences against the baseline with a simultaneous band),
+:mod:`analysis.power` (the report's power sections), :mod:`analysis.tables`, :mod:`analysis.plots`,
 :mod:`analysis.report` (``python -m analysis.report runs/<sweep>``), :mod:`analysis.export` and
 :mod:`analysis.synthetic` (synthetic run stores with a known truth, for tests and benchmarks). Nothing here imports
 torch or a backend.
@@ -11,7 +13,7 @@ torch or a backend.
 For notebooks, the curve comparisons are also reachable from the package itself, loaded on first use
 (``from analysis import curve_differences``): :func:`~analysis.curves.curve_differences`,
 :func:`~analysis.curves.simulate_band_coverage`, :func:`~analysis.curves.simulate_curve_interval_coverage`,
-:func:`~analysis.aggregate.iqm_t_interval`, :func:`~analysis.plots.plot_curve_difference` and
+:func:`~analysis.statistics.iqm_t_interval`, :func:`~analysis.plots.plot_curve_difference` and
 :func:`~analysis.plots.plot_sample_efficiency`.
 """
 
@@ -25,7 +27,7 @@ _ON_DEMAND: dict[str, str] = {
     "curve_differences": "analysis.curves",
     "simulate_band_coverage": "analysis.curves",
     "simulate_curve_interval_coverage": "analysis.curves",
-    "iqm_t_interval": "analysis.aggregate",
+    "iqm_t_interval": "analysis.statistics",
     "plot_curve_difference": "analysis.plots",
     "plot_sample_efficiency": "analysis.plots",
 }

@@ -1,10 +1,18 @@
-"""Where in training two groups differ: per-step paired differences against the baseline, with a simultaneous band.
+"""Curves over training steps: runs aligned on a step grid, each group's mean and IQM curves with their intervals
+(rliable's sample-efficiency curves), and where in training two groups differ (per-step paired differences against
+the baseline, with a simultaneous band).
 
 Everything takes the long table of :mod:`analysis.load` (``sweep, run, ..., alpha, seed, step, metric, value``) and
 returns a new DataFrame; the simulations take a ``random_state``.
 
-Definitions (one comparison = one group against its baseline group, one metric; ``n_k`` the seeds both logged the
-metric at step ``k``, ``d_ik`` = group minus baseline on seed ``i`` at step ``k``):
+- **Curve alignment** (:func:`align_curves`): each run's values are forward-filled onto a common step grid between its
+  first and last logged step; grid points before its first or after its last step are NaN (never extrapolated), and
+  a group's statistic at a step uses only the runs that cover that step (``n`` says how many).
+- **Sample-efficiency curves** (:func:`aggregate_curves`): at each step the Student-t interval of the mean and the
+  Tukey-McLaughlin interval of the IQM over the runs covering it (:mod:`analysis.statistics`).
+
+Differences against the baseline (one comparison = one group against its baseline group, one metric; ``n_k`` the
+seeds both logged the metric at step ``k``, ``d_ik`` = group minus baseline on seed ``i`` at step ``k``):
 
 - **Steps compared**: every step at which both groups logged the metric for the same seed (the exact logged values:
   no forward fill, no interpolation), with ``n_k`` counting those seeds.
@@ -33,19 +41,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import (
+from analysis.aggregate import default_baseline, default_group_keys, segments
+from analysis.frames import IDENTITY_COLUMNS
+from analysis.groups import baseline_strata, check_columns, group_items, group_key
+from analysis.statistics import (
     DEFAULT_CONFIDENCE,
     RandomState,
-    _baseline_strata,
-    _check_columns,
-    _check_confidence,
-    _group_items,
-    _segments,
-    _select_metric,
-    _t_quantiles,
-    aggregate_curves,
-    default_baseline,
-    default_group_keys,
+    _rowwise_interquartile_mean,
+    _rowwise_iqm_interval,
+    check_confidence,
+    t_bounds,
 )
 
 BAND_METHOD = "bonferroni-t"
@@ -59,28 +64,120 @@ CURVE_DIFFERENCE_COLUMNS: tuple[str, ...] = (
     "band_high", "band_steps", "band_method", "confidence", "note")
 
 
+def _select_metric(long: pd.DataFrame, metric: str) -> pd.DataFrame:
+    available = long["metric"].unique()
+    if metric not in set(available):
+        raise KeyError(f"metric={metric!r} is not in the table; available: {sorted(map(str, available))}")
+    return long[long["metric"] == metric]
+
+
+def align_curves(
+    long: pd.DataFrame, metric: str, step_grid: Any = None, extra_columns: Sequence[str] = ()
+) -> pd.DataFrame:
+    """One metric of every run on a common step grid: DataFrame ``(n_grid, n_runs)``.
+
+    Index ``step`` = ``step_grid`` (default: every step any run logged the metric at); columns a MultiIndex of the
+    identity columns plus ``extra_columns`` of ``long`` (one column per run). Values are forward-filled within each
+    run's ``[first, last]`` logged step and NaN outside it (see module doc).
+    """
+    frame, starts, ends = segments(_select_metric(long, metric))
+    steps = frame["step"].to_numpy(dtype=np.int64)
+    values = frame["value"].to_numpy(dtype=np.float64)
+    grid = np.unique(steps) if step_grid is None else np.asarray(step_grid, dtype=np.int64)
+    if grid.ndim != 1 or (grid.size > 1 and np.any(np.diff(grid) <= 0)):
+        raise ValueError("step_grid must be a 1-D increasing sequence of steps")
+    matrix = np.full((grid.size, starts.size), np.nan)
+    for column, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        run_steps = steps[start:end]
+        position = np.searchsorted(run_steps, grid, side="right") - 1
+        covered = (position >= 0) & (grid <= run_steps[-1])
+        matrix[covered, column] = values[start:end][position[covered]]
+    id_columns = list(dict.fromkeys([*IDENTITY_COLUMNS, *extra_columns]))
+    check_columns(frame, id_columns, "extra_columns")
+    identity = frame.iloc[starts][id_columns]
+    columns = pd.MultiIndex.from_frame(identity.astype(dict.fromkeys(id_columns, object)))
+    return pd.DataFrame(matrix, index=pd.Index(grid, name="step"), columns=columns)
+
+
+def aggregate_curves(
+    long: pd.DataFrame,
+    metric: str,
+    *,
+    group_keys: Sequence[str] = ("alpha",),
+    step_grid: Any = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_bootstrap: int = 1000,
+    random_state: RandomState = 0,
+) -> pd.DataFrame:
+    """Per group and grid step: ``n, mean, std, iqm``, the Student-t interval of the mean and the Tukey-McLaughlin
+    interval of the IQM over runs (rliable's sample-efficiency curves, with intervals that cover at a few seeds).
+
+    Returns one row per (group, step) where at least one run of the group covers the step, columns
+    ``[*group_keys, step, n, mean, std, iqm, ci_low, ci_high, iqm_ci_low, iqm_ci_high]``; ``ci_*`` is
+    ``mean +- t_{(1+c)/2, n-1} std / sqrt(n)`` with the step's own ``n`` (NaN where n < 2), ``iqm_ci_*`` the
+    trimmed-mean t interval of the module doc (equal to ``ci_*`` below 4 runs, where the IQM trims nothing).
+    ``n_bootstrap`` and ``random_state`` are accepted for compatibility and unused: the bands need no resampling.
+    """
+    check_confidence(confidence)
+    aligned = align_curves(long, metric, step_grid, [k for k in group_keys if k not in IDENTITY_COLUMNS])
+    columns = aligned.columns.to_frame(index=False)
+    check_columns(columns, group_keys, "group_keys")
+    matrix = aligned.to_numpy()
+    grid = aligned.index.to_numpy()
+    del n_bootstrap, random_state  # kept in the signature for existing callers
+    frames = []
+    grouped = columns.groupby(list(group_keys), dropna=False, sort=True).indices
+    for group, positions in sorted(grouped.items(), key=lambda item: str(item[0])):
+        block = matrix[:, positions]
+        covered = np.isfinite(block)
+        count = covered.sum(axis=1)
+        rows = count > 0
+        block, covered, count = block[rows], covered[rows], count[rows]
+        filled = np.where(covered, block, 0.0)
+        mean = filled.sum(axis=1) / count
+        with np.errstate(invalid="ignore", divide="ignore"):
+            variance = ((np.where(covered, block - mean[:, None], 0.0)) ** 2).sum(axis=1) / (count - 1)
+        low, high = t_bounds(mean, np.sqrt(variance / count), count - 1, confidence)
+        values = group if isinstance(group, tuple) else (group,)
+        frame = pd.DataFrame({key: [value] * int(rows.sum()) for key, value in zip(group_keys, values, strict=True)})
+        frame["step"] = grid[rows]
+        frame["n"] = count
+        frame["mean"] = mean
+        frame["std"] = np.where(count > 1, np.sqrt(variance), np.nan)
+        frame["iqm"] = _rowwise_interquartile_mean(block)
+        frame["ci_low"] = low
+        frame["ci_high"] = high
+        frame["iqm_ci_low"], frame["iqm_ci_high"] = _rowwise_iqm_interval(block, confidence,
+                                                                          frame["iqm"].to_numpy())
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=[*group_keys, "step", "n", "mean", "std", "iqm", "ci_low", "ci_high",
+                                     "iqm_ci_low", "iqm_ci_high"])
+    return pd.concat(frames, ignore_index=True)
+
+
+
 def _baseline_of_groups(
     rows: pd.DataFrame, group_keys: Sequence[str], baseline: Mapping[str, Any],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(row -> group index (n_rows,), group -> its first row (n_groups,), group -> its baseline's group index or -1
-    (n_groups,), group -> is a baseline (n_groups,))``, groups in :func:`analysis.aggregate._group_items` order."""
-    strata_keys, baseline_keys = _baseline_strata(rows, group_keys, baseline)
-    items = _group_items(rows, group_keys)
-    keys = [key for key, _ in items]
+    (n_groups,), group -> is a baseline (n_groups,))``, groups in :func:`analysis.groups.group_items` order."""
+    strata_keys, baseline_keys = baseline_strata(rows, group_keys, baseline)
+    items = group_items(rows, group_keys)
+    keys = [group_key(key) for key, _ in items]
     row_group = np.empty(len(rows), dtype=np.int64)
     first_rows = np.array([positions.min() for _, positions in items], dtype=np.int64)
     for index, (_, positions) in enumerate(items):
         row_group[positions] = index
-    as_text = [tuple(str(part) for part in key) for key in keys]
-    index_of = {text: index for index, text in enumerate(as_text)}
-    baseline_texts = {tuple(str(part) for part in key) for key in baseline_keys.values()}
+    index_of = {key: index for index, key in enumerate(keys)}
+    baselines = {group_key(key) for key in baseline_keys.values()}
     positions = [list(group_keys).index(key) for key in strata_keys]
     group_baseline = np.full(len(keys), -1, dtype=np.int64)
-    for index, text in enumerate(as_text):
-        reference = baseline_keys.get(tuple(text[i] for i in positions))
+    for index, key in enumerate(keys):
+        reference = baseline_keys.get(tuple(key[i] for i in positions))
         if reference is not None:
-            group_baseline[index] = index_of.get(tuple(str(part) for part in reference), -1)
-    is_baseline = np.array([text in baseline_texts for text in as_text], dtype=bool)
+            group_baseline[index] = index_of.get(group_key(reference), -1)
+    is_baseline = np.array([key in baselines for key in keys], dtype=bool)
     return row_group, first_rows, group_baseline, is_baseline
 
 
@@ -111,10 +208,10 @@ def curve_differences(
     ``confidence``, and ``note`` (:data:`TOO_FEW_PAIRS_NOTE` where ``n < 2``, else empty). No row for the baseline
     groups themselves, nor for a group whose stratum has no baseline.
     """
-    _check_confidence(confidence)
-    rows, _, _ = _segments(_select_metric(long, metric))  # sorted by run and step; a repeated step keeps its last row
+    check_confidence(confidence)
+    rows, _, _ = segments(_select_metric(long, metric))  # sorted by run and step; a repeated step keeps its last row
     group_keys = tuple(group_keys) if group_keys is not None else default_group_keys(rows)
-    _check_columns(rows, [*group_keys, *pair_on], "group_keys/pair_on")
+    check_columns(rows, [*group_keys, *pair_on], "group_keys/pair_on")
     if baseline is None:
         baseline = default_baseline(rows, group_keys)
         if baseline is None:
@@ -162,19 +259,17 @@ def _with_intervals(
     # K per comparison: the steps that have an interval
     band_steps = np.bincount(group[with_interval], minlength=len(group_rows))[group]
     standard_error = np.where(with_interval, per_step["std_diff"].to_numpy(dtype=np.float64) / np.sqrt(n), np.nan)
-    pointwise_half = _t_quantiles(confidence, n - 1) * standard_error
+    mean_diff = per_step["mean_diff"].to_numpy(dtype=np.float64)
     # Bonferroni: each of the K steps at level a / K, i.e. the quantile t_{1 - a/(2K), n-1}
     band_confidence = 1.0 - (1.0 - confidence) / np.maximum(band_steps, 1)
-    band_half = _t_quantiles(band_confidence, n - 1) * standard_error
-    mean_diff = per_step["mean_diff"].to_numpy(dtype=np.float64)
     result = group_rows.iloc[group].reset_index(drop=True)
     result["metric"] = metric
     result["step"] = per_step["step"].to_numpy()
     result["n"] = n
     for column in ("mean", "baseline_mean", "mean_diff", "std_diff"):
         result[column] = per_step[column].to_numpy(dtype=np.float64)
-    result["ci_low"], result["ci_high"] = mean_diff - pointwise_half, mean_diff + pointwise_half
-    result["band_low"], result["band_high"] = mean_diff - band_half, mean_diff + band_half
+    result["ci_low"], result["ci_high"] = t_bounds(mean_diff, standard_error, n - 1, confidence)
+    result["band_low"], result["band_high"] = t_bounds(mean_diff, standard_error, n - 1, band_confidence)
     result["band_steps"] = band_steps.astype(np.int64)
     result["band_method"] = BAND_METHOD
     result["confidence"] = float(confidence)
@@ -235,7 +330,7 @@ def simulate_curve_interval_coverage(
     confidence: float = DEFAULT_CONFIDENCE,
     random_state: RandomState = 0,
 ) -> dict[str, float]:
-    """Coverage of :func:`analysis.aggregate.aggregate_curves`' mean and IQM intervals for normal data.
+    """Coverage of :func:`aggregate_curves`' mean and IQM intervals for normal data.
 
     One group of ``n_seeds`` runs whose values at each of ``n_replicates`` steps are independent N(0.5, 0.05): each
     step is one replicate, so one vectorised call measures them all. The true mean and IQM are both 0.5 (a symmetric

@@ -19,15 +19,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.colors import PowerNorm
 
-from analysis.aggregate import (
-    DEFAULT_CONFIDENCE,
-    DEFAULT_FINAL_WINDOW,
-    MIN_SEEDS_FOR_INTERVAL,
-    RandomState,
-    aggregate_curves,
-    aggregate_runs,
-    run_summaries,
-)
+from analysis.aggregate import DEFAULT_FINAL_WINDOW, aggregate_runs, run_summaries
+from analysis.curves import aggregate_curves
+from analysis.statistics import DEFAULT_CONFIDENCE, MIN_SEEDS_FOR_INTERVAL, RandomState
 from dataflex_rl import keys
 
 GRAD_BUCKET_PATTERN = re.compile(
@@ -192,10 +186,10 @@ def plot_curves(
     min_seeds: int | None = None,
 ) -> Axes:
     """Curve of ``metric`` per group over steps (the mean over seeds, or their IQM with ``statistic="iqm"``), with its
-    ``confidence`` interval as a band (one line per group), from :func:`analysis.aggregate.aggregate_curves`: Student t
+    ``confidence`` interval as a band (one line per group), from :func:`analysis.curves.aggregate_curves`: Student t
     for the mean, Tukey-McLaughlin for the IQM.
 
-    Curves are aligned as in :func:`analysis.aggregate.align_curves` (forward fill within each run, no extrapolation).
+    Curves are aligned as in :func:`analysis.curves.align_curves` (forward fill within each run, no extrapolation).
     ``smoothing`` (in [0, 1), e.g. 0.9): the curve is drawn EMA-smoothed (:func:`ema`) over the raw one, which stays
     faint behind it with its band; the smoothed line is ``ax.lines[2 * i + 1]`` for group ``i``, the raw one
     ``ax.lines[2 * i]``. ``min_seeds``: the band only at steps with at least this many runs (None: wherever the

@@ -1,7 +1,7 @@
 """Report sections on what a sweep can tell: detectable differences and seeds needed, evaluation against training
 noise, and the seed plan of a planned sweep. Each writes Markdown lines through ``add(*lines)``.
 
-Definitions (MDE, seeds needed, the variance split, Stein's test) are in :mod:`analysis.aggregate`.
+Definitions (MDE, seeds needed, the variance split, Stein's test) are in :mod:`analysis.statistics`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import (
+from analysis.aggregate import default_baseline, paired_differences
+from analysis.groups import matching_rows
+from analysis.statistics import (
     DEFAULT_CONFIDENCE,
     DEFAULT_LEVEL,
     DEFAULT_POWER,
     MIN_SEEDS_FOR_INTERVAL,
-    default_baseline,
-    paired_differences,
     seeds_needed,
     stein_two_stage,
     variance_split,
@@ -158,7 +158,7 @@ def plan_section(add: Add, plan: Mapping[str, Any], summaries: pd.DataFrame, gro
     if baseline is None:
         return
     order = [int(seed) for seed in plan["seeds"]]
-    is_baseline = np.all([rows[key].astype(str) == str(value) for key, value in baseline.items()], axis=0)
+    is_baseline = matching_rows(rows, baseline)
     reference = rows[is_baseline].set_index("seed")["final_window"]
     for key, group in rows[~is_baseline].groupby(list(group_keys), sort=True, dropna=False):
         values = group.set_index("seed")["final_window"]

@@ -33,13 +33,7 @@ from matplotlib.figure import Figure
 
 from analysis import plots
 from analysis.aggregate import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_CONFIDENCE,
     DEFAULT_FINAL_WINDOW,
-    DEFAULT_LEVEL,
-    DEFAULT_POWER,
-    MIN_BOOTSTRAP_N,
-    MIN_SEEDS_FOR_INTERVAL,
     aggregate_runs,
     default_baseline,
     default_group_keys,
@@ -47,11 +41,14 @@ from analysis.aggregate import (
     paired_differences,
     run_summaries,
 )
+from analysis.bootstrap import DEFAULT_BOOTSTRAP, MIN_BOOTSTRAP_N
 from analysis.curves import BAND_METHOD, MEASURED_BAND_COVERAGE, curve_differences
 from analysis.export import write_sweep_tables
+from analysis.groups import group_key
 from analysis.html_report import write_report_html
-from analysis.power import plan_section, power_section, variance_section
 from analysis.load import IDENTITY_COLUMNS, SeveralSweepsError, SweepData, add_run_columns, check_one_sweep, load_sweep
+from analysis.power import plan_section, power_section, variance_section
+from analysis.statistics import DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL
 from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
 
@@ -614,7 +611,7 @@ def _curve_difference_figures(document: _Document, data: SweepData, metric: str,
         if int(rows["n"].max()) < MIN_SEEDS_FOR_INTERVAL:
             too_few.append(f"{label} ({int(rows['n'].max())})")
             continue
-        color = next((c for g, c in colors.items() if tuple(map(str, g)) == tuple(map(str, group))), None)
+        color = next((c for g, c in colors.items() if group_key(g) == group_key(group)), None)
         document.figure(f"{metric}: {label} against the baseline", f"difference_{_slug(metric)}_{_slug(label)}",
                         lambda figure, r=rows, c=color: plots.plot_curve_difference(
                             r, ax=figure.add_subplot(), color=c))

@@ -1,7 +1,7 @@
 """Comparison tables: one row per group (alpha, or mechanism configuration and alpha), one column per metric.
 
 A cell reads ``mean ± half-width (n)`` (style ``pm``; half-width = half the 95% Student-t interval over seeds) or
-``mean [low, high] (n)`` (style ``interval``); below :data:`analysis.aggregate.MIN_SEEDS_FOR_INTERVAL` seeds it reads
+``mean [low, high] (n)`` (style ``interval``); below :data:`analysis.statistics.MIN_SEEDS_FOR_INTERVAL` seeds it reads
 ``mean (n, too few seeds)``, never a range. A ``Δ <metric>`` column gives the difference against the baseline paired
 by seed: ``+diff [low, high] p=... MDE ...`` (paired-t interval, paired t-test p-value, Holm-adjusted p when several
 groups are compared with one baseline, minimum detectable effect at 80% power). **Bold marks exactly the differences
@@ -23,7 +23,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import MIN_SEEDS_FOR_INTERVAL
+from analysis.groups import group_key
+from analysis.statistics import MIN_SEEDS_FOR_INTERVAL
 
 TableStyle = Literal["pm", "interval"]
 TABLE_STYLES: tuple[str, ...] = ("pm", "interval")
@@ -103,7 +104,7 @@ def comparison_table(
     :func:`analysis.aggregate.paired_differences` output as ``deltas``).
 
     ``statistic``: ``mean`` (Student-t interval of the mean) or ``iqm`` (BCa interval of the IQM, given from
-    :data:`analysis.aggregate.MIN_BOOTSTRAP_N` runs). ``metrics``: the columns, in order (default: every metric of
+    :data:`analysis.bootstrap.MIN_BOOTSTRAP_N` runs). ``metrics``: the columns, in order (default: every metric of
     ``aggregates``). Baseline rows get ``baseline`` in their delta cells. Bold (``best``): the delta cells whose paired
     interval excludes 0 (:func:`significant`), whatever the metric's direction; ``minimize`` / ``maximize`` are
     accepted for existing callers and no longer pick a best group.
@@ -111,11 +112,11 @@ def comparison_table(
     del minimize, maximize
     metrics = _check_table_arguments(aggregates, metrics, group_keys, statistic, style)
     groups = aggregates[list(group_keys)].drop_duplicates().sort_values(list(group_keys)).reset_index(drop=True)
-    group_labels = [tuple(_format_key(v) for v in row) for row in groups.itertuples(index=False)]
-    cells = pd.DataFrame({key: [label[i] for label in group_labels] for i, key in enumerate(group_keys)})
+    identities = [group_key(row) for row in groups.itertuples(index=False)]
+    cells = pd.DataFrame({key: [_format_key(value) for value in groups[key]] for key in group_keys})
     best = pd.DataFrame(False, index=cells.index, columns=cells.columns)
     for metric in metrics:
-        cells[metric] = _value_cells(_rows_by_group(aggregates, metric, group_keys), group_labels, statistic, style,
+        cells[metric] = _value_cells(_rows_by_group(aggregates, metric, group_keys), identities, statistic, style,
                                      digits)
         best[metric] = False
         delta_rows = _rows_by_group(deltas, metric, group_keys) if deltas is not None and len(deltas) else {}
@@ -123,9 +124,9 @@ def comparison_table(
             delta_column = DELTA_PREFIX + metric
             multiple = len(delta_rows) > 1
             cells[delta_column] = [
-                _format_delta(delta_rows[label], digits, multiple) if label in delta_rows else "baseline"
-                for label in group_labels]
-            best[delta_column] = [label in delta_rows and significant(delta_rows[label]) for label in group_labels]
+                _format_delta(delta_rows[key], digits, multiple) if key in delta_rows else "baseline"
+                for key in identities]
+            best[delta_column] = [key in delta_rows and significant(delta_rows[key]) for key in identities]
     return ComparisonTable(cells=cells, best=best, numbers=_table_numbers(aggregates, deltas, metrics, group_keys),
                            caption=caption)
 
@@ -150,19 +151,19 @@ def _check_table_arguments(aggregates: pd.DataFrame, metrics: Sequence[str] | No
     return metrics
 
 
-def _rows_by_group(frame: pd.DataFrame, metric: str, group_keys: Sequence[str]) -> dict[tuple[str, ...], pd.Series]:
-    """``frame``'s rows of ``metric`` by their formatted group label."""
+def _rows_by_group(frame: pd.DataFrame, metric: str, group_keys: Sequence[str]) -> dict[tuple[Any, ...], pd.Series]:
+    """``frame``'s rows of ``metric`` by their group (:func:`analysis.groups.group_key`: typed values, not labels)."""
     rows = frame[frame["metric"].astype(str) == metric]
-    return {tuple(_format_key(v) for v in row[list(group_keys)]): row for _, row in rows.iterrows()}
+    return {group_key(row[list(group_keys)]): row for _, row in rows.iterrows()}
 
 
-def _value_cells(by_group: Mapping[tuple[str, ...], pd.Series], group_labels: Sequence[tuple[str, ...]],
+def _value_cells(by_group: Mapping[tuple[Any, ...], pd.Series], groups: Sequence[tuple[Any, ...]],
                  statistic: str, style: str, digits: int) -> list[str]:
     """One metric's column: each group's ``statistic`` with its interval and n (``n/a`` for a group without runs)."""
     low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
     column = []
-    for label in group_labels:
-        row = by_group.get(label)
+    for key in groups:
+        row = by_group.get(key)
         if row is None or not row["n"]:
             column.append("n/a")
             continue

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import aggregate, load
+from analysis import aggregate, bootstrap, load, statistics
+from analysis.curves import aggregate_curves, align_curves
 from analysis.load import RunMetrics
 from analysis.synthetic import write_fake_run
 
@@ -34,11 +35,11 @@ def _long(runs: list[dict]) -> pd.DataFrame:
 
 def test_interquartile_mean_by_hand() -> None:
     # n = 8: int(0.25 * 8) = 2 values cut at each end -> mean(3, 4, 5, 6) = 4.5 (the outlier 100 is gone)
-    assert aggregate.interquartile_mean([1, 2, 3, 4, 5, 6, 7, 100]) == pytest.approx(4.5)
+    assert statistics.interquartile_mean([1, 2, 3, 4, 5, 6, 7, 100]) == pytest.approx(4.5)
     # n = 5: int(1.25) = 1 cut at each end -> mean(2, 3, 4) = 3
-    assert aggregate.interquartile_mean([100, 1, 3, 2, 4]) == pytest.approx(3.0)
+    assert statistics.interquartile_mean([100, 1, 3, 2, 4]) == pytest.approx(3.0)
     # n = 3: int(0.75) = 0 -> plain mean
-    assert aggregate.interquartile_mean([1, 2, 9]) == pytest.approx(4.0)
+    assert statistics.interquartile_mean([1, 2, 9]) == pytest.approx(4.0)
 
 
 def test_rowwise_iqm_matches_scipy_with_missing_values() -> None:
@@ -47,39 +48,39 @@ def test_rowwise_iqm_matches_scipy_with_missing_values() -> None:
     block[0, :4] = np.nan
     block[3, 1] = np.nan
     expected = [stats.trim_mean(row[np.isfinite(row)], 0.25) for row in block]
-    np.testing.assert_allclose(aggregate._rowwise_interquartile_mean(block), expected)
+    np.testing.assert_allclose(statistics._rowwise_interquartile_mean(block), expected)
 
 
 def test_probability_of_improvement_by_hand() -> None:
     # pairs (x_i, y_j): 1 loses twice; 2 ties twice (0.5 each); 3 wins twice -> (0 + 1 + 2) / 6
-    assert aggregate.probability_of_improvement([1, 2, 3], [2, 2]) == pytest.approx(0.5)
-    assert aggregate.probability_of_improvement([3, 4], [1, 2]) == 1.0
-    assert aggregate.probability_of_improvement([1], [1]) == 0.5
+    assert statistics.probability_of_improvement([1, 2, 3], [2, 2]) == pytest.approx(0.5)
+    assert statistics.probability_of_improvement([3, 4], [1, 2]) == 1.0
+    assert statistics.probability_of_improvement([1], [1]) == 0.5
     with pytest.raises(ValueError, match="non-empty"):
-        aggregate.probability_of_improvement([], [1])
+        statistics.probability_of_improvement([], [1])
 
 
 def test_bootstrap_is_deterministic_contains_mean_and_shrinks_with_n() -> None:
     sample = np.random.default_rng(1).normal(0.5, 0.1, size=1000)
-    first = aggregate.bootstrap_ci(sample[:10], random_state=7)
-    assert first == aggregate.bootstrap_ci(sample[:10], random_state=7)
-    assert first != aggregate.bootstrap_ci(sample[:10], random_state=8)
+    first = bootstrap.bootstrap_ci(sample[:10], random_state=7)
+    assert first == bootstrap.bootstrap_ci(sample[:10], random_state=7)
+    assert first != bootstrap.bootstrap_ci(sample[:10], random_state=8)
     for n in (10, 100, 1000):
-        low, high = aggregate.bootstrap_ci(sample[:n], random_state=0)
+        low, high = bootstrap.bootstrap_ci(sample[:n], random_state=0)
         assert low <= sample[:n].mean() <= high
-    widths = [np.subtract(*aggregate.bootstrap_ci(sample[:n], random_state=0)[::-1]) for n in (10, 100, 1000)]
+    widths = [np.subtract(*bootstrap.bootstrap_ci(sample[:n], random_state=0)[::-1]) for n in (10, 100, 1000)]
     assert widths[0] > widths[1] > widths[2] > 0
 
 
 def test_stratified_bootstrap_keeps_stratum_sizes() -> None:
     # Strata all-0 and all-1 of two values each: every stratified resample has two 0s and two 1s -> mean 0.5 always;
     # an unstratified bootstrap of the same four values does vary.
-    stratified = aggregate.stratified_bootstrap([[0.0, 0.0], [1.0, 1.0]], n_bootstrap=500, random_state=0)
+    stratified = bootstrap.stratified_bootstrap([[0.0, 0.0], [1.0, 1.0]], n_bootstrap=500, random_state=0)
     np.testing.assert_array_equal(stratified, 0.5)
-    plain = aggregate.stratified_bootstrap([0.0, 0.0, 1.0, 1.0], n_bootstrap=500, random_state=0)
+    plain = bootstrap.stratified_bootstrap([0.0, 0.0, 1.0, 1.0], n_bootstrap=500, random_state=0)
     assert plain.std() > 0.1
     with pytest.raises(ValueError, match="confidence"):
-        aggregate.bootstrap_ci([1.0, 2.0], confidence=95)
+        bootstrap.bootstrap_ci([1.0, 2.0], confidence=95)
 
 
 # --- per-run summaries -------------------------------------------------------------------------------------------
@@ -133,14 +134,14 @@ def test_unequal_length_curves_forward_fill_and_never_extrapolate() -> None:
         {"run": "short", "alpha": 0.0, "seed": 2, "metrics": {"m": ([0, 1, 2], [10.0, 20.0, 30.0])}},
         {"run": "late", "alpha": 0.0, "seed": 3, "metrics": {"m": ([2, 4], [7.0, 9.0])}},
     ])
-    aligned = aggregate.align_curves(long, "m")
+    aligned = align_curves(long, "m")
     assert aligned.index.tolist() == [0, 1, 2, 4, 6]
     by_run = {name: aligned.xs(name, axis=1, level="run").iloc[:, 0].tolist() for name in ("long", "short", "late")}
     assert by_run["long"] == [1.0, 1.0, 2.0, 3.0, 4.0]  # step 1 forward-filled from step 0
     assert by_run["short"][:3] == [10.0, 20.0, 30.0] and np.isnan(by_run["short"][3:]).all()  # ends at step 2
     assert np.isnan(by_run["late"][:2]).all() and by_run["late"][2:4] == [7.0, 9.0] and np.isnan(by_run["late"][4])
 
-    curves = aggregate.aggregate_curves(long, "m", n_bootstrap=200, random_state=0).set_index("step")
+    curves = aggregate_curves(long, "m", n_bootstrap=200, random_state=0).set_index("step")
     assert curves["n"].tolist() == [2, 2, 3, 2, 1]
     assert curves.loc[1, "mean"] == pytest.approx((1.0 + 20.0) / 2)
     assert curves.loc[2, "mean"] == pytest.approx((2.0 + 30.0 + 7.0) / 3)
@@ -152,7 +153,7 @@ def test_unequal_length_curves_forward_fill_and_never_extrapolate() -> None:
     assert curves.loc[2, "ci_high"] == pytest.approx(13.0 + half, rel=1e-6)
     assert curves.loc[2, "iqm"] == pytest.approx(stats.trim_mean([2.0, 30.0, 7.0], 0.25))
 
-    explicit = aggregate.align_curves(long, "m", step_grid=[0, 3, 5])
+    explicit = align_curves(long, "m", step_grid=[0, 3, 5])
     assert explicit.xs("long", axis=1, level="run").iloc[:, 0].tolist() == [1.0, 2.0, 3.0]
 
 
@@ -162,13 +163,13 @@ def test_aggregate_curves_groups_and_is_deterministic(tmp_path: Path) -> None:
             write_fake_run(tmp_path / "s" / f"a{alpha}-s{seed}", sweep="s", alpha=alpha, seed=seed,
                            metrics={"m": np.arange(5.0) * (1 + alpha) + seed})
     long = load.load_sweep(tmp_path / "s").metrics
-    first = aggregate.aggregate_curves(long, "m", n_bootstrap=300, random_state=4)
-    pd.testing.assert_frame_equal(first, aggregate.aggregate_curves(long, "m", n_bootstrap=300, random_state=4))
+    first = aggregate_curves(long, "m", n_bootstrap=300, random_state=4)
+    pd.testing.assert_frame_equal(first, aggregate_curves(long, "m", n_bootstrap=300, random_state=4))
     assert sorted(first["alpha"].unique()) == [0.0, 1.0] and len(first) == 10
     # alpha = 1, step 4: seeds give 8 + 1 and 8 + 2
     assert first.set_index(["alpha", "step"]).loc[(1.0, 4), "mean"] == pytest.approx(9.5)
     with pytest.raises(KeyError, match="available"):
-        aggregate.aggregate_curves(long, "missing")
+        aggregate_curves(long, "missing")
 
 
 # --- groups and paired differences -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import aggregate
+from analysis import aggregate, bootstrap, statistics
 
 REPLICATES = 2000
 TRUE_BASELINE, TRUE_DIFFERENCE = 0.7, 0.01
@@ -55,28 +55,28 @@ def test_welch_interval_covers_95_percent(n: int) -> None:
     rng = np.random.default_rng(100 + n)
     x = rng.normal(0.71, 0.02, size=(REPLICATES, n))
     y = rng.normal(0.70, 0.04, size=(REPLICATES, n))  # unequal spreads: Welch, not the pooled t
-    results = pd.DataFrame([aggregate.welch_t(a, b) for a, b in zip(x, y, strict=True)])
+    results = pd.DataFrame([statistics.welch_t(a, b) for a, b in zip(x, y, strict=True)])
     assert 0.92 <= _covered(results, 0.01) <= 0.98
 
 
 def test_bca_iqm_interval_is_refused_where_it_undercovers_and_covers_from_the_threshold_on() -> None:
     def coverage(n: int) -> float:
         data = np.random.default_rng(n).normal(0.7, 0.03, size=(1000, n))
-        low, high = aggregate.bca_interval([data], lambda x, axis=-1: aggregate.interquartile_mean(x, axis=axis),
+        low, high = bootstrap.bca_interval([data], lambda x, axis=-1: statistics.interquartile_mean(x, axis=axis),
                                            n_bootstrap=999, random_state=0)
         return float(((low <= 0.7) & (0.7 <= high)).mean())
 
-    assert aggregate.MIN_BOOTSTRAP_N == 8
+    assert bootstrap.MIN_BOOTSTRAP_N == 8
     with np.errstate(all="ignore"):
-        original, aggregate.MIN_BOOTSTRAP_N = aggregate.MIN_BOOTSTRAP_N, 2  # measure below the threshold
+        original, bootstrap.MIN_BOOTSTRAP_N = bootstrap.MIN_BOOTSTRAP_N, 2  # measure below the threshold
         try:
             below = coverage(5)
         finally:
-            aggregate.MIN_BOOTSTRAP_N = original
+            bootstrap.MIN_BOOTSTRAP_N = original
     assert below < 0.92  # why intervals are refused at 5 seeds
-    for n in (aggregate.MIN_BOOTSTRAP_N, 20):
+    for n in (bootstrap.MIN_BOOTSTRAP_N, 20):
         assert 0.92 <= coverage(n) <= 0.98
-    low, high = aggregate.bca_interval([np.arange(5.0)], np.mean)
+    low, high = bootstrap.bca_interval([np.arange(5.0)], np.mean)
     assert np.isnan(low) and np.isnan(high)
 
 
@@ -85,47 +85,47 @@ def test_bca_iqm_interval_is_refused_where_it_undercovers_and_covers_from_the_th
 
 def test_power_and_seeds_needed_match_published_values() -> None:
     # G*Power, one-sample / paired t, two-sided 5%, d = 0.5, power 0.8: n = 34 with actual power 0.8077775
-    assert aggregate.seeds_needed(1.0, 0.5) == 34
-    assert aggregate.t_power(0.5, 1.0, 34) == pytest.approx(0.8077775, abs=1e-6)
-    assert aggregate.t_power(0.5, 1.0, 33) < 0.8
+    assert statistics.seeds_needed(1.0, 0.5) == 34
+    assert statistics.t_power(0.5, 1.0, 34) == pytest.approx(0.8077775, abs=1e-6)
+    assert statistics.t_power(0.5, 1.0, 33) < 0.8
     # Cohen (1988), two-sample t, d = 0.5: 64 per group
-    assert aggregate.seeds_needed(1.0, 0.5, paired=False) == 64
+    assert statistics.seeds_needed(1.0, 0.5, paired=False) == 64
     # the spread scales out: sd 0.02 and a difference of 0.01 is d = 0.5 again
-    assert aggregate.seeds_needed(0.02, 0.01) == 34
-    assert aggregate.seeds_needed(1.0, 0.001, max_seeds=50) is None
+    assert statistics.seeds_needed(0.02, 0.01) == 34
+    assert statistics.seeds_needed(1.0, 0.001, max_seeds=50) is None
     with pytest.raises(ValueError, match="effect"):
-        aggregate.seeds_needed(1.0, 0.0)
+        statistics.seeds_needed(1.0, 0.0)
 
 
 def test_mde_against_hand_computed_t_test_power() -> None:
     # one-sample t, n = 10, d = 1, two-sided 5%: power 0.8031 (G*Power), so the 80% MDE sits just below 1 sd
-    assert aggregate.t_power(1.0, 1.0, 10) == pytest.approx(0.803097, abs=1e-5)
-    mde = aggregate.minimum_detectable_effect(1.0, 10)
+    assert statistics.t_power(1.0, 1.0, 10) == pytest.approx(0.803097, abs=1e-5)
+    mde = statistics.minimum_detectable_effect(1.0, 10)
     assert mde == pytest.approx(0.99600, abs=2e-4)  # statsmodels TTestPower().solve_power(nobs=10, power=0.8)
-    assert aggregate.t_power(mde, 1.0, 10) == pytest.approx(0.8, abs=1e-9)
-    assert aggregate.minimum_detectable_effect(0.02, 10) == pytest.approx(0.02 * mde, rel=1e-6)
-    assert aggregate.minimum_detectable_effect(1.0, 34) < 0.5 < aggregate.minimum_detectable_effect(1.0, 33)
-    assert np.isnan(aggregate.minimum_detectable_effect(1.0, 1)) and aggregate.minimum_detectable_effect(0.0, 5) == 0
+    assert statistics.t_power(mde, 1.0, 10) == pytest.approx(0.8, abs=1e-9)
+    assert statistics.minimum_detectable_effect(0.02, 10) == pytest.approx(0.02 * mde, rel=1e-6)
+    assert statistics.minimum_detectable_effect(1.0, 34) < 0.5 < statistics.minimum_detectable_effect(1.0, 33)
+    assert np.isnan(statistics.minimum_detectable_effect(1.0, 1)) and statistics.minimum_detectable_effect(0.0, 5) == 0
 
 
 def test_holm_adjusted_p_values_by_hand() -> None:
     # sorted 0.005, 0.01, 0.03, 0.04 (m = 4): 4 x 0.005 = 0.02, 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 0.04)
-    adjusted = aggregate.holm_adjust([0.01, 0.04, 0.03, np.nan, 0.005])
+    adjusted = statistics.holm_adjust([0.01, 0.04, 0.03, np.nan, 0.005])
     np.testing.assert_allclose(adjusted, [0.03, 0.06, 0.06, np.nan, 0.02])
     summaries = pd.DataFrame({"alpha": [0.0] * 3 + [0.5] * 3 + [1.0] * 3, "seed": [1, 2, 3] * 3, "metric": "m",
                               "final_window": [0.5, 0.6, 0.7, 0.6, 0.62, 0.85, 0.5, 0.61, 0.72]})
     deltas = aggregate.paired_differences(summaries).set_index("alpha")
-    np.testing.assert_allclose(deltas["p_holm"], aggregate.holm_adjust(deltas["p_value"]))
+    np.testing.assert_allclose(deltas["p_holm"], statistics.holm_adjust(deltas["p_value"]))
     assert (deltas["p_holm"] >= deltas["p_value"]).all()
 
 
 def test_variance_split_by_hand() -> None:
     # p = 0.7 on 1024 items: 0.21 / 1024 = 2.05e-4; seeds' variance 4e-4 -> training 1.95e-4, share 0.513
-    split = aggregate.variance_split(0.7, 4e-4, 1024)
+    split = statistics.variance_split(0.7, 4e-4, 1024)
     assert split["eval_variance"] == pytest.approx(0.21 / 1024)
     assert split["training_variance"] == pytest.approx(4e-4 - 0.21 / 1024)
     assert split["eval_share"] == pytest.approx(0.21 / 1024 / 4e-4)
-    assert aggregate.variance_split(0.7, 1e-4, 1024)["training_variance"] == 0.0  # floored: eval noise explains all
+    assert statistics.variance_split(0.7, 1e-4, 1024)["training_variance"] == 0.0  # floored: eval noise explains all
 
 
 def test_a_constant_group_in_a_batch_gets_a_zero_width_interval_without_a_warning():
@@ -133,7 +133,7 @@ def test_a_constant_group_in_a_batch_gets_a_zero_width_interval_without_a_warnin
 
     from scipy import stats
 
-    from analysis.aggregate import bca_interval
+    from analysis.bootstrap import bca_interval
 
     constant, varying = np.full(8, 0.756), np.linspace(0.70, 0.80, 8)
     with warnings.catch_warnings():

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import analysis
-from analysis import aggregate, curves, load, plots, report
+from analysis import curves, load, plots, report, statistics
 from analysis.load import RunMetrics
 from analysis.synthetic import write_fake_sweep
 from dataflex_rl import keys
@@ -139,15 +139,15 @@ def test_curve_mean_and_iqm_intervals_cover(n_seeds: int) -> None:
 def test_iqm_interval_by_hand_and_against_scipy() -> None:
     # n = 5: g = floor(1.25) = 1 cut at each end, h = 3 kept; IQM = mean(2, 3, 4) = 3; winsorised (2, 2, 3, 4, 4) has
     # mean 3 and SSW = 1 + 1 + 0 + 1 + 1 = 4; se = sqrt(4 / (3 * 2)); t_{0.975, 2} = 4.302653
-    low, high = aggregate.iqm_t_interval([1.0, 2.0, 3.0, 4.0, 10.0])
+    low, high = statistics.iqm_t_interval([1.0, 2.0, 3.0, 4.0, 10.0])
     half = 4.302653 * np.sqrt(4.0 / 6.0)
     assert low == pytest.approx(3.0 - half, rel=1e-6) and high == pytest.approx(3.0 + half, rel=1e-6)
     # Yuen's trimmed t of scipy against a constant sample: the same standard error and h - 1 degrees of freedom
     sample = np.random.default_rng(0).normal(size=8)
     expected = stats.ttest_ind(sample, np.zeros(4), trim=0.25, equal_var=False).confidence_interval(0.95)
-    np.testing.assert_allclose(aggregate.iqm_t_interval(sample), (expected.low, expected.high), rtol=1e-10)
-    np.testing.assert_allclose(aggregate.iqm_t_interval([1.0, 2.0, 9.0]), aggregate.t_interval([1.0, 2.0, 9.0]))
-    assert np.isnan(aggregate.iqm_t_interval([1.0])).all()
+    np.testing.assert_allclose(statistics.iqm_t_interval(sample), (expected.low, expected.high), rtol=1e-10)
+    np.testing.assert_allclose(statistics.iqm_t_interval([1.0, 2.0, 9.0]), statistics.t_interval([1.0, 2.0, 9.0]))
+    assert np.isnan(statistics.iqm_t_interval([1.0])).all()
 
 
 def test_aggregate_curves_iqm_interval_per_step() -> None:
@@ -155,11 +155,11 @@ def test_aggregate_curves_iqm_interval_per_step() -> None:
     values = {1: (0.1, 0.5), 2: (0.2, 0.6), 3: (0.3, 0.9), 4: (0.4, None), 5: (1.0, None)}
     long = _long([(0.0, seed, {step: v for step, v in enumerate(pair) if v is not None})
                   for seed, pair in values.items()])
-    frame = aggregate.aggregate_curves(long, METRIC).set_index("step")
+    frame = curves.aggregate_curves(long, METRIC).set_index("step")
     np.testing.assert_allclose(frame.loc[0, ["iqm_ci_low", "iqm_ci_high"]].astype(float),
-                               aggregate.iqm_t_interval([0.1, 0.2, 0.3, 0.4, 1.0]))
+                               statistics.iqm_t_interval([0.1, 0.2, 0.3, 0.4, 1.0]))
     np.testing.assert_allclose(frame.loc[1, ["iqm_ci_low", "iqm_ci_high"]].astype(float),
-                               aggregate.t_interval([0.5, 0.6, 0.9]))
+                               statistics.t_interval([0.5, 0.6, 0.9]))
 
 
 # --- figures and the report ----------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def test_plot_sample_efficiency_mean_and_iqm_panels(tmp_path: Path) -> None:
     metrics = data.metrics[(data.metrics["alpha"] == 0.0) | (data.metrics["seed"] <= 2)]
     axes = plots.plot_sample_efficiency(metrics, keys.VAL_ACCURACY)
     assert axes.shape == (2,) and all(len(ax.lines) == 2 for ax in axes)
-    expected = aggregate.aggregate_curves(metrics, keys.VAL_ACCURACY)
+    expected = curves.aggregate_curves(metrics, keys.VAL_ACCURACY)
     baseline = expected[expected["alpha"] == 0.0]
     np.testing.assert_allclose(axes[0].lines[0].get_ydata(), baseline["mean"])
     np.testing.assert_allclose(axes[1].lines[0].get_ydata(), baseline["iqm"])
@@ -250,6 +250,6 @@ def test_report_section_with_too_few_seeds_or_no_baseline(tmp_path: Path, saved_
 def test_new_functions_are_reachable_from_the_package() -> None:
     assert analysis.curve_differences is curves.curve_differences
     assert analysis.plot_curve_difference is plots.plot_curve_difference
-    assert analysis.iqm_t_interval is aggregate.iqm_t_interval
+    assert analysis.iqm_t_interval is statistics.iqm_t_interval
     with pytest.raises(AttributeError, match="no attribute"):
         _ = analysis.not_a_function

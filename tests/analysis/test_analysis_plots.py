@@ -12,6 +12,7 @@ from matplotlib.collections import QuadMesh
 from matplotlib.container import BarContainer, ErrorbarContainer
 
 from analysis import aggregate, load, plots
+from analysis.curves import aggregate_curves
 from dataflex_rl import keys
 
 
@@ -32,7 +33,7 @@ def test_plot_curves_one_line_and_band_per_alpha(data: load.SweepData) -> None:
     assert returned is ax
     assert len(ax.lines) == 3 and len(ax.collections) == 3
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["alpha=0 (n=3)", "alpha=0.5 (n=3)", "alpha=1 (n=3)"]
-    curves = aggregate.aggregate_curves(data.metrics, keys.VAL_ACCURACY, n_bootstrap=100)
+    curves = aggregate_curves(data.metrics, keys.VAL_ACCURACY, n_bootstrap=100)
     first = curves[curves["alpha"] == 0.0]
     np.testing.assert_allclose(ax.lines[0].get_ydata(), first["mean"])
     new_ax = plots.plot_low_prob_share(data.metrics, band=False, n_bootstrap=50)

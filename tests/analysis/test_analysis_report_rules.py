@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
-from analysis import aggregate, plots, report
+from analysis import aggregate, plots, report, statistics
 from analysis.synthetic import write_fake_run
 
 FAST = ["--bootstrap", "200"]
@@ -59,7 +59,7 @@ def test_bold_only_where_the_paired_interval_excludes_zero_and_detectable_sizes(
     deltas = aggregate.paired_differences(aggregate.run_summaries(
         report.load_sweep(sweep).metrics, metrics=["val/accuracy"]))
     row = deltas.set_index("alpha").loc[1.0]
-    needed = aggregate.seeds_needed(row["std_difference"], 0.005)
+    needed = statistics.seeds_needed(row["std_difference"], 0.005)
     assert (f"alpha=1 against the baseline: with 6 seeds this sweep can detect |Δ| >= {row['mde']:.4f}; to detect "
             f"0.005 you need {needed} seeds.") in text
     # evaluation noise on 256 items (p ~ 0.7: SD 0.029) exceeds the seeds' spread (SD ~0.02): the report says what

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from analysis import aggregate
-from dataflex_rl.config import ConfigError
+from analysis import statistics
+from dataflex_rl.validation import ConfigError
 from sweeps import planning
 from sweeps.cli import main
 from sweeps.config import parse_sweep_config
@@ -42,7 +42,7 @@ def test_a_plan_from_a_pilot_keeps_the_false_positive_rate_at_the_level(pilot_si
         std = float(row[:pilot_size].std(ddof=1))
         _, planned = planning.planned_seed_count([std], pilot_size, target, max_seeds)
         planned_sizes.append(planned)
-        rejections += aggregate.stein_two_stage(row[:planned], pilot_size)["p_value"] < 0.05
+        rejections += statistics.stein_two_stage(row[:planned], pilot_size)["p_value"] < 0.05
     rate = rejections / simulations
     assert 0.03 <= rate <= 0.06  # at the level, and the test does reject: the simulation measures something
     assert len(set(planned_sizes)) > 5  # the plan really varies with the pilot
@@ -76,8 +76,8 @@ def test_a_planned_sweep_adds_seeds_to_its_folder_then_resumes_without_touching_
                   ["val/accuracy"] for alpha in ("0.5", "0.0")]
         pilot_differences.append(values[0] - values[1])
     assert comparison["std_difference"] == pytest.approx(np.std(pilot_differences, ddof=1))
-    assert plan["seeds_needed"] == aggregate.stein_seeds_needed(comparison["std_difference"], 3, 0.01)
-    assert plan["expected_mde"] == pytest.approx(aggregate.stein_mde(comparison["std_difference"], 3, 5))
+    assert plan["seeds_needed"] == statistics.stein_seeds_needed(comparison["std_difference"], 3, 0.01)
+    assert plan["expected_mde"] == pytest.approx(statistics.stein_mde(comparison["std_difference"], 3, 5))
     runs = runs_by_name(sweep_dir)
     assert sorted(runs) == sorted(f"a{a}-s{s}" for a in ("0.0", "0.5") for s in range(1, 6))
     assert all(entry["state"] == "completed" and entry["attempts"] == 1 for entry in runs.values())

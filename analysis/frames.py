@@ -70,20 +70,10 @@ class RunMetrics:
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "config.") -> dict[str, Any]:
-    """Nested mapping -> ``{prefix + "a.b.c": value}``; lists and empty mappings become JSON text."""
-    flat: dict[str, Any] = {}
-
-    def visit(node: Any, path: str) -> None:
-        if isinstance(node, Mapping) and node:
-            for key, child in node.items():
-                visit(child, f"{path}.{key}" if path else str(key))
-        elif isinstance(node, (list, tuple, Mapping)):
-            flat[prefix + path] = json.dumps(node, default=str)
-        else:
-            flat[prefix + path] = node
-
-    visit(config, "")
-    return flat
+    """The run store's :func:`~dataflex_rl.tracking.run_store.flatten_config` as table columns: ``{prefix +
+    "a.b.c": value}``, lists and empty mappings as JSON text (a cell holds one scalar)."""
+    return {prefix + key: json.dumps(value, default=str) if isinstance(value, (list, tuple, Mapping)) else value
+            for key, value in run_store.flatten_config(config).items()}
 
 
 def as_float(value: Any) -> float:

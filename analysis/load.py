@@ -10,14 +10,14 @@ Long table (:attr:`SweepData.metrics`), one row per logged ``(run, metric, step)
 one, else it repeats ``mechanism``; analysis treats it as a factor beside ``alpha``.
 
 Every other swept factor is a column too, between ``alpha`` and ``seed`` (``eta``, ``trainer.lr``, ``task``, ...): its
-name and value come from ``meta.json``'s ``axes`` (the grid's axes, values read from the run's resolved config); for
-a store written before runs recorded their axes, from the axes ``sweep.json``'s grid names, read from each run's
-config. A store with neither (alpha and seed only) has no factor columns. :func:`factor_columns` lists them. The W&B
+name and value come from ``meta.json``'s ``axes`` (the grid's axes, values read from the run's resolved config). A
+store without axes (a run outside a grid: alpha and seed only) has no factor columns. :func:`factor_columns` lists
+them. The W&B
 loaders (:func:`load_wandb`, :func:`load_wandb_offline`) read the same axes from the W&B config's
 ``run_identity.axes`` (see :mod:`analysis.wandb_runs`), so their tables group and pair the same way.
 
 The column sets, :class:`SweepData` and the table builders live in :mod:`analysis.frames`; this module re-exports
-them, so ``load.SweepData``, ``load.factor_columns``, ... keep working.
+them, so one import gives ``load.SweepData``, ``load.factor_columns``, ...
 
 Run table (:attr:`SweepData.runs`), one row per run folder (plus one per ``sweep.json`` entry without a folder):
 identity columns as above, then ``state``, ``status_step``, ``error``, ``wall_time_s``, ``git_commit``,
@@ -65,12 +65,13 @@ from analysis.frames import (
     write_parquet_atomic,
 )
 from analysis.wandb_runs import DEFAULT_CACHE_DIR, WANDB_IDENTITY_KEYS, WANDB_STATES, load_wandb
+from dataflex_rl.keys import ETA_KEY
 from dataflex_rl.tracking import run_store
 
 # The loaders and the table vocabulary live in analysis.frames / analysis.wandb_runs / analysis.wandb_offline;
-# notebooks and older code reach them through this module.
+# notebooks and the tests reach them through this module.
 __all__ = [
-    "CATEGORY_COLUMNS", "COMPLETED", "DEFAULT_CACHE_DIR", "ETA_CONFIG_KEY", "HISTOGRAM_COLUMNS", "IDENTITY_COLUMNS",
+    "CATEGORY_COLUMNS", "COMPLETED", "DEFAULT_CACHE_DIR", "HISTOGRAM_COLUMNS", "IDENTITY_COLUMNS",
     "LONG_COLUMNS", "RUN_COLUMNS", "RUN_STATES", "SWEEP_DIR_ENV", "WANDB_IDENTITY_KEYS", "WANDB_STATES",
     "NoRunStoreError", "RunMetrics", "SeveralSweepsError", "check_one_sweep", "sweeps_under", "SweepData", "add_run_columns", "build_long_table", "describe_run",
     "empty_histogram_table", "factor_columns", "find_run_dirs", "flatten_config", "load_histograms", "load_runs",
@@ -84,7 +85,6 @@ logger = logging.getLogger(__name__)
 
 _SKIPPED_FOLDERS = frozenset({"checkpoints", "wandb", "report", "__pycache__", ".git"})
 SWEEP_DIR_ENV = "DATAFLEX_SWEEP_DIR"
-ETA_CONFIG_KEY = "dataflex.actuator.params.eta"
 
 
 class NoRunStoreError(FileNotFoundError):
@@ -119,15 +119,6 @@ def check_one_sweep(sweep_dir: str | os.PathLike[str]) -> None:
 
 
 # --- small readers -----------------------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    with open(path) as handle:
-        payload = json.load(handle)
-    if not isinstance(payload, dict):
-        # ValueError, not TypeError: the file's content is wrong, and callers treat it like any unreadable file
-        raise ValueError(f"{path} holds a {type(payload).__name__}, expected a JSON object")  # noqa: TRY004
-    return payload
 
 
 def _first_line(text: Any) -> str | None:
@@ -200,13 +191,10 @@ def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
 
 def read_manifest(sweep_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``sweep.json`` of a sweep folder, or None when absent or unreadable (it is optional extra information)."""
-    path = Path(sweep_dir) / "sweep.json"
-    if not path.is_file():
-        return None
     try:
-        return _read_json(path)
-    except (OSError, ValueError) as exc:
-        logger.warning("ignoring unreadable %s: %s", path, exc)
+        return run_store.read_json_object(Path(sweep_dir) / "sweep.json")
+    except ValueError as exc:
+        logger.warning("ignoring unreadable sweep.json: %s", exc)
         return None
 
 
@@ -310,26 +298,14 @@ def describe_run(
 
 def swept_factors(manifest: Mapping[str, Any] | None) -> dict[str, str]:
     """``{factor column: run-table config column}`` of the factors ``sweep.json``'s grid names beyond the identity
-    columns (``eta`` and each ``extra`` axis): how a store written before runs recorded their axes gets them."""
+    columns (``eta`` and each ``extra`` axis)."""
     grid = (manifest or {}).get("grid") or {}
     factors: dict[str, str] = {}
     if grid.get("eta"):
-        factors["eta"] = f"config.{ETA_CONFIG_KEY}"
+        factors["eta"] = f"config.{ETA_KEY}"
     for key in grid.get("axes") or {}:
         factors[str(key).lstrip("+~")] = f"config.{str(key).lstrip('+~')}"
     return factors
-
-
-def _fill_factors(rows: Sequence[dict[str, Any]], manifest: Mapping[str, Any] | None) -> list[str]:
-    """Move each row's ``factors`` into columns (the sweep.json grid's axes where meta.json has none); return the
-    factor column names in first-seen order."""
-    from_manifest = swept_factors(manifest)
-    for row in rows:
-        factors = row.setdefault("factors", {})
-        for name, source in from_manifest.items():
-            if name not in factors and source in row:
-                factors[name] = row[source]
-    return pop_factors(rows)
 
 
 def add_run_columns(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -428,7 +404,7 @@ def load_runs(
     listed = {row["run"] for row in rows}
     rows += [_missing_run_row(sweep_name, entry) for name, entry in entries.items() if name not in listed]
     loadable = [bool(row.pop("loadable")) for row in rows]
-    factors = _fill_factors(rows, manifest)
+    factors = pop_factors(rows)
     runs = make_run_table(rows, factors)
     run_metrics = _load_run_metrics(runs, loadable, metrics, include_incomplete)
     long = build_long_table(runs, run_metrics)

@@ -4,8 +4,9 @@ A W&B run's identity comes from its config: the W&B logger (:mod:`dataflex_rl.tr
 resolved config plus ``run_identity`` (the :class:`~dataflex_rl.tracking.identity.RunIdentity` fields, ``meta.json``'s
 identity). ``run_identity.axes`` (``{factor: value}`` of every axis of the sweep's grid) becomes the same factor
 columns :func:`analysis.load.load_sweep` builds from ``meta.json`` (``eta``, ``trainer.lr``, ...), so a frame loaded
-from W&B groups by any factor like one loaded from run stores. Runs logged before axes were recorded have none: alpha
-and seed only, from ``run_identity``, else from the run name ``<sweep>-a<alpha>-s<seed>``, the group and the tags.
+from W&B groups by any factor like one loaded from run stores. A run outside a grid has no axes: alpha and seed only,
+from ``run_identity``, else (a verl run started without ``dataflex_run``, which logs no ``run_identity``) from the
+config's ``dataflex`` keys, the run name ``<sweep>-a<alpha>-s<seed>``, the group and the tags.
 
 :func:`load_wandb` reads runs logged online through ``wandb.Api()``; :mod:`analysis.wandb_offline` reads offline run
 files with the same identity and row rules (:func:`wandb_run_row`, :class:`WandbTables`).
@@ -24,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from dataflex_rl.keys import ALPHA_KEY
 
 from analysis.frames import (
     COMPLETED,
@@ -52,7 +55,7 @@ WANDB_IDENTITY_KEYS: dict[str, tuple[str, ...]] = {
     "backend": ("run_identity.backend", "backend"),
     "mechanism": ("run_identity.mechanism", "dataflex.mechanism", "mechanism"),
     "mechanism_label": ("run_identity.mechanism_label", "mechanism_label", "dataflex.mechanism_label"),
-    "alpha": ("run_identity.alpha", "alpha", "dataflex.actuator.params.alpha"),
+    "alpha": ("run_identity.alpha", "alpha", ALPHA_KEY),
     "seed": ("run_identity.seed", "seed"),
     "git_commit": ("run_identity.git_commit", "git_commit"),
     "config_hash": ("run_identity.config_hash", "config_hash"),
@@ -66,7 +69,7 @@ WANDB_STATES: dict[str, str] = {
 _RUN_NAME_PATTERN = re.compile(r"-a(?P<alpha>-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)-s(?P<seed>-?\d+)$")
 DEFAULT_CACHE_DIR = Path(os.environ.get("DATAFLEX_CACHE_DIR", "~/.cache/dataflex-rl")).expanduser() / "wandb"
 _CACHE_FILES = ("runs.parquet", "metrics.parquet", "histograms.parquet")
-# Part of every cache folder's hash: a cache written before the tables held the factor columns is not reused.
+# Part of every cache folder's hash: raise it when the cached tables change, so a cache of another layout is never read.
 _CACHE_FORMAT = 2
 
 
@@ -109,7 +112,7 @@ def wandb_identity(run: Any, flat_config: Mapping[str, Any], known_backends: Seq
 
 def recorded_factors(config: Mapping[str, Any]) -> dict[str, Any]:
     """The factor columns of a W&B run: its config's ``run_identity.axes`` without alpha, seed and the preset label
-    (their identity columns hold them); ``{}`` for a run logged before axes were recorded."""
+    (their identity columns hold them); ``{}`` for a run outside a grid."""
     run_identity = config.get("run_identity")
     return axis_factors(run_identity.get(AXES_KEY)) if isinstance(run_identity, Mapping) else {}
 

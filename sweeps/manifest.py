@@ -2,7 +2,7 @@
 
 Layout::
 
-    {"sweep": name, "backend": "local", "launcher": "local", "created": iso, "updated": iso,
+    {"sweep": name, "backend": "local", "launcher": "process", "created": iso, "updated": iso,
      "state": "running" | "completed" | "failed" | "interrupted",
      "grid": {"alpha": [...], "seed": [...], "mechanism": [...], "eta": [...], "axes": {...},
               "common_overrides": [...]},
@@ -29,7 +29,6 @@ mechanisms/alpha/eta where the sweep had none) or a dropped one is refused the s
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 from collections.abc import Mapping
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl.validation import ConfigError
-from dataflex_rl.tracking.run_store import STATES, atomic_write_json
+from dataflex_rl.tracking.run_store import STATES, RunStoreError, atomic_write_json, read_json_object, utc_now
 
 MANIFEST_FILE = "sweep.json"
 RUN_STATES = STATES
@@ -53,24 +52,13 @@ class ManifestError(ConfigError):
     """A ``sweep.json`` that cannot be read (cut short, edited by hand)."""
 
 
-def utc_now() -> str:
-    """The current UTC time, ISO 8601 to the second (every time stamp in sweep.json)."""
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
     """``sweep.json`` of ``sweep_dir``, None when absent; :class:`ManifestError` naming the file when damaged."""
-    path = sweep_dir / MANIFEST_FILE
-    if not path.is_file():
-        return None
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ManifestError(f"{path} is not valid JSON ({error}); it may have been cut short: restore it, or move it "
-                            f"away to start the sweep's record afresh (the run folders keep their results)") from None
-    if not isinstance(payload, dict):
-        raise ManifestError(f"{path} holds a {type(payload).__name__}, expected a JSON object")
-    return payload
+        return read_json_object(sweep_dir / MANIFEST_FILE)
+    except RunStoreError as error:
+        raise ManifestError(f"{error}: restore it, or move it away to start the sweep's record afresh (the run "
+                            f"folders keep their results)") from None
 
 
 def _override_settings(overrides: Any) -> dict[str, str]:
@@ -116,7 +104,7 @@ GRID_AXES = (("mechanism", "mechanisms"), ("alpha", "alpha"), ("eta", "eta"))
 
 def grid_axes(header: Mapping[str, Any]) -> list[str]:
     """The axes a sweep header's grid varies besides the seed: ``mechanisms``, ``alpha`` and ``eta`` when listed, then
-    each extra axis's key; None-safe for an older header without a grid (empty)."""
+    each extra axis's key; empty for a header without a grid (a study's, :func:`sweeps.tune.study_header`)."""
     grid = header.get("grid")
     if not isinstance(grid, Mapping):
         return []
@@ -127,9 +115,7 @@ def grid_axes(header: Mapping[str, Any]) -> list[str]:
 def check_sweep_axes(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
     """A sweep grows only along its recorded axes (more values, more seeds): an axis added or dropped would put runs
     of another design into the same record, which its report cannot pair. Raises :class:`SweepMismatchError` naming
-    each added and dropped axis. Not compared when either header lacks a grid (an older sweep.json)."""
-    if not isinstance(previous.get("grid"), Mapping) or not isinstance(header.get("grid"), Mapping):
-        return
+    each added and dropped axis."""
     before, after = grid_axes(previous), grid_axes(header)
     added = [axis for axis in after if axis not in before]
     dropped = [axis for axis in before if axis not in after]
@@ -145,14 +131,14 @@ def check_sweep_axes(sweep_dir: Path, previous: Mapping[str, Any], header: Mappi
 def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
     """Refuse running ``sweep_dir`` with ``header`` when its settings differ from the recorded ``previous`` ones.
 
-    A field the recorded header lacks (an older sweep.json) is not compared; common overrides are compared when both
-    headers have a grid. Raises :class:`SweepMismatchError` naming each differing setting, recorded and new value.
+    A field missing from a header reads as ``<absent>`` (a study's header has no ``steps``); common overrides are
+    compared when both headers have a grid. Raises :class:`SweepMismatchError` naming each differing setting, recorded and new value.
     """
     absent = "<absent>"
     # resolved configs when both headers have one (as a run's resume compares them), else the overrides' text
     resolved = _has_common_config(previous) and _has_common_config(header)
     before, after = sweep_settings(previous, resolved), sweep_settings(header, resolved)
-    compared = {field for field in SETTING_FIELDS if field in previous}
+    compared = set(SETTING_FIELDS)
     if isinstance(previous.get("grid"), Mapping) and isinstance(header.get("grid"), Mapping):
         compared |= {key for key in before.keys() | after.keys() if key.startswith(("config ", "override "))}
     differences = [(key, before.get(key, absent), after.get(key, absent)) for key in sorted(compared)
@@ -164,6 +150,14 @@ def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: M
             f"ones: use them again (adding alphas, seeds or axis values is fine), or give the new settings a new "
             f"sweep name"
         )
+
+
+def save_plan(sweep_dir: Path, plan: Mapping[str, Any]) -> None:
+    """Record a seed plan (:mod:`sweeps.planning`) under ``plan`` in sweep.json, atomically, the rest of the record
+    untouched; :class:`Manifest` keeps it in later invocations."""
+    data = read_manifest(sweep_dir) or {}
+    data["plan"] = dict(plan)
+    atomic_write_json(sweep_dir / MANIFEST_FILE, data)
 
 
 class Manifest:

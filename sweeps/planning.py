@@ -6,7 +6,7 @@
 2. **Plan**: for every group against the baseline (alpha = 0, or the ``baseline`` preset), the standard deviation
    ``s_0`` of the pilot's seed-paired differences of ``plan_metric`` (final-window mean); the seeds Stein's two-stage
    test needs to detect ``target_mde`` with 80% power at a two-sided 5% level
-   (:func:`analysis.aggregate.stein_seeds_needed`); the plan is the largest of those, at most ``max_seeds``.
+   (:func:`analysis.statistics.stein_seeds_needed`); the plan is the largest of those, at most ``max_seeds``.
 3. **Extension**: seeds ``max(pilot) + 1, ...`` up to the plan are added to the same sweep folder (same name, same
    overrides); completed runs are skipped, untouched. The plan (pilot spreads, seeds needed, the seeds run, the MDE
    expected at the planned size) is recorded under ``plan`` in ``sweep.json`` and printed in the report.
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from analysis.aggregate import DEFAULT_FINAL_WINDOW, DEFAULT_LEVEL, DEFAULT_POWER, stein_mde, stein_seeds_needed
-from dataflex_rl.tracking.run_store import atomic_write_json
+from analysis.aggregate import DEFAULT_FINAL_WINDOW
+from analysis.statistics import DEFAULT_LEVEL, DEFAULT_POWER, stein_mde, stein_seeds_needed
 
 # Measured by benchmarks/bench_eval.py on an idle machine (one thread per run, the default experiment): a GRPO step
 # of 32 prompts x 8 rollouts and one greedy validation item. A shared machine is slower: estimates say so.
@@ -80,7 +80,7 @@ class SeedPlan:
 def planned_seed_count(std_differences: Sequence[float], pilot_size: int, target_mde: float, max_seeds: int,
                        *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL) -> tuple[int, int]:
     """``(seeds needed, seeds planned)`` from the pilot's paired spreads (one per comparison): needed = the largest
-    :func:`analysis.aggregate.stein_seeds_needed` over the comparisons; planned = needed, at most ``max_seeds``
+    :func:`analysis.statistics.stein_seeds_needed` over the comparisons; planned = needed, at most ``max_seeds``
     (never fewer than the pilot ran)."""
     needed = pilot_size
     for std in std_differences:
@@ -147,11 +147,9 @@ def make_plan(sweep_dir: Path, metric: str, pilot_seeds: Sequence[int], target_m
 
 def record_plan(sweep_dir: Path, plan: SeedPlan) -> None:
     """Write ``plan`` into ``sweep.json`` (kept by later invocations of the driver)."""
-    from sweeps.manifest import read_manifest
+    from sweeps.manifest import save_plan
 
-    manifest = read_manifest(sweep_dir) or {}
-    manifest["plan"] = plan.to_json()
-    atomic_write_json(sweep_dir / "sweep.json", manifest)
+    save_plan(sweep_dir, plan.to_json())
 
 
 def run_planned_sweep(config: Any, argv: Sequence[str], run_once: Callable[[Any, Sequence[str]], int]) -> int:
@@ -221,18 +219,13 @@ def run_shape(config: Any) -> tuple[int, int, int]:
 
 def final_window_mean(run_dir: Path, key: str, window: int = DEFAULT_FINAL_WINDOW) -> float | None:
     """Mean of the last ``window`` logged values of ``key`` in a run store (the report's final-window value), or
-    None when it logged none."""
-    from dataflex_rl.tracking.run_store import load_metrics
+    None when it logged none or its store cannot be read."""
+    from dataflex_rl.tracking.run_store import final_value
 
     try:
-        frame = load_metrics(run_dir)
-    except (FileNotFoundError, OSError, ValueError):
+        return final_value(run_dir, key, window=window)
+    except (OSError, ValueError):
         return None
-    if key not in frame.columns:
-        return None
-    values = frame.sort_values("step")[key].to_numpy(dtype=np.float64)
-    values = values[np.isfinite(values)]
-    return float(values[-window:].mean()) if values.size else None
 
 
 def describe_estimate(seconds: float, what: str) -> str:

@@ -46,7 +46,9 @@ def cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("folder", ["dataflex_rl", "dataflex_rl/tracking", "dataflex_rl/local"])
+@pytest.mark.parametrize(
+    "folder", ["dataflex_rl", "dataflex_rl/tracking", "dataflex_rl/tracking/run_store", "dataflex_rl/local"]
+)
 def test_no_import_cycles(folder):
     graph = import_graph(folder)
     cycles = [cycle for cycle in (cycle_from(graph, name) for name in sorted(graph)) if cycle]

@@ -13,6 +13,7 @@ import pytest
 
 from dataflex_rl.tracking import MultiLogger, RunStore
 from dataflex_rl.tracking import run_store as rs
+from dataflex_rl.tracking.run_store import files as run_store_files
 
 from tests.tracking.identities import make_identity
 
@@ -108,14 +109,6 @@ class TestFingerprint:
         with pytest.raises(rs.ConfigMismatchError, match=r"trainer\.clip: recorded '<absent>', now 0\.2"):
             rs.check_resume(tmp_path, with_changes(trainer__clip=0.2))
 
-    def test_an_old_store_without_a_fingerprint_resumes_with_a_warning(self, tmp_path, caplog):
-        store = started_store(tmp_path)
-        meta = store.read_meta()
-        del meta["config_fingerprint"]
-        rs.atomic_write_json(tmp_path / "meta.json", meta)
-        rs.check_resume(tmp_path, with_changes(trainer__lr=0.01))
-        assert "written before config fingerprints" in caplog.text and "trainer.lr" in caplog.text
-
 
 # --- lock ---------------------------------------------------------------------------------------------------
 def _try_lock(run_dir, queue) -> None:
@@ -144,8 +137,7 @@ class TestLock:
 
     def test_stale_temporaries_are_removed(self, tmp_path):
         (tmp_path / "checkpoints").mkdir()
-        leftovers = [tmp_path / ".status.json.abc123.tmp", tmp_path / "checkpoints" / "last.tmp4242",
-                     tmp_path / "checkpoints" / ".last.pt.x1.tmp"]
+        leftovers = [tmp_path / ".status.json.abc123.tmp", tmp_path / "checkpoints" / ".last.pt.x1.tmp"]
         for path in leftovers:
             path.write_bytes(b"x")
         (tmp_path / "checkpoints" / "last.pt").write_bytes(b"keep")
@@ -204,7 +196,7 @@ class TestFailures:
                 raise OSError(errno.ENOSPC, "No space left on device")
             real(path, data)
 
-        monkeypatch.setattr(rs, "atomic_write_bytes", full_disk_until_the_reserve_is_given_back)
+        monkeypatch.setattr(run_store_files, "atomic_write_bytes", full_disk_until_the_reserve_is_given_back)
         _fail_inside(store, OSError(errno.ENOSPC, "No space left on device"))
         status = rs.read_status(tmp_path)
         assert status["state"] == "failed" and "No space left" in status["error"]
@@ -218,7 +210,7 @@ class TestFailures:
         def no_space(path, data):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(rs, "atomic_write_bytes", no_space)
+        monkeypatch.setattr(run_store_files, "atomic_write_bytes", no_space)
         _fail_inside(store, RuntimeError("boom " * 2000))
         status = rs.read_status(tmp_path)
         assert status["state"] == "failed" and status["error"].endswith("boom ") and "(cut)" in status["traceback"]
@@ -227,7 +219,7 @@ class TestFailures:
         def full(descriptor, *args, **kwargs):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(rs.os, "fsync", full)
+        monkeypatch.setattr(os, "fsync", full)
         with pytest.raises(OSError, match="No space"):
             rs.atomic_write_json(tmp_path / "status.json", {"state": "running"})
         assert list(tmp_path.iterdir()) == []

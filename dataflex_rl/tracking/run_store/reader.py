@@ -1,0 +1,183 @@
+"""The reader API: every other module reads a run folder through these calls, never by file name.
+
+A file that exists but cannot be read raises :class:`~dataflex_rl.tracking.run_store.files.RunStoreError` (a
+``ValueError``) naming the file; an absent one reads as None (or an empty frame). All of them work on a run that is
+still going (its metrics come from the jsonl then) as on a closed one (from the parquet).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import numbers
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import yaml
+
+from dataflex_rl.tracking.run_store.files import (
+    CONFIG_FILE,
+    HISTOGRAMS_JSONL,
+    HISTOGRAMS_PARQUET,
+    META_FILE,
+    METRICS_JSONL,
+    METRICS_PARQUET,
+    STATUS_FILE,
+    RunStoreError,
+    read_json_object,
+)
+from dataflex_rl.tracking.run_store.jsonl import read_jsonl
+from dataflex_rl.tracking.run_store.tables import histograms_table, metrics_table
+
+try:  # the C loader parses a resolved config ~10x faster; PyYAML ships it in its wheels
+    _YAML_LOADER: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - PyYAML built without libyaml
+    _YAML_LOADER = yaml.SafeLoader
+
+
+def is_run_store(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a run folder (it holds ``meta.json``, written when a run starts)."""
+    return (pathlib.Path(path) / META_FILE).is_file()
+
+
+def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``status.json`` of a run: ``{"state", "step", "updated", "error", "traceback"}``; None before the run started.
+
+    ``state`` is one of :data:`~dataflex_rl.tracking.run_store.status.STATES`. Raises :class:`RunStoreError` naming
+    the file when it is damaged.
+    """
+    return read_json_object(pathlib.Path(run_dir) / STATUS_FILE)
+
+
+def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``meta.json`` of a run (identity, fingerprint, versions, host, times); None when absent."""
+    return read_json_object(pathlib.Path(run_dir) / META_FILE)
+
+
+def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The resolved config of a run (``config.yaml``); None when absent, :class:`RunStoreError` when damaged."""
+    path = pathlib.Path(run_dir) / CONFIG_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        config = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
+    except yaml.YAMLError as error:
+        raise RunStoreError(f"{path} is not valid YAML: {error}") from error
+    if not isinstance(config, dict):
+        raise RunStoreError(f"{path} holds a {type(config).__name__}, expected a mapping")
+    return config
+
+
+def metrics_source(run_dir: str | os.PathLike[str]) -> str | None:
+    """Where a run's metrics are read from: ``"parquet"`` (closed run), ``"jsonl"`` (open or crashed), or None."""
+    run_dir = pathlib.Path(run_dir)
+    if (run_dir / METRICS_PARQUET).is_file():
+        return "parquet"
+    if (run_dir / METRICS_JSONL).is_file():
+        return "jsonl"
+    return None
+
+
+def read_metrics(
+    run_dir: str | os.PathLike[str],
+    keys: Sequence[str] | None = None,
+    *,
+    source: str | None = None,
+    skip_bad: bool = False,
+) -> pd.DataFrame:
+    """Wide metrics frame of a run: ``step`` (int64, sorted, unique) then one float64 column per key.
+
+    ``keys``: the metric columns wanted, exact keys or ``fnmatch`` globs (None: all; a key the run never logged is
+    left out; a value that is not a number reads as missing). ``source``:
+    ``"parquet"`` or ``"jsonl"`` (default: :func:`metrics_source`). ``skip_bad``: skip corrupt jsonl lines with a
+    warning instead of raising. A run without metrics gives a frame with only ``step``.
+    """
+    run_dir = pathlib.Path(run_dir)
+    source = source or metrics_source(run_dir)
+    path = run_dir / (METRICS_PARQUET if source == "parquet" else METRICS_JSONL)
+    if source is not None and not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    if source == "parquet":
+        names = [name for name in pq.read_schema(path).names if name != "step"]
+        frame = pq.read_table(path, columns=["step", *_select_keys(names, keys)]).to_pandas()
+    elif source == "jsonl":
+        records = read_jsonl(path, skip_bad=skip_bad)
+        names = sorted({key for record in records for key in record if key != "step"})
+        wanted = set(_select_keys(names, keys))
+        records = [{"step": record["step"], **{k: _number_or_none(v) for k, v in record.items() if k in wanted}}
+                   for record in records]
+        frame = metrics_table(records, source=str(path)).to_pandas()
+    elif source is None:
+        return pd.DataFrame({"step": pd.Series(dtype="int64")})
+    else:
+        raise ValueError(f"source = {source!r} is not allowed: use 'parquet', 'jsonl' or None")
+    if len(frame) > 1 and not frame["step"].is_monotonic_increasing:
+        frame = frame.sort_values("step", kind="stable").drop_duplicates("step", keep="last")
+    return frame.reset_index(drop=True)
+
+
+def _select_keys(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:
+    """``names`` matching any of ``patterns`` (exact keys or ``fnmatch`` globs such as ``grad_norm/by_prob/*``)."""
+    if patterns is None:
+        return list(names)
+    exact = set(patterns)
+    globs = [pattern for pattern in patterns if any(char in pattern for char in "*?[")]
+    return [name for name in names if name in exact or any(fnmatch.fnmatchcase(name, g) for g in globs)]
+
+
+def _number_or_none(value: Any) -> float | None:
+    """A logged value as a float; anything else (text written by a foreign tool) becomes a missing value."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def read_curve(run_dir: str | os.PathLike[str], key: str, *, skip_bad: bool = False) -> pd.Series:
+    """``step -> value`` of one metric, the steps where it was logged with a finite value, in step order.
+
+    Empty when the run never logged ``key`` (or logged nothing yet); readable while the run is going.
+    """
+    frame = read_metrics(run_dir, [key], skip_bad=skip_bad)
+    if key not in frame.columns:
+        return pd.Series(dtype="float64", name=key, index=pd.Index([], dtype="int64", name="step"))
+    curve = pd.Series(frame[key].to_numpy(dtype="float64"), index=pd.Index(frame["step"], name="step"), name=key)
+    return curve[curve.notna() & (curve.abs() != float("inf"))]
+
+
+def final_value(run_dir: str | os.PathLike[str], key: str, *, window: int = 1, skip_bad: bool = True) -> float | None:
+    """The mean of the last ``window`` finite logged values of ``key`` (``window=1``: the last value; the report's
+    final-window value with its window), or None (never logged, no metrics yet)."""
+    curve = read_curve(run_dir, key, skip_bad=skip_bad)
+    return float(curve.iloc[-window:].mean()) if len(curve) else None
+
+
+def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """Wide metrics frame of a run (``step`` then one column per key): ``metrics.parquet``, else ``metrics.jsonl``.
+
+    Both sources give the same frame. An open or crashed run has only the jsonl. Missing values and NaN are NaN.
+    """
+    run_dir = pathlib.Path(run_dir)
+    parquet = run_dir / METRICS_PARQUET
+    if parquet.exists():
+        return pq.read_table(parquet).to_pandas()
+    return metrics_table(read_jsonl(run_dir / METRICS_JSONL), source=str(run_dir / METRICS_JSONL)).to_pandas()
+
+
+def load_histograms(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """Histogram frame (``step, name, edges, counts``): ``histograms.parquet``, else ``histograms.jsonl``."""
+    run_dir = pathlib.Path(run_dir)
+    parquet = run_dir / HISTOGRAMS_PARQUET
+    if parquet.exists():
+        return pq.read_table(parquet).to_pandas()
+    path = run_dir / HISTOGRAMS_JSONL
+    return histograms_table(read_jsonl(path), source=str(path)).to_pandas()
+
+
+def histogram_names(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The names of the histograms a run logged, sorted."""
+    return sorted(set(load_histograms(run_dir)["name"].astype(str)))

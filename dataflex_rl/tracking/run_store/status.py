@@ -1,0 +1,129 @@
+"""``status.json``: the run states, and writing the record of a failure however full the disk is.
+
+While a run is ``running`` it keeps a small reserve file (:class:`SpaceReserve`) on disk. A ``failed`` or
+``interrupted`` status is written by :func:`write_status` in steps that each need less free space than the one
+before (:func:`write_despite_full_disk`), so a full disk never hides why a run ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from dataflex_rl.tracking.run_store.files import RESERVE_FILE, STATUS_FILE, atomic_write_json, file_mode, pretty_json
+
+LOG = logging.getLogger(__name__)
+
+PENDING, RUNNING, COMPLETED, FAILED, INTERRUPTED = "pending", "running", "completed", "failed", "interrupted"
+STATES = (PENDING, RUNNING, COMPLETED, FAILED, INTERRUPTED)
+# Bytes kept on disk while a run is open, given back to record a failure when the disk is full.
+RESERVE_BYTES = 256 * 1024
+# A traceback longer than this is cut (its end is kept) when the full one cannot be written.
+SHORT_TRACEBACK_CHARS = 4000
+# The last resort, written over the old status.json's blocks, keeps only this much of the error and traceback.
+LAST_RESORT_CHARS = 400
+
+
+def check_state(state: str) -> str:
+    """``state`` when it is one of :data:`STATES`; else a ``ValueError`` listing them."""
+    if state not in STATES:
+        raise ValueError(f"status state {state!r} is not allowed; allowed states: {', '.join(STATES)}")
+    return state
+
+
+class SpaceReserve:
+    """:data:`RESERVE_BYTES` kept allocated in a run folder (``.status.reserve``) while its run is open, given back
+    to record a failure when the disk is full."""
+
+    def __init__(self, run_dir: pathlib.Path) -> None:
+        self.path = run_dir / RESERVE_FILE
+
+    def keep(self) -> None:
+        """Allocate the reserve unless it is there (best effort: without space or ``posix_fallocate``, nothing)."""
+        if self.path.exists():
+            return
+        try:
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT, file_mode())
+            try:
+                os.posix_fallocate(descriptor, 0, RESERVE_BYTES)
+            finally:
+                os.close(descriptor)
+        except (OSError, AttributeError) as error:  # the failure path still tries without it
+            LOG.debug("%s: no space reserve (%s)", self.path.parent, error)
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def release(self) -> bool:
+        """Delete the reserve, giving its blocks back; whether there was one."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+
+def write_status(run_dir: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
+    """Write ``status.json``: a ``failed`` or ``interrupted`` one however full the disk; ``running`` keeps the
+    reserve on disk for that."""
+    path = run_dir / STATUS_FILE
+    if status["state"] in (FAILED, INTERRUPTED):
+        write_despite_full_disk(path, status, reserve)
+        return
+    atomic_write_json(path, status)
+    if status["state"] == RUNNING:
+        reserve.keep()
+
+
+def write_despite_full_disk(path: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
+    """Write ``status`` to ``path``, each attempt needing less free space than the one before:
+
+    1. the whole status, atomically;
+    2. again, once the reserve's blocks are given back (when there was a reserve);
+    3. the error and traceback cut to their last :data:`SHORT_TRACEBACK_CHARS` characters;
+    4. cut to their last :data:`LAST_RESORT_CHARS`, written over the old file's blocks (no new block needed; not
+       atomic: a reader may see a mix for an instant).
+
+    Raises the last attempt's ``OSError`` only when all four failed.
+    """
+    if _written(path, status):
+        return
+    if reserve.release() and _written(path, status):
+        return
+    if _written(path, shortened(status, SHORT_TRACEBACK_CHARS)):
+        return
+    _overwrite_in_place(path, shortened(status, LAST_RESORT_CHARS))
+
+
+def _written(path: pathlib.Path, status: Mapping[str, Any]) -> bool:
+    """Write ``status`` atomically; False, with a warning, when that fails (a full disk)."""
+    try:
+        atomic_write_json(path, status)
+    except OSError as error:
+        LOG.warning("%s: writing status %s failed (%s); trying again", path.parent, status["state"], error)
+        return False
+    return True
+
+
+def shortened(status: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    """``status`` with its traceback and error cut to their last ``limit`` characters (the end names the cause)."""
+    result = dict(status)
+    for key in ("traceback", "error"):
+        text = result.get(key)
+        if isinstance(text, str) and len(text) > limit:
+            result[key] = "...(cut)\n" + text[-limit:]
+    return result
+
+
+def _overwrite_in_place(path: pathlib.Path, obj: Mapping[str, Any]) -> None:
+    """Write ``obj`` over the existing file's blocks, then cut the file to length (needs no free block)."""
+    data = pretty_json(obj)
+    descriptor = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(descriptor, data, 0)
+        os.ftruncate(descriptor, len(data))
+    finally:
+        os.close(descriptor)

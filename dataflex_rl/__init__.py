@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ConfigError": "dataflex_rl.config",
+    "ConfigError": "dataflex_rl.validation",
     "DataflexConfig": "dataflex_rl.config",
     "parse_dataflex_config": "dataflex_rl.config",
     "MECHANISMS": "dataflex_rl.mechanism",

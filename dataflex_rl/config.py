@@ -29,18 +29,7 @@ from dataflex_rl.mechanism import MECHANISMS, Mechanism, staged_mechanism_names
 from dataflex_rl.registry import RegistryError
 from dataflex_rl.scorers import SCORERS
 
-# The validation kit lives in its own module (no component imports); its names stay importable from here.
-from dataflex_rl.validation import (  # noqa: F401
-    ConfigError,
-    build_params,
-    check_choice,
-    check_int_at_least,
-    check_keys,
-    check_non_negative_int,
-    check_number,
-    check_unit_interval,
-    to_plain,
-)
+from dataflex_rl.validation import ConfigError, build_params, check_keys, check_non_negative_int, to_plain
 
 TOP_LEVEL_KEYS = ("mechanism", "scorer", "actuator", "warmup_step")
 COMPONENT_KEYS = ("name", "params")

@@ -7,8 +7,7 @@ Keys (conf/sweeps/default.yaml documents each):
     launcher=process|slurm|ray  slurm.partition=gpu  ray.address=http://HOST:8265
     add_baseline=false  dry_run=true  report=false  root=runs
 
-launcher=... picks conf/sweeps/launcher/<name>.yaml (local is the older name of process); slurm.* and ray.* are
-the settings of that launcher only.
+launcher=... picks conf/sweeps/launcher/<name>.yaml; slurm.* and ray.* are the settings of that launcher only.
 
 extra holds train overrides for every run; one written as a Hydra sweep (key=a,b) is a grid axis.
 --cfg (or Hydra's --cfg job) prints the composed sweep config and exits; --help prints this text.

@@ -7,8 +7,7 @@ print the summary table and write the report. The scheduling loop is :class:`swe
 stop signals are described there.
 
 Imports point one way: the driver imports ``planning`` (a seed plan runs the driver's invocation through a
-callback, so planning needs nothing of the driver), ``session``, ``runner`` and ``summary``; the names re-exported
-below keep ``from sweeps.driver import ...`` working for scripts.
+callback, so planning needs nothing of the driver), ``session``, ``runner`` and ``summary``.
 """
 
 from __future__ import annotations
@@ -24,28 +23,9 @@ from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import default_name, expand_grid
 from sweeps.launchers import launcher_class
 from sweeps.progress import SweepView
-from sweeps.runner import (  # noqa: F401  (re-exported for scripts and tests)
-    EXIT_FAILED,
-    EXIT_REFUSED,
-    INTERRUPTED_CODES,
-    SweepPlan,
-    SweepRunner,
-    SweepStopped,
-    describe_exit,
-    final_metric,
-    mark_run_store,
-    read_status,
-)
+from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepPlan
 from sweeps.session import SessionRefused, SweepSession
-from sweeps.summary import (  # noqa: F401  (re-exported for scripts and tests)
-    print_dry_run,
-    print_group_summary,
-    print_summary,
-    summary_rows,
-    thread_note,
-    write_exports,
-    write_report,
-)
+from sweeps.summary import print_dry_run, print_summary, thread_note, write_exports, write_report
 
 
 def concurrency(config: SweepConfig, runs: int) -> tuple[int, int | None]:

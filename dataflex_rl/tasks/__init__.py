@@ -9,7 +9,6 @@
 Registered tasks: ``arithmetic`` (:mod:`.arithmetic`) and ``knights_knaves`` (:mod:`.knights_knaves`). Each also
 gives the verl hooks (``verl_score``, ``verl_messages``, ...; see :mod:`.base`) through which the verl backend's
 reward function (:mod:`dataflex_rl.verl.reward`) and data files (:mod:`dataflex_rl.verl.data`) serve it.
-``reward_fn`` and ``prepare_verl`` here are the older spellings of those two, kept for old commands.
 """
 
 from dataflex_rl.tasks import arithmetic, knights_knaves  # noqa: F401  (registers the tasks)

@@ -15,8 +15,6 @@ The paper's K&K setup (3 to 7 people, 1000 train and 100 test puzzles each) is::
 
     python -m dataflex_rl.verl.data --out /data/kk --task knights_knaves --train-size 5000 --test-size 500 \\
         num_people=[3,4,5,6,7]
-
-(``python -m dataflex_rl.tasks.prepare_verl --out /data/kk``, the older spelling, writes the same files).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Launchers: how a sweep's runs are started, one OS process (or job) per run.
 
-Built in: ``process`` (child processes on this machine; older name ``local``), ``slurm`` (a submitit job array),
+Built in: ``process`` (child processes on this machine), ``slurm`` (a submitit job array),
 ``ray`` (Ray Jobs). Adding a launcher is one module in this folder, a :class:`Launcher` subclass registered with
 ``@LAUNCHERS.register("<name>")`` (every module here is imported with the package), plus its Hydra config
 ``conf/sweeps/launcher/<name>.yaml``; the sweep config then accepts ``launcher=<name>`` and its ``<name>.*``
@@ -19,8 +19,6 @@ from sweeps.launchers.base import (
     Outcome,
     RunToLaunch,
     build_launcher,
-    canonical_launcher,
-    launcher_aliases,
     launcher_class,
     parse_settings,
     process_matches,
@@ -38,12 +36,12 @@ def discover() -> list[str]:
 
 discover()
 
-from sweeps.launchers.process import LocalLauncher, ProcessLauncher  # noqa: E402  (registered by discover())
+from sweeps.launchers.process import ProcessLauncher  # noqa: E402  (registered by discover())
 from sweeps.launchers.ray import RayLauncher, RaySettings  # noqa: E402
 from sweeps.launchers.slurm import SlurmLauncher, SlurmSettings, run_command  # noqa: E402
 
 __all__ = [
-    "LAUNCHERS", "Job", "Launcher", "LocalLauncher", "Outcome", "ProcessLauncher", "RayLauncher", "RaySettings",
-    "RunToLaunch", "SlurmLauncher", "SlurmSettings", "build_launcher", "canonical_launcher", "discover",
-    "launcher_aliases", "launcher_class", "parse_settings", "process_matches", "run_command", "write_log_header",
+    "LAUNCHERS", "Job", "Launcher", "Outcome", "ProcessLauncher", "RayLauncher", "RaySettings", "RunToLaunch",
+    "SlurmLauncher", "SlurmSettings", "build_launcher", "discover", "launcher_class", "parse_settings",
+    "process_matches", "run_command", "write_log_header",
 ]

@@ -76,14 +76,13 @@ def write_log_header(log_path: Path, attempt: int, line: str) -> None:
 class Launcher(abc.ABC):
     """Starts runs, reports their end, stops them (see the module doc).
 
-    Class attributes a subclass may set: ``name`` (its ``launcher=`` value), ``aliases`` (older names still
-    accepted), ``settings`` (the frozen dataclass of its ``<name>:`` config block, or None), ``batch`` (every
-    pending run is submitted at once and the scheduler limits concurrency), ``runs_here`` (runs share this
-    machine's cores: ``jobs`` defaults to the core count and the warm start gets a lone run's threads).
+    Class attributes a subclass may set: ``name`` (its ``launcher=`` value), ``settings`` (the frozen dataclass
+    of its ``<name>:`` config block, or None), ``batch`` (every pending run is submitted at once and the scheduler
+    limits concurrency), ``runs_here`` (runs share this machine's cores: ``jobs`` defaults to the core count and
+    the warm start gets a lone run's threads).
     """
 
     name: ClassVar[str] = ""
-    aliases: ClassVar[tuple[str, ...]] = ()
     settings: ClassVar[type | None] = None
     batch: ClassVar[bool] = False
     runs_here: ClassVar[bool] = False
@@ -124,23 +123,10 @@ class Launcher(abc.ABC):
         """Release connections."""
 
 
-def launcher_aliases() -> dict[str, str]:
-    """Older ``launcher=`` spellings -> the registered name they stand for."""
-    return {alias: name for name in LAUNCHERS.names() for alias in LAUNCHERS.get(name).aliases}
-
-
-def canonical_launcher(name: Any) -> Any:
-    """``name`` with an alias replaced by the registered name (anything else unchanged)."""
-    return launcher_aliases().get(name, name) if isinstance(name, str) else name
-
-
 def launcher_class(name: Any) -> type[Launcher]:
-    """The class registered as ``name`` (an alias allowed); :class:`ConfigError` naming the registered ones."""
-    name = canonical_launcher(name)
+    """The class registered as ``name``; :class:`ConfigError` naming the registered ones."""
     if not isinstance(name, str) or name not in LAUNCHERS:
-        aliases = ", ".join(f"{alias} (= {target})" for alias, target in sorted(launcher_aliases().items()))
-        raise ConfigError(f"launcher = {name!r} is not allowed: registered launchers: {', '.join(LAUNCHERS.names())}"
-                          + (f"; older names: {aliases}" if aliases else ""))
+        raise ConfigError(f"launcher = {name!r} is not allowed: registered launchers: {', '.join(LAUNCHERS.names())}")
     return LAUNCHERS.get(name)
 
 

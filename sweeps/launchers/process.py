@@ -1,4 +1,4 @@
-"""``launcher=process`` (formerly ``local``): each run a child process of the driver on this machine.
+"""``launcher=process``: each run a child process of the driver on this machine.
 
 Each run is started with ``subprocess.Popen`` in its own session (a terminal's Ctrl-C reaches only the driver, which
 then stops the runs itself); on Linux each child gets SIGTERM if the driver dies (``PR_SET_PDEATHSIG``), so no run
@@ -43,7 +43,6 @@ class ProcessLauncher(Launcher):
     """Each run a child process of the driver, in its own session (see the module doc)."""
 
     name = "process"
-    aliases = ("local",)  # the name before 2026-12; sweep.json files and commands that say local keep working
     runs_here = True
 
     def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
@@ -82,6 +81,3 @@ class ProcessLauncher(Launcher):
         """Whether the recorded pid is alive and still runs this run (its command line names the run folder)."""
         pid = info.get("pid")
         return isinstance(pid, int) and process_matches(pid, str(run.run_dir))
-
-
-LocalLauncher = ProcessLauncher  # the class's name before the launcher was renamed

@@ -2,8 +2,8 @@
 ``array_parallelism`` is ``jobs``.
 
 Settings: the ``slurm:`` block of ``conf/sweeps/launcher/slurm.yaml`` (:class:`SlurmSettings`).
-``slurm.cluster=submitit_local`` (formerly ``local``) runs the same jobs through submitit's local executor, for
-trying a sweep without SLURM; ``debug`` runs them in the driver's process.
+``slurm.cluster=submitit_local`` runs the same jobs through submitit's local executor, for trying a sweep without
+SLURM; ``debug`` runs them in the driver's process.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from sweeps.launchers.base import (
     process_matches,
 )
 
-# slurm.cluster -> submitit's cluster name. "local" alone named the CPU backend, the process launcher and this.
+# slurm.cluster -> submitit's cluster name ("submitit_local": "local" alone is the CPU backend's name).
 SUBMITIT_CLUSTERS = {"slurm": "slurm", "submitit_local": "local", "debug": "debug"}
-CLUSTER_ALIASES = {"local": "submitit_local"}  # older spelling, still accepted
 PARTITION_PATTERN = r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*"  # sbatch --partition: names, comma-separated
 OPTION_PATTERN = r"[A-Za-z][A-Za-z0-9_-]*"  # an sbatch long option's name (submitit writes #SBATCH --<name>=...)
 
@@ -50,7 +49,6 @@ class SlurmSettings:
     setup: tuple[str, ...] = ()  # shell lines run before each job (module load ..., source venv)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cluster", CLUSTER_ALIASES.get(self.cluster, self.cluster))
         check_choice("slurm.cluster", self.cluster, tuple(SUBMITIT_CLUSTERS))
         check_int_at_least("slurm.timeout_min", self.timeout_min, 1)
         check_int_at_least("slurm.cpus_per_task", self.cpus_per_task, 1)

@@ -23,10 +23,12 @@ def test_metrics_and_runs_parquet_carry_identity_and_every_swept_factor(tmp_path
             name = f"lr{lr:g}-s{seed}"
             write_fake_run(sweep_dir / name, metrics={keys.VAL_ACCURACY: [0.1 * seed, lr]}, steps=[0, 10],
                            sweep="lr-sweep", run=name, alpha=0.5, seed=seed,
-                           config={"seed": seed, "trainer": {"lr": lr}}, state="completed")
+                           config={"seed": seed, "trainer": {"lr": lr}}, state="completed",
+                           axes={"alpha": 0.5, "trainer.lr": lr, "seed": seed})
             runs.append({"run": name, "state": "completed", "alpha": 0.5, "seed": seed})
     write_fake_run(sweep_dir / "broken", metrics={keys.VAL_ACCURACY: [0.0]}, sweep="lr-sweep", run="broken",
-                   alpha=0.5, seed=3, state="failed", error="boom", config={"trainer": {"lr": 0.1}})
+                   alpha=0.5, seed=3, state="failed", error="boom", config={"trainer": {"lr": 0.1}},
+                   axes={"alpha": 0.5, "trainer.lr": 0.1, "seed": 3})
     (sweep_dir / "sweep.json").write_text(json.dumps({"sweep": "lr-sweep", "runs": runs, "grid": {
         "alpha": [0.5], "seed": [1, 2], "eta": [], "axes": {"trainer.lr": [0.001, 0.01]}}}))
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from dataflex_rl.config import ConfigError
 from dataflex_rl.local.config import ModelConfig, TrainerConfig
 from dataflex_rl.local.decoder import supported
 from dataflex_rl.local.model import build_model
 from dataflex_rl.local.sequences import generate, response_token_outputs
 from dataflex_rl.local.trainer import fast_paths
 from dataflex_rl.tasks import build_task
+from dataflex_rl.validation import ConfigError
 
 # Prompts of different lengths, so the batch is left-padded; 1-digit and 3-digit operands.
 PROMPTS = ["1+2=", "345+67=", "9+988=", "12+3=", "0+0=", "501+499="]

@@ -86,11 +86,12 @@ def test_mech_by_eta_groups_each_eta_against_the_baseline_preset(tmp_path):
     assert ax is not None
 
 
-def test_old_store_without_axes_still_loads_and_reports(tmp_path):
-    sweep_dir = tmp_path / "old"
+def test_a_store_without_axes_loads_and_reports(tmp_path):
+    """Runs outside a grid record no axes: alpha and seed are the only factors."""
+    sweep_dir = tmp_path / "no_axes"
     for alpha in (0.0, 0.5):
         for seed in (1, 2):
-            write_fake_run(sweep_dir / f"a{alpha}-s{seed}", sweep="old", run=f"a{alpha}-s{seed}", alpha=alpha,
+            write_fake_run(sweep_dir / f"a{alpha}-s{seed}", sweep="no_axes", run=f"a{alpha}-s{seed}", alpha=alpha,
                            seed=seed, metrics={"val/accuracy": [alpha + 0.01 * seed]})
     assert "axes" not in json.loads((sweep_dir / "a0.5-s1" / "meta.json").read_text())
     data = load.load_sweep(sweep_dir)
@@ -98,18 +99,6 @@ def test_old_store_without_axes_still_loads_and_reports(tmp_path):
     assert aggregate.default_group_keys(data.included_runs) == ("alpha",)
     assert report_main([str(sweep_dir), "--out", str(tmp_path / "report")]) == 0
     assert "Baseline: alpha=0." in (tmp_path / "report" / "report.md").read_text()
-
-
-def test_old_store_gets_its_factors_from_the_sweep_manifest(tmp_path):
-    sweep_dir = tmp_path / "older"
-    for lr in (1e-4, 3e-4):
-        write_fake_run(sweep_dir / f"a0-s1-lr{lr}", sweep="older", run=f"a0-s1-lr{lr}", alpha=0.0, seed=1,
-                       metrics={"val/accuracy": [0.5]}, config={"trainer": {"lr": lr}, "seed": 1})
-    (sweep_dir / "sweep.json").write_text(json.dumps({"sweep": "older", "grid": {"axes": {"trainer.lr": ["1e-4", "3e-4"]}},
-                                                      "runs": []}))
-    data = load.load_sweep(sweep_dir)
-    assert sorted(data.runs["trainer.lr"]) == [1e-4, 3e-4]
-    assert "trainer.lr" in data.metrics.columns
 
 
 def test_deltas_pair_within_the_other_factors_only_where_the_baseline_varies():

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps import driver
 from sweeps.cli import load_config
 from sweeps.backends import plan_runs, plan_warm_starts
 from sweeps.config import normalize_argv, split_extra
-from sweeps.driver import concurrency, default_name, final_metric, mark_run_store
+from sweeps.driver import concurrency, default_name
 from sweeps.grid import expand_grid, parse_extra
 from sweeps.manifest import Manifest
+from sweeps.runner import SweepRunner, final_metric, mark_run_store
 
 from .conftest import REPO
 
@@ -196,11 +197,11 @@ def planned(tmp_path, *argv: str):
 
 
 def test_completed_runs_are_skipped_from_the_run_store_else_from_sweep_json(tmp_path):
-    from sweeps.launchers import LocalLauncher
+    from sweeps.launchers import ProcessLauncher
 
     plan, manifest = planned(tmp_path)
     run = plan.runs[0]
-    runner = driver.SweepRunner(plan, LocalLauncher(), manifest, quiet=True)
+    runner = SweepRunner(plan, ProcessLauncher(), manifest, quiet=True)
     assert runner.pending_runs(plan.runs) == [run]
     # No run store (verl runs have none): sweep.json's completed state decides.
     manifest.entry(run.name, {"state": "completed", "exit_code": 0})
@@ -216,7 +217,7 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
     import subprocess
     import sys
 
-    from sweeps.launchers import LocalLauncher
+    from sweeps.launchers import ProcessLauncher
 
     plan, manifest = planned(tmp_path)
     run = plan.runs[0]
@@ -229,7 +230,7 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
                 break
             time.sleep(0.01)
         manifest.entry(run.name, {"state": "running", "launch": {"pid": orphan.pid}})
-        runner = driver.SweepRunner(plan, LocalLauncher(), manifest, quiet=True)
+        runner = SweepRunner(plan, ProcessLauncher(), manifest, quiet=True)
         with pytest.raises(ConfigError, match=f"run {run.name} is still running"):
             runner.pending_runs(plan.runs)
     finally:
@@ -258,13 +259,13 @@ def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
 def test_every_backend_and_launcher_choice_has_a_registered_object():
     from sweeps import config as sweep_config
     from sweeps.backends import BACKENDS, backend_for
-    from sweeps.launchers import LAUNCHERS, LocalLauncher, build_launcher
+    from sweeps.launchers import LAUNCHERS, ProcessLauncher, build_launcher
 
     assert sorted(BACKENDS.names()) == sorted(sweep_config.BACKENDS)
     assert all(config_of(f"launcher={name}").launcher == name for name in LAUNCHERS.names())
     assert backend_for(config_of("backend=verl")).sets_threads is False
     assert backend_for(config_of()).sets_threads is True
-    assert isinstance(build_launcher(config_of(), Path("."), "s", 1), LocalLauncher)
+    assert isinstance(build_launcher(config_of(), Path("."), "s", 1), ProcessLauncher)
 
 
 def test_seeds_that_would_repeat_other_runs_are_refused():

@@ -29,7 +29,7 @@ def standin_argv(tmp_path: Path, *more: str) -> list[str]:
 
 def test_slurm_launcher_runs_a_job_array_through_submitit(tmp_path, repo_on_path, monkeypatch):
     monkeypatch.setenv("SCRIPTED_TRAIN_FAIL", "a0.0-s1")
-    code = main(standin_argv(tmp_path, "launcher=slurm", "slurm.cluster=local", "slurm.cpus_per_task=1"))
+    code = main(standin_argv(tmp_path, "launcher=slurm", "slurm.cluster=submitit_local", "slurm.cpus_per_task=1"))
     assert code == 1  # one run failed on purpose
     sweep_dir = tmp_path / "runs" / "scale"
     runs = runs_by_name(sweep_dir)
@@ -41,7 +41,7 @@ def test_slurm_launcher_runs_a_job_array_through_submitit(tmp_path, repo_on_path
     assert (sweep_dir / "submitit").is_dir()
     # The failed run is launched again by the same command; the completed one is not.
     monkeypatch.delenv("SCRIPTED_TRAIN_FAIL")
-    assert main(standin_argv(tmp_path, "launcher=slurm", "slurm.cluster=local", "slurm.cpus_per_task=1")) == 0
+    assert main(standin_argv(tmp_path, "launcher=slurm", "slurm.cluster=submitit_local", "slurm.cpus_per_task=1")) == 0
     runs = runs_by_name(sweep_dir)
     assert [runs[name]["attempts"] for name in ("a0.0-s1", "a0.5-s1")] == [2, 1]
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sweeps.cli import main
-from sweeps.manifest import Manifest, ManifestError, SweepMismatchError, sweep_fingerprint
+from sweeps.manifest import Manifest, ManifestError, SweepMismatchError
 
 from .conftest import SCRIPTED_TRAIN, read_manifest, runs_by_name
 
@@ -59,11 +59,9 @@ def test_a_truncated_sweep_json_is_named(tmp_path, repo_on_path, capsys):
         Manifest(sweep_dir, {"sweep": "c1"})
 
 
-def test_an_older_sweep_json_without_fields_is_compared_on_what_it_has(tmp_path):
-    old = {"sweep": "c1", "backend": "local", "grid": {"common_overrides": ["trainer.lr=0.5"]}, "runs": []}
-    (tmp_path / "sweep.json").write_text(json.dumps(old))
+def test_a_sweep_json_with_another_backend_is_refused(tmp_path):
     header = {"sweep": "c1", "backend": "local", "steps": 2, "grid": {"common_overrides": ["++trainer.lr=0.5"]}}
-    assert Manifest(tmp_path, header).data["fingerprint"] == sweep_fingerprint(header)  # steps was not recorded
+    Manifest(tmp_path, header).save()
     with pytest.raises(SweepMismatchError, match=r"backend: recorded 'local', now 'verl'"):
         Manifest(tmp_path, {**header, "backend": "verl"})
 

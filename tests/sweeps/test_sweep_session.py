@@ -1,5 +1,5 @@
-"""Launchers as a registry with one Hydra file each, their older names, and the sweep session that the grid driver
-and the Optuna search share (lock, sweep.json, invocation record, exit code)."""
+"""Launchers as a registry with one Hydra file each, and the sweep session that the grid driver and the Optuna
+search share (lock, sweep.json, invocation record, exit code)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from dataflex_rl.validation import ConfigError
 from sweeps import config as sweep_config
 from sweeps.cli import load_config
 from sweeps.cli import main as sweep_main
-from sweeps.config import parse_sweep_config
-from sweeps.launchers import LAUNCHERS, ProcessLauncher, build_launcher, discover
+from sweeps.launchers import LAUNCHERS, discover
 from sweeps.runner import SweepPlan, SweepStopped
 from sweeps.session import SessionRefused, SweepSession
 from sweeps.tune import main as tune_main
@@ -43,7 +42,7 @@ def tune_argv(tmp_path: Path, *more: str) -> list[str]:
             f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "poll_s=0.05", *more]
 
 
-# --- launchers: registry, one YAML each, older names ---------------------------------------------------------------
+# --- launchers: registry, one YAML each ----------------------------------------------------------------------------
 def test_every_registered_launcher_has_one_yaml_and_every_yaml_a_launcher():
     assert sorted(path.stem for path in LAUNCHER_CONF.glob("*.yaml")) == LAUNCHERS.names()
     assert LAUNCHERS.names() == ["process", "ray", "slurm"]
@@ -55,20 +54,11 @@ def test_every_registered_launcher_has_one_yaml_and_every_yaml_a_launcher():
     assert config_of().launcher == "process"  # the defaults list of conf/sweeps/default.yaml
 
 
-def test_older_launcher_and_cluster_names_are_still_accepted():
-    assert config_of("launcher=local").launcher == "process"  # make sweep LAUNCHER=local, older scripts
-    assert parse_sweep_config({"launcher": "local", "seeds": [1]}).launcher == "process"  # a saved config
-    slurm = config_of("launcher=slurm", "slurm.cluster=local", "slurm.partition=gpu")
-    assert slurm.launcher_settings.cluster == "submitit_local" and slurm.launcher_settings.partition == "gpu"
-    assert config_of("launcher=slurm", "slurm.cluster=submitit_local").launcher_settings.cluster == "submitit_local"
-    assert isinstance(build_launcher(config_of("launcher=local"), Path("."), "s", 1), ProcessLauncher)
-
-
 @pytest.mark.parametrize(("argv", "named"), [
     (["slurm.partition=gpu"], "slurm.partition = 'gpu' is not allowed with launcher=process"),
     (["launcher=slurm", "ray.address=http://x:8265"], "add launcher=ray"),
     (["launcher=slurm", "+slurm.nodes=2"], "slurm.nodes is not allowed: unknown key; allowed keys: cluster"),
-    (["launcher=k8s"], "registered launchers: process, ray, slurm; older names: local (= process)"),
+    (["launcher=k8s"], "registered launchers: process, ray, slurm"),
 ])
 def test_launcher_settings_are_checked_against_the_chosen_launcher(argv, named):
     with pytest.raises(ConfigError) as caught:
@@ -95,7 +85,6 @@ class EchoLauncher(ProcessLauncher):
     """Child processes, each launch recording its tag (a launcher added as one file)."""
 
     name = "echo"
-    aliases = ()
     settings = EchoSettings
 
     @classmethod

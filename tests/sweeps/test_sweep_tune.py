@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from dataflex_rl.config import ConfigError
+from dataflex_rl.validation import ConfigError
 from sweeps.cli import load_config
 from sweeps.tune import TUNE_KEYS, main, parse_tune_config
 

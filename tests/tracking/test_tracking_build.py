@@ -8,7 +8,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from dataflex_rl.config import ConfigError
 from dataflex_rl.tracking import (
     ConsoleLogger,
     LoggerConfig,
@@ -18,6 +17,7 @@ from dataflex_rl.tracking import (
     build_loggers,
     parse_logger_config,
 )
+from dataflex_rl.validation import ConfigError
 
 CONF = pathlib.Path(__file__).resolve().parents[2] / "conf"
 

@@ -10,9 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from dataflex_rl.config import ConfigError
 from dataflex_rl.tracking import LOGGERS, ConsoleLogger, RunStore, WandbConfig, build_loggers, parse_logger_config
 from dataflex_rl.tracking.build import logger_class
+from dataflex_rl.validation import ConfigError
 from tests.tracking.identities import make_identity
 
 CONF = pathlib.Path(__file__).resolve().parents[2] / "conf"

@@ -12,16 +12,17 @@ from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from dataflex_rl.tasks.knights_knaves import Puzzle, render_chat_completion, render_chat_messages
-from dataflex_rl.tasks.prepare_verl import COLUMNS, TEST_FILE, TRAIN_FILE, build_rows, main
+from dataflex_rl.verl.data import COLUMNS, TEST_FILE, TRAIN_FILE, build_rows, main
 
 PEOPLE = (3, 5, 7)
+TASK = ["--task", "knights_knaves"]
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("kk-verl")
-    arguments = ["--out", str(out), "--people", *map(str, PEOPLE), "--train-per-difficulty", "8"]
-    assert main([*arguments, "--test-per-difficulty", "4", "--seed", "3"]) == 0
+    arguments = ["--out", str(out), *TASK, "num_people=[3,5,7]", "--train-size", str(8 * len(PEOPLE))]
+    assert main([*arguments, "--test-size", str(4 * len(PEOPLE)), "--seed", "3"]) == 0
     return out
 
 
@@ -68,9 +69,9 @@ def test_files_have_verls_columns_and_the_difficulty_mix(data_dir):
 
 
 def test_rows_are_reproducible_and_the_test_set_ignores_the_train_seed():
-    first = build_rows((3, 4), 5, 3, seed=1)
-    assert build_rows((3, 4), 5, 3, seed=1) == first
-    other_seed = build_rows((3, 4), 5, 3, seed=2)
+    first = build_rows("knights_knaves", {"num_people": [3, 4]}, 10, 6, seed=1)
+    assert build_rows("knights_knaves", {"num_people": [3, 4]}, 10, 6, seed=1) == first
+    other_seed = build_rows("knights_knaves", {"num_people": [3, 4]}, 10, 6, seed=2)
     assert other_seed["test"] == first["test"]
     assert other_seed["train"] != first["train"]
 
@@ -134,11 +135,11 @@ def test_reward_function_loads_through_verls_loader_and_scores_answers(data_dir,
 
 def test_cli_refuses_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--out", str(tmp_path), "--people", "1"])
+        main(["--out", str(tmp_path), *TASK, "num_people=[1]"])
     assert exit_info.value.code == 2
-    assert "--people = [1] is not allowed" in capsys.readouterr().err
+    assert "num_people=1 is invalid" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["--out", str(tmp_path), "--train-per-difficulty", "-1"])
+        main(["--out", str(tmp_path), *TASK, "--train-size", "-1"])
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 

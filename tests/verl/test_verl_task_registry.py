@@ -1,6 +1,5 @@
 """verl's reward function and data files serve any registered task through its verl hooks: a task defined here,
-registered for the test only, is scored and written without any edit to ``dataflex_rl.verl.reward``/``.data``; the
-older module paths still serve verl's loader."""
+registered for the test only, is scored and written without any edit to ``dataflex_rl.verl.reward``/``.data``."""
 
 from __future__ import annotations
 
@@ -147,18 +146,9 @@ def test_cli_writes_a_registered_tasks_files(echo_registered, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()  # nothing written after a refused argument
 
 
-@pytest.mark.parametrize("path", ["pkg://dataflex_rl.verl.reward", "pkg://dataflex_rl.tasks.reward_fn"])
-def test_verls_loader_finds_the_reward_at_the_new_and_the_old_path(verl_config, path):
-    verl_config.reward.custom_reward_function.path = path
+def test_verls_loader_finds_the_reward(verl_config):
+    verl_config.reward.custom_reward_function.path = "pkg://dataflex_rl.verl.reward"
     loaded = get_custom_reward_fn(verl_config)
     assert loaded.args[0] is compute_score  # verl wraps it in partial(_call_with_kwargs, function, reward_kwargs)
     assert loaded(data_source="arithmetic", solution_str="5;", ground_truth="5")["score"] == 1.0
 
-
-def test_knights_knaves_shorthand_writes_what_the_generic_command_writes():
-    from dataflex_rl.tasks.prepare_verl import build_rows as shorthand_rows
-
-    generic = build_rows("knights_knaves", {"num_people": [3, 4], "rendering": "chat", "reward": "logic_rl",
-                                            "test_seed": 7}, train_size=6, test_size=4, seed=2)
-    assert shorthand_rows([3, 4], 3, 2, seed=2, test_seed=7) == generic
-    assert [row["extra_info"]["difficulty"] for row in generic["test"]] == [3, 4, 3, 4]  # interleaved

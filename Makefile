@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 
 # Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
 # `make help` lists the "#>" lines below.
+#> EXPERIMENT a named experiment, e.g. kk (Knights and Knaves: GRPO, AR 0.2/0.5, Lopti x 8 seeds; docs/knights_knaves.md)
 #> ALPHA     alpha values, e.g. 0.0,0.25,0.5 (default that, or each preset's own alpha with MECH; 0 is always added)
 #> SEEDS     seeds (default 1,2,3,4,5,6,7,8)
 #> MECH      mechanism presets as an axis, e.g. ar,lopti,high_entropy,stapo,ar_sigmoid (conf/dataflex/; the baseline is added)
@@ -17,11 +18,12 @@ STAMP := $(VENV)/.installed
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
 #> BACKEND   local (CPU trainer, default) | verl (GPUs; on a laptop with VERL_EXPERIMENT=verl_cpu_tiny)
 #> VERL_EXPERIMENT BACKEND=verl: conf/verl_experiment/<name>.yaml (default verl_kk_3b; verl_cpu_tiny: verl's CPU mode)
-#> LAUNCHER  process (child processes here, default; older name local) | slurm (submitit job array) | ray (Ray Jobs)
+#> LAUNCHER  process (child processes here, default) | slurm (submitit job array) | ray (Ray Jobs)
 #> SWEEP_ARGS more sweep-driver keys (conf/sweeps/), e.g. SWEEP_ARGS="slurm.partition=gpu threads=2"
 #> DRY_RUN   DRY_RUN=1 prints every command line and starts nothing
 #> EXTRA     training overrides for every run, e.g. EXTRA="task=knights_knaves trainer.lr=3e-4"
 #> ARGS      make train: Hydra overrides of one run
+EXPERIMENT ?=
 ALPHA ?=
 SEEDS ?=
 BACKEND ?= local
@@ -77,14 +79,14 @@ bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 # value ($(value): make expands nothing in it either), read by sweeps/make.py, which prints the command it runs and
 # execs it with the values as separate arguments. Keep this list equal to sweeps.make.VARIABLES.
 MAKE_VARIABLES := ALPHA SEEDS MECH ETA STEPS JOBS SWEEP BACKEND LAUNCHER SWEEP_ARGS DRY_RUN EXTRA TARGET_MDE \
-	MAX_SEEDS LR ARGS VERL_EXPERIMENT
+	MAX_SEEDS LR ARGS VERL_EXPERIMENT EXPERIMENT
 $(foreach name,$(MAKE_VARIABLES),$(eval export DATAFLEX_MAKE_$(name) := $$(value $(name))))
 unexport $(MAKE_VARIABLES)  # make would otherwise expand each one given on the command line into the environment
 
 sweep: $(STAMP) ## Run an alpha x seed sweep, then write its report (ALPHA, SEEDS, JOBS, STEPS, SWEEP, EXTRA)
 	$(PY) -m sweeps.make sweep
 
-tune: $(STAMP) ## Optuna search over alpha, ~15 min (LR=1 adds trainer.lr; DRY_RUN=1 prints commands and estimate)
+tune: $(STAMP) ## Optuna search over alpha, ~13 min (LR=1 adds trainer.lr; DRY_RUN=1 prints commands and estimate)
 	$(PY) -m sweeps.make tune
 
 report: $(STAMP) ## Write runs/<SWEEP>/report/ (tables and plots) for a finished sweep (default: the newest sweep)

@@ -1,4 +1,4 @@
-"""Every metric key the project writes, in one place.
+"""Every metric key the project writes, and the config keys of the factors a sweep varies, in one place.
 
 Keys follow verl's names where verl has one (``critic/score/mean``, ``actor/grad_norm``, ...), ``dataflex/...``
 for the mechanism, ``grad_norm/by_prob/...`` for gradient statistics by token probability and ``val/...`` for
@@ -8,6 +8,11 @@ evaluation. The run store, W&B and the analysis package all use these strings.
 from __future__ import annotations
 
 import re
+
+# --- config keys of the actuator parameters swept by name (sweep axes, run identity, W&B, analysis) -------------
+ACTUATOR_PARAMS_PREFIX = "dataflex.actuator.params."
+ALPHA_KEY = f"{ACTUATOR_PARAMS_PREFIX}alpha"
+ETA_KEY = f"{ACTUATOR_PARAMS_PREFIX}eta"
 
 # --- mechanism (dataflex/...) -------------------------------------------------------------------------------
 ACTIVE = "dataflex/active"

@@ -29,7 +29,8 @@ from omegaconf import OmegaConf
 from dataflex_rl.validation import ConfigError, unknown_override_message
 from dataflex_rl.verl.check import quiet_verl_import
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig, check_no_env_interpolation
-from sweeps.grid import ALPHA_KEY, ETA_KEY, RunSpec, format_number, parse_extra
+from dataflex_rl.keys import ALPHA_KEY, ETA_KEY
+from sweeps.grid import RunSpec, format_number, parse_extra
 
 _PLAIN = re.compile(r"[\w\-./]+")
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)

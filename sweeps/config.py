@@ -3,17 +3,16 @@
 ``python -m sweeps key=value ...`` composes ``conf/sweeps/default.yaml`` with Hydra's compose API (no Hydra run
 folder, no log files) and turns it into a frozen :class:`SweepConfig`. Every value is checked here or by the run
 configs' own validation (:mod:`sweeps.commands`) before anything starts; a bad one raises
-:class:`~dataflex_rl.config.ConfigError` naming the key, the value and what is allowed.
+:class:`~dataflex_rl.validation.ConfigError` naming the key, the value and what is allowed.
 
 Command-line conveniences (so that ``make sweep ALPHA=0.0,0.25,0.5`` works): ``alpha=0.0,0.25,0.5`` is read as
 the list ``alpha=[0.0,0.25,0.5]`` (the same for ``seeds``, ``mechanisms`` and ``eta``), and ``extra=[a=1 b=2]``
 (space-separated overrides, as ``make sweep EXTRA="a=1 b=2"`` writes it) is read as the list ``['a=1', 'b=2']``.
 
 Launchers: ``launcher=<name>`` picks the Hydra config ``conf/sweeps/launcher/<name>.yaml`` (a config group in
-``default.yaml``'s defaults list); the names allowed are those registered in :data:`sweeps.launchers.LAUNCHERS`,
-and older names are aliases (``launcher=local`` is ``process``). The chosen launcher's ``<name>:`` block
-(``slurm.partition=gpu``) becomes :attr:`SweepConfig.launcher_settings`, typed by the launcher's own settings
-class; another launcher's block is refused, since it would have no effect.
+``default.yaml``'s defaults list); the names allowed are those registered in :data:`sweeps.launchers.LAUNCHERS`.
+The chosen launcher's ``<name>:`` block (``slurm.partition=gpu``) becomes :attr:`SweepConfig.launcher_settings`,
+typed by the launcher's own settings class; another launcher's block is refused, since it would have no effect.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from dataflex_rl.validation import (
     unknown_override_message,
 )
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY
-from sweeps.launchers import canonical_launcher, launcher_class, parse_settings
+from sweeps.launchers import launcher_class, parse_settings
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SWEEP_CONF_DIR = CONF_DIR / "sweeps"
@@ -49,9 +48,8 @@ BACKENDS = ("local", "verl")
 DEFAULT_LAUNCHER = "process"  # conf/sweeps/default.yaml's defaults list
 LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
 DEFAULT_ALPHA = (0.0, 0.5)
-# The default sweep: 2 alphas x 8 seeds x 120 RL steps takes about 8 minutes on 2 cores (once .venv exists) and its
-# report states what it can detect (measured: a difference of 0.005 in final val/accuracy; README, "What to expect
-# on a laptop").
+# The default sweep: 2 alphas x 8 seeds x 120 RL steps takes about 10 minutes on 2 cores and its report states what
+# it can detect (measured: a difference of 0.006 in final val/accuracy; README, "What it answers").
 DEFAULT_SEEDS = tuple(range(1, 9))
 DEFAULT_LOCAL_STEPS = 120
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -94,13 +92,21 @@ def available_presets() -> list[str]:
     return sorted(path.stem for path in PRESET_DIR.glob("*.yaml"))
 
 
+def available_experiments() -> list[str]:
+    """Names of the named experiments: a run setting ``conf/experiment/<name>.yaml`` with its sweep
+    ``conf/sweeps/experiment/<name>.yaml`` (both, or it is not one)."""
+    runs = {path.stem for path in (CONF_DIR / "experiment").glob("*.yaml")}
+    return sorted(runs & {path.stem for path in (SWEEP_CONF_DIR / "experiment").glob("*.yaml")})
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
     """One sweep: the grid (``alpha`` x ``seeds`` x ``mechanisms`` x ``eta`` x extra axes) and how to run it."""
 
     name: str | None = None
     root: str = "runs"
-    alpha: tuple[float, ...] = DEFAULT_ALPHA
+    experiment: str | None = None  # a named experiment: its runs are composed with experiment=<name>
+    alpha: tuple[float, ...] | None = None  # None: DEFAULT_ALPHA, or with mechanisms each preset's own alpha (())
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     add_baseline: bool = True
     mechanisms: tuple[str, ...] = ()
@@ -128,6 +134,12 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if self.name is not None:
             check_sweep_name(self.name)
+        if self.experiment is not None:
+            check_choice("experiment", self.experiment, available_experiments())
+            if self.backend != "local":
+                raise ConfigError(f"experiment = {self.experiment!r} is not allowed with backend={self.backend}: a "
+                                  f"named experiment is a local-backend setting; verl runs take verl_experiment=")
+        self._resolve_defaults()
         check_choice("backend", self.backend, BACKENDS)
         self._check_launcher()
         if not self.seeds:
@@ -161,9 +173,29 @@ class SweepConfig:
             raise ConfigError(f"mechanisms = {unknown[0]!r} is not allowed: no conf/dataflex/{unknown[0]}.yaml; "
                               f"presets: {', '.join(available_presets())}")
 
+    def _resolve_defaults(self) -> None:
+        """The defaults that depend on other keys (the one place these rules live; idempotent).
+
+        - ``alpha`` unset: :data:`DEFAULT_ALPHA`, or with mechanism presets each preset's own alpha (GRPO, +AR,
+          +Lopti, +AR+Lopti as the paper's tables have them, not every preset crossed with every alpha);
+        - the ``baseline`` preset joins a mechanism axis (the unweighted GRPO run is always compared);
+        - a named ``experiment`` is the first common override of every run (``experiment=<name>``);
+        - ``steps`` unset on the local backend: ``local_steps``, unless ``extra`` sets ``trainer.total_steps`` (the
+          trainer's own 400 steps make a sweep too long for a laptop).
+        """
+        if self.experiment is not None and f"experiment={self.experiment}" not in self.extra:
+            object.__setattr__(self, "extra", (f"experiment={self.experiment}", *self.extra))
+        if self.alpha is None:
+            object.__setattr__(self, "alpha", () if self.mechanisms else DEFAULT_ALPHA)
+        if self.mechanisms and self.add_baseline and "baseline" not in self.mechanisms \
+                and "baseline" in available_presets():
+            object.__setattr__(self, "mechanisms", ("baseline", *self.mechanisms))
+        if self.steps is None and self.backend == "local" and not any(
+                item.lstrip("+").split("=", 1)[0] == "trainer.total_steps" for item in self.extra):
+            object.__setattr__(self, "steps", self.local_steps)
+
     def _check_launcher(self) -> None:
-        """An older launcher name becomes the registered one; settings default to the launcher's own."""
-        object.__setattr__(self, "launcher", canonical_launcher(self.launcher))
+        """The launcher must be registered; its settings default to the launcher's own."""
         settings_type = launcher_class(self.launcher).settings
         if settings_type is None:
             if self.launcher_settings is not None:
@@ -258,7 +290,7 @@ def settings_blocks() -> tuple[str, ...]:
 def _launcher_values(raw: Mapping[str, Any]) -> tuple[str, Any]:
     """(the launcher's registered name, its typed settings) from a raw sweep config; a settings block of another
     launcher is refused (it would have no effect)."""
-    name = canonical_launcher(raw.get("launcher", DEFAULT_LAUNCHER))
+    name = raw.get("launcher", DEFAULT_LAUNCHER)
     launcher_class(name)  # an unknown name raises, listing the registered ones
     for block in settings_blocks():
         if block in raw and block != name:
@@ -271,16 +303,6 @@ def foreign_settings_message(key: str, value: Any, launcher: str) -> str:
     block = key.split(".", 1)[0]
     return (f"{key} = {value!r} is not allowed with launcher={launcher}: {block}.* are the settings of "
             f"launcher={block} (conf/sweeps/launcher/{block}.yaml); add launcher={block}")
-
-
-def _default_steps(values: Mapping[str, Any]) -> int | None:
-    """``steps``, or ``local_steps`` for a local-backend sweep that sets neither ``steps`` nor
-    ``trainer.total_steps`` in ``extra`` (the trainer's own 400 steps make a sweep too long for a laptop)."""
-    if values["steps"] is not None or values.get("backend", "local") != "local":
-        return values["steps"]
-    if any(item.lstrip("+").split("=", 1)[0] == "trainer.total_steps" for item in values["extra"]):
-        return None
-    return values.get("local_steps", DEFAULT_LOCAL_STEPS)
 
 
 def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> SweepConfig:
@@ -300,10 +322,8 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     values["launcher"], values["launcher_settings"] = _launcher_values(raw)
     values["seeds"] = _parse_seeds(raw.get("seeds"))
     values["mechanisms"] = _unique([str(item) for item in _as_list("mechanisms", raw.get("mechanisms"))])
-    # alpha unset: the default alpha grid, or with mechanism presets each preset's own alpha (GRPO, +AR, +Lopti,
-    # +AR+Lopti as the paper's tables have them, not every preset crossed with every alpha).
     alpha = raw.get("alpha")
-    values["alpha"] = _parse_alpha(alpha) if alpha is not None else (() if values["mechanisms"] else DEFAULT_ALPHA)
+    values["alpha"] = _parse_alpha(alpha) if alpha is not None else None
     values["eta"] = _unique([_parse_number("eta", item) for item in _as_list("eta", raw.get("eta"))])
     values["extra"] = tuple(str(item) for item in _as_list("extra", raw.get("extra")))
     for key in ("steps", "local_steps", "jobs", "threads"):
@@ -312,13 +332,9 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
         values["target_mde"] = _parse_number("target_mde", raw["target_mde"])
     if raw.get("max_seeds") is not None:
         values["max_seeds"] = _optional_int("max_seeds", raw["max_seeds"])
-    values["steps"] = _default_steps(values)
     for key in ("add_baseline", "dry_run", "report", "sft_warm_start", "validate"):
         if key in raw:
             values[key] = _parse_bool(key, raw[key])
-    if values["mechanisms"] and values.get("add_baseline", True) and "baseline" not in values["mechanisms"] \
-            and "baseline" in available_presets():
-        values["mechanisms"] = ("baseline", *values["mechanisms"])  # the unweighted GRPO run is always compared
     if raw.get("name") is not None:
         values["name"] = str(raw["name"])
     return SweepConfig(**values)
@@ -365,14 +381,11 @@ def split_extra(text: str) -> list[str]:
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Rewrite the command-line conveniences (module doc) into Hydra's override grammar; an older launcher name
-    (``launcher=local``) becomes the registered one (``launcher=process``)."""
+    """Rewrite the command-line conveniences (module doc) into Hydra's override grammar."""
     normalized = []
     for argument in argv:
         key, equals, value = argument.partition("=")
-        if equals and key == "launcher":
-            argument = f"launcher={canonical_launcher(value)}"
-        elif equals and key in LIST_KEYS and "," in value and not value.lstrip().startswith("["):
+        if equals and key in LIST_KEYS and "," in value and not value.lstrip().startswith("["):
             argument = f"{key}=[{value}]"
         elif equals and key == "extra":
             stripped = value.strip()

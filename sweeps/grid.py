@@ -18,12 +18,10 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+from dataflex_rl.keys import ACTUATOR_PARAMS_PREFIX, ALPHA_KEY, ETA_KEY
 from dataflex_rl.validation import ConfigError
 from sweeps.config import PRESET_DIR, SweepConfig, check_no_env_interpolation
 
-ACTUATOR_PARAMS_PREFIX = "dataflex.actuator.params."
-ALPHA_KEY = f"{ACTUATOR_PARAMS_PREFIX}alpha"
-ETA_KEY = f"{ACTUATOR_PARAMS_PREFIX}eta"
 # Keys the driver sets for every run; giving them in ``extra`` would fight the grid or the run store layout.
 MANAGED_KEYS = {
     "run_dir": "the driver puts each run in runs/<sweep>/<run>",
@@ -237,9 +235,11 @@ def grid_description(config: SweepConfig) -> dict[str, object]:
             "common_overrides": common}
 
 
-def default_name(config: SweepConfig, prefix: str = "sweep") -> str:
+def default_name(config: SweepConfig, prefix: str | None = None) -> str:
     """``<prefix>-<8 hex>``: the hash covers the grid and the overrides, so the same command finds (and resumes)
-    the same sweep on any later day, while a different grid gets its own folder."""
+    the same sweep on any later day, while a different grid gets its own folder. The prefix defaults to the named
+    experiment (``kk-1a2b3c4d``), else ``sweep``."""
+    prefix = prefix or config.experiment or "sweep"
     identity = {"backend": config.backend, "alpha": list(config.alphas), "seeds": list(config.seeds),
                 "mechanisms": list(config.mechanisms), "eta": list(config.eta), "extra": list(config.extra),
                 "steps": config.steps, "train_module": config.train_module}

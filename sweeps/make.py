@@ -26,9 +26,9 @@ from dataflex_rl.validation import ConfigError
 ENV_PREFIX = "DATAFLEX_MAKE_"
 # Every variable the Makefile exports (its ``MAKE_VARIABLES`` line names the same ones; a test checks they agree).
 VARIABLES = ("ALPHA", "SEEDS", "MECH", "ETA", "STEPS", "JOBS", "SWEEP", "BACKEND", "LAUNCHER", "SWEEP_ARGS",
-             "DRY_RUN", "EXTRA", "TARGET_MDE", "MAX_SEEDS", "LR", "ARGS", "VERL_EXPERIMENT")
+             "DRY_RUN", "EXTRA", "TARGET_MDE", "MAX_SEEDS", "LR", "ARGS", "VERL_EXPERIMENT", "EXPERIMENT")
 # make sweep: variable -> driver key (conf/sweeps/default.yaml), in the order they are passed.
-SWEEP_KEYS = (("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"), ("LAUNCHER", "launcher"),
+SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"), ("LAUNCHER", "launcher"),
               ("JOBS", "jobs"), ("STEPS", "steps"), ("SWEEP", "name"), ("MECH", "mechanisms"), ("ETA", "eta"),
               ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"), ("VERL_EXPERIMENT", "verl_experiment"))
 # make tune: variable -> key of conf/sweeps/optuna.yaml.

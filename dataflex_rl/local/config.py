@@ -1,7 +1,7 @@
 """The local backend's configuration, typed once at the entry point (``conf/train.yaml`` and its groups).
 
 Every section is a frozen dataclass whose ``__post_init__`` refuses bad values with a
-:class:`~dataflex_rl.config.ConfigError` naming the key (full dotted path), the value and what is allowed. This runs
+:class:`~dataflex_rl.validation.ConfigError` naming the key (full dotted path), the value and what is allowed. This runs
 before any model is built, so a bad override never costs a training run or touches an existing run folder.
 """
 
@@ -115,8 +115,8 @@ class TrainerConfig:
     ppo_mini_batches: int = 1
     kl_coef: float = 0.0
     kl_type: str = "low_var_kl"
-    val_every: int = 25
-    val_size: int = 256
+    val_every: int = 20
+    val_size: int = 1024
     val_seed: int = 0
     save_every: int = 50
 
@@ -205,10 +205,11 @@ class TrainConfig:
     logger: LoggerConfig
     sweep: str | None = None
     run_name: str | None = None
-    threads: int | None = None
+    threads: int | None = 1  # None: torch's default
     mechanism_label: str | None = None
     mode: str = "train"
     axes: tuple[str, ...] = ()
+    experiment: str | None = None
 
     @property
     def alpha(self) -> float | None:
@@ -217,7 +218,7 @@ class TrainConfig:
 
 
 TOP_LEVEL_KEYS = ("run_dir", "seed", "dataflex", "model", "task", "sft", "trainer", "stats", "logger", "sweep",
-                  "run_name", "threads", "mechanism_label", "mode", "axes", "hydra")
+                  "run_name", "threads", "mechanism_label", "mode", "axes", "experiment", "hydra")
 MODES = ("train", "sft")
 
 
@@ -244,7 +245,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
     task_name = task.pop("name")
     built_task = _check_task(task_name, task)
     mode = check_choice("mode", raw.get("mode", "train"), MODES)
-    threads = raw.get("threads")
+    threads = raw.get("threads", TrainConfig.threads)
     if threads is not None:
         check_int_at_least("threads", threads, 1)
     from dataflex_rl.tracking import parse_logger_config
@@ -271,6 +272,7 @@ def parse_train_config(cfg: Any) -> TrainConfig:
         mechanism_label=raw.get("mechanism_label"),
         mode=mode,
         axes=_check_axes(raw.get("axes")),
+        experiment=raw.get("experiment"),
     )
 
 

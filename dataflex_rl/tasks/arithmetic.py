@@ -39,7 +39,7 @@ class ArithmeticConfig:
     max_digits: int = 3
     min_digits: int = 1
     ops: Sequence[str] = ("+",)
-    test_size: int = 256
+    test_size: int = 1024
     test_seed: int = 12345
 
     def __post_init__(self) -> None:

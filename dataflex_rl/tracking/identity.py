@@ -21,11 +21,12 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dataflex_rl.keys import ALPHA_KEY, ETA_KEY
 from dataflex_rl.validation import to_plain
 
 CONFIG_HASH_LENGTH = 12
 # Short factor names of the axes every ablation uses; any other axis is named by its config key (``trainer.lr``).
-AXIS_NAMES = {"dataflex.actuator.params.alpha": "alpha", "dataflex.actuator.params.eta": "eta"}
+AXIS_NAMES = {ALPHA_KEY: "alpha", ETA_KEY: "eta"}
 SEED_AXIS = "seed"
 _AXIS_VALUE_TYPES = (str, int, float, bool, type(None))
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent

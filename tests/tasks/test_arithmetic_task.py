@@ -144,7 +144,7 @@ def test_train_never_contains_a_test_problem() -> None:
 
 
 def test_test_problems_fixed_set_seeded_order() -> None:
-    task = build_task("arithmetic", {})
+    task = build_task("arithmetic", {"test_size": 256})
     first = task.test_problems(100, seed=0)
     second = task.test_problems(100, seed=1)
     assert {problem.key for problem in first} == {problem.key for problem in second}
@@ -159,4 +159,4 @@ def test_test_pool_depends_on_test_seed_not_caller_seed() -> None:
     default = build_task("arithmetic", {})
     other = build_task("arithmetic", {"test_seed": 1})
     assert default.test_keys != other.test_keys
-    assert len(default.test_keys) == 256
+    assert len(default.test_keys) == default.config.test_size == 1024

@@ -1,0 +1,66 @@
+"""Named experiments: ``make sweep EXPERIMENT=kk`` picks a run setting and its grid in one word (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from dataflex_rl.local.config import parse_train_config
+from dataflex_rl.validation import ConfigError
+from sweeps.backends import plan_runs
+from sweeps.cli import load_config
+from sweeps.config import CONF_DIR, available_experiments
+from sweeps.grid import default_name, expand_grid
+from sweeps.make import VARIABLES, sweep_argv
+
+
+def config_of(*argv: str):
+    return load_config(list(argv))[1]
+
+
+def test_kk_is_a_named_experiment_with_both_files():
+    assert "kk" in available_experiments()
+    assert (CONF_DIR / "experiment" / "kk.yaml").is_file() and (CONF_DIR / "sweeps" / "experiment" / "kk.yaml").is_file()
+
+
+def test_a_single_run_composes_the_experiment_over_the_defaults():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        plain = parse_train_config(compose(config_name="train", overrides=["run_dir=x"]))
+        kk = parse_train_config(compose(config_name="train", overrides=["run_dir=x", "experiment=kk"]))
+        later = parse_train_config(compose(config_name="train", overrides=["run_dir=x", "experiment=kk",
+                                                                          "sft.steps=7"]))
+    assert plain.experiment is None and plain.task.name == "arithmetic"
+    assert kk.experiment == "kk" and kk.task.name == "knights_knaves"
+    assert kk.task.params["test_size"] >= kk.trainer.val_size == 1024  # every validation puzzle held out
+    assert kk.sft.steps != plain.sft.steps
+    assert later.sft.steps == 7  # the command line still wins over the experiment
+
+
+def test_the_sweep_runs_the_paper_ablation_with_the_experiment_first():
+    config = config_of("experiment=kk")
+    assert config.experiment == "kk"
+    assert config.mechanisms == ("baseline", "ar_paper", "ar", "lopti_paper")
+    assert config.steps is None  # the experiment's own trainer.total_steps
+    assert config.extra[0] == "experiment=kk"
+    specs = expand_grid(config)
+    assert len(specs) == 4 * len(config.seeds)
+    assert default_name(config).startswith("kk-")
+    runs = plan_runs(config, specs[:2], "kk-test", CONF_DIR.parent / "runs" / "kk-test", 1)
+    assert all(run.command[3] == "experiment=kk" for run in runs), runs[0].command
+    extra = config_of("experiment=kk", "extra=[trainer.lr=3e-4]")
+    assert extra.extra == ("experiment=kk", "trainer.lr=3e-4")  # EXTRA adds to the experiment, never replaces it
+    assert config_of("experiment=kk", "seeds=1,2").seeds == (1, 2)
+
+
+def test_make_experiment_reaches_the_driver_as_one_key():
+    values = {name: "" for name in VARIABLES} | {"EXPERIMENT": "kk", "ALPHA": "0.5"}
+    assert sweep_argv(values) == ["experiment=kk", "alpha=0.5"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("experiment=nope",), r"experiment"),
+    (("experiment=kk", "backend=verl"), r"experiment = 'kk' is not allowed with backend=verl"),
+])
+def test_bad_experiment_is_refused_naming_key_and_allowed(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        config_of(*argv)

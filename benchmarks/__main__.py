@@ -4,25 +4,23 @@ one table of their rows at the end (each module also prints its own details as i
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import sys
 import traceback
-from pathlib import Path
 
 from benchmarks.common import Row, format_table
+from dataflex_rl.registry import plugin_modules
 
 
 def main(argv: list[str] | None = None) -> int:
     wanted = set(sys.argv[1:] if argv is None else argv)
     failures = 0
     rows: list[Row] = []
-    for module_info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
-        name = module_info.name
-        if not name.startswith("bench_") or (wanted and name.removeprefix("bench_") not in wanted):
+    for name, module in plugin_modules("benchmarks", prefix="bench_").items():
+        if wanted and name not in wanted:
             continue
-        print(f"== {name}", flush=True)
+        print(f"== bench_{name}", flush=True)
         try:
-            rows += importlib.import_module(f"benchmarks.{name}").main([]) or []
+            rows += importlib.import_module(module).main([]) or []
         except Exception:  # one broken benchmark must not hide the others
             failures += 1
             traceback.print_exc()

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import logging
-import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
+from dataflex_rl.registry import plugin_modules
 from dataflex_rl.tracking.base import LOGGERS, MultiLogger
 from dataflex_rl.tracking.console import ConsoleLogger
 from dataflex_rl.tracking.identity import RunIdentity
@@ -38,19 +37,16 @@ MODULE_SUFFIX = "_logger"
 def logger_class(name: str) -> Any:
     """The class registered as ``name`` in :data:`LOGGERS`, importing ``dataflex_rl.tracking.<name>_logger`` first
     when the name is not registered yet (the module registers its class on import)."""
-    if name not in LOGGERS and isinstance(name, str) and name.isidentifier():
-        module = f"{__package__}.{name}{MODULE_SUFFIX}"
-        if importlib.util.find_spec(module) is not None:
+    if name not in LOGGERS and isinstance(name, str):
+        module = plugin_modules(__package__, suffix=MODULE_SUFFIX).get(name)
+        if module is not None:
             importlib.import_module(module)
     return LOGGERS.get(name)
 
 
 def available_loggers() -> list[str]:
     """Registered logger names plus in-tree ``*_logger`` modules not imported yet (for error messages)."""
-    package = importlib.import_module(__package__)
-    in_tree = [info.name[: -len(MODULE_SUFFIX)] for info in pkgutil.iter_modules(package.__path__)
-               if info.name.endswith(MODULE_SUFFIX)]
-    return sorted({*LOGGERS.names(), *in_tree})
+    return sorted({*LOGGERS.names(), *plugin_modules(__package__, suffix=MODULE_SUFFIX)})
 
 
 def is_logger_name(name: Any) -> bool:

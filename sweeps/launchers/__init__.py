@@ -10,8 +10,8 @@ settings. See :mod:`sweeps.launchers.base` for the interface.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
+from dataflex_rl.registry import plugin_modules
 from sweeps.launchers.base import (
     LAUNCHERS,
     Job,
@@ -28,9 +28,8 @@ from sweeps.launchers.base import (
 
 def discover() -> list[str]:
     """Import every module of this package (each registers its launcher); returns the registered names."""
-    for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module.name}")
+    for module in plugin_modules(__name__).values():
+        importlib.import_module(module)
     return LAUNCHERS.names()
 
 

@@ -15,10 +15,11 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dataflex_rl.keys import ACTUATOR_PARAMS_PREFIX, ALPHA_KEY, ETA_KEY
+from dataflex_rl.tracking.identity import factor_labels, format_number, run_label
 from dataflex_rl.validation import ConfigError
 from sweeps.config import PRESET_DIR, SweepConfig, check_no_env_interpolation
 
@@ -35,8 +36,6 @@ MANAGED_KEYS = {
     ALPHA_KEY: "use alpha=0.0,0.5",
 }
 MAX_RUN_NAME_BYTES = 255  # a run's folder name (NAME_MAX of the usual file systems)
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_NUMERIC = re.compile(r"[-+]?(\d|\.\d)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,11 +77,6 @@ class RunSpec:
         """The cell as sweep.json stores it."""
         return {"alpha": self.alpha, "seed": self.seed, "mechanism_label": self.mechanism, "eta": self.eta,
                 "axes": dict(self.axes)}
-
-
-def format_number(value: float) -> str:
-    """Shortest round-tripping text of a number (``0.25``, ``0.0``, ``1e-05``)."""
-    return repr(float(value))
 
 
 def preset_has_param(preset: str, name: str) -> bool:
@@ -144,23 +138,6 @@ def parse_extra(extra: Sequence[str]) -> tuple[list[str], list[Axis]]:
     return common, axes
 
 
-def _safe(text: str) -> str:
-    return _UNSAFE.sub("_", text).strip("_") or "_"
-
-
-def _axis_labels(axes: Sequence[Axis]) -> dict[str, str]:
-    """Tag prefix of each axis: the last key part, or the whole key where two axes share a last part."""
-    last_parts = [axis.bare_key.split(".")[-1] for axis in axes]
-    return {axis.key: (last if last_parts.count(last) == 1 else axis.bare_key)
-            for axis, last in zip(axes, last_parts, strict=True)}
-
-
-def axis_tag(label: str, value: str) -> str:
-    """One axis's part of a run name: ``lr0.001`` for a number, ``task-knights_knaves`` otherwise (made safe)."""
-    joined = f"{label}{value}" if _NUMERIC.match(value) else f"{label}-{value}"
-    return _safe(joined)
-
-
 def grid_axis_keys(config: SweepConfig, axes: Sequence[Axis]) -> tuple[str, ...]:
     """The config keys of the grid's axes, in naming order: preset label, alpha, eta, extra axes, seed.
 
@@ -177,7 +154,7 @@ def grid_axis_keys(config: SweepConfig, axes: Sequence[Axis]) -> tuple[str, ...]
 def expand_grid(config: SweepConfig) -> list[RunSpec]:
     """Every run of the sweep, in launch order (seeds innermost), names checked for uniqueness."""
     _, axes = parse_extra(config.extra)
-    labels = _axis_labels(axes)
+    labels = factor_labels(["alpha", "seed", "mechanism_label", "eta", *(axis.bare_key for axis in axes)])
     mechanisms: Sequence[str | None] = config.mechanisms or (None,)
     alphas: Sequence[float | None] = config.alphas or (None,)
     etas: Sequence[float | None] = config.eta or (None,)
@@ -195,24 +172,23 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
                   for eta, cell in itertools.product(mechanism_etas, itertools.product(*mechanism_axes))]
     for mechanism, alpha, eta, cell in cells:
         for seed in config.seeds:
-            name_parts, overrides = [], []
-            if alpha is not None:
-                name_parts.append(f"a{format_number(alpha)}")
-            name_parts.append(f"s{seed}")
+            factors: dict[str, Any] = {} if alpha is None else {"alpha": alpha}
+            factors["seed"] = seed
+            overrides = []
             if mechanism is not None:
-                name_parts.append(_safe(mechanism))
+                factors["mechanism_label"] = mechanism
                 overrides += [f"dataflex={mechanism}", f"mechanism_label={mechanism}"]
             if alpha is not None:
                 # ``++`` sets the key whether or not the preset has it, so the actuator's own check judges it.
                 overrides.append(f"++{ALPHA_KEY}={format_number(alpha)}")
             if eta is not None:
-                name_parts.append(f"eta{format_number(eta)}")
+                factors["eta"] = eta
                 overrides.append(f"++{ETA_KEY}={format_number(eta)}")
             for key, value in cell:
-                name_parts.append(axis_tag(labels[key], value))
+                factors[key.lstrip("+~")] = value
                 overrides.append(f"{key}={value}")
             overrides.append(f"seed={seed}")
-            specs.append(RunSpec(name="-".join(name_parts), seed=seed, alpha=alpha, mechanism=mechanism, eta=eta,
+            specs.append(RunSpec(name=run_label(factors, labels), seed=seed, alpha=alpha, mechanism=mechanism, eta=eta,
                                  axes=dict(cell), overrides=tuple(overrides), axis_keys=axis_keys))
     names = [spec.name for spec in specs]
     too_long = [name for name in names if len(name.encode()) > MAX_RUN_NAME_BYTES]

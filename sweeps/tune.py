@@ -36,7 +36,8 @@ from sweeps.commands import PlannedRun
 from sweeps.config import SweepConfig
 from sweeps.driver import concurrency, warm_start_threads
 from dataflex_rl.keys import ALPHA_KEY
-from sweeps.grid import RunSpec, default_name, format_number, parse_extra
+from dataflex_rl.tracking.identity import format_number
+from sweeps.grid import RunSpec, default_name, parse_extra
 from sweeps.launchers import Job
 from sweeps.planning import describe_estimate, estimate_seconds, final_window_mean, run_shape
 from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepPlan, SweepRunner

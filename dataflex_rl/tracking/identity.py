@@ -17,6 +17,7 @@ import json
 import math
 import numbers
 import pathlib
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -97,13 +98,47 @@ def axis_values(config: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any
     return values
 
 
-def _factor_text(name: str, value: Any) -> str:
-    """One factor as W&B's job_type shows it: ``a0.5``, ``lr0.0003``, ``ar`` (the preset label alone)."""
-    text = f"{value:g}" if isinstance(value, float) else str(value)
-    if name == "mechanism_label":
+# Factor names shown by a short label in run names and W&B job types (the others by their key's last part).
+SHORT_LABELS = {"alpha": "a", "seed": "s"}
+_NUMERIC_TEXT = re.compile(r"[-+]?(\d|\.\d)")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def format_number(value: float) -> str:
+    """Shortest round-tripping text of a number (``0.25``, ``0.0``, ``1e-05``): overrides, run names, job types."""
+    return repr(float(value))
+
+
+def factor_labels(names: Sequence[str]) -> dict[str, str]:
+    """The label of each factor in a run's label: :data:`SHORT_LABELS`, else the key's last part, or the whole key
+    where two factors share a last part (``trainer.lr`` -> ``lr``)."""
+    last_parts = [name.split(".")[-1] for name in names]
+    return {name: SHORT_LABELS.get(name) or (last if last_parts.count(last) == 1 else name)
+            for name, last in zip(names, last_parts, strict=True)}
+
+
+def factor_tag(label: str, value: Any, *, alone: bool = False) -> str:
+    """One factor in a run's label (folder names, W&B job types): ``a0.5``, ``s1``, ``lr0.0003``,
+    ``task-knights_knaves``; ``alone``: the value without its label (a mechanism preset: ``ar``)."""
+    text = format_number(value) if isinstance(value, float) else str(value)
+    if alone:
         return text
-    label = {"alpha": "a"}.get(name, name.split(".")[-1])
-    return f"{label}{text}" if text[:1].isdigit() or text[:1] in "-." else f"{label}-{text}"
+    return f"{label}{text}" if _NUMERIC_TEXT.match(text) else f"{label}-{text}"
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every run of characters outside ``[A-Za-z0-9._-]`` made one ``_`` (a folder name part)."""
+    return _UNSAFE.sub("_", text).strip("_") or "_"
+
+
+def run_label(factors: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
+    """A run's factors as one label, in the given order: ``{"alpha": 0.5, "seed": 1, "mechanism_label": "ar"}`` ->
+    ``a0.5-s1-ar`` (the preset label stands alone; each part made safe for a folder name). ``labels``: the
+    :func:`factor_labels` of the whole grid, so every run of a sweep labels a factor alike. The one builder of sweep
+    run folder names and W&B job types."""
+    labels = labels or factor_labels(list(factors))
+    return "-".join(safe_name(factor_tag(labels[name], value, alone=name == "mechanism_label"))
+                    for name, value in factors.items())
 
 
 def job_type_of(factors: Mapping[str, Any]) -> str | None:
@@ -111,7 +146,7 @@ def job_type_of(factors: Mapping[str, Any]) -> str | None:
     None for none. Longer than W&B's 64 characters, the tail is replaced by a hash of the whole."""
     if not factors:
         return None
-    text = "-".join(_factor_text(name, value) for name, value in factors.items())
+    text = run_label(factors)
     if len(text) > 64:
         text = text[:55] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
     return text

@@ -57,6 +57,7 @@ from analysis.statistics import (
     t_tests,
 )
 from dataflex_rl import keys
+from dataflex_rl.keys import BASELINE_ALPHA, BASELINE_PRESET
 
 DEFAULT_FINAL_WINDOW = 5
 SUMMARY_STATISTICS: tuple[str, ...] = ("final", "final_window", "auc", "best", "steps_to_threshold")
@@ -364,7 +365,7 @@ def paired_differences(
     :data:`analysis.bootstrap.MIN_BOOTSTRAP_N` pairs). ``paired=False``: Welch's t on all runs of the two groups
     (``n_pairs`` = the smaller group's size). Groups with no seed in common get ``n_pairs = 0`` and NaN.
     """
-    baseline = dict(baseline if baseline is not None else {"alpha": 0.0})
+    baseline = dict(baseline if baseline is not None else {"alpha": BASELINE_ALPHA})
     check_columns(summaries, [*group_keys, *pair_on, *baseline, "metric", value], "group_keys/pair_on/baseline/value")
     check_confidence(confidence)
     check_power_arguments(power, level)
@@ -427,10 +428,10 @@ def default_baseline(frame: pd.DataFrame, group_keys: Sequence[str]) -> dict[str
     factors (``trainer.lr``: deltas against alpha = 0 at the same lr); never across mechanism configurations.
     """
     candidates: list[dict[str, Any]] = []
-    if "mechanism_label" in group_keys and matching_rows(frame, {"mechanism_label": "baseline"}).any():
-        candidates.append({"mechanism_label": "baseline"})
+    if "mechanism_label" in group_keys and matching_rows(frame, {"mechanism_label": BASELINE_PRESET}).any():
+        candidates.append({"mechanism_label": BASELINE_PRESET})
     if "alpha" in group_keys:
-        candidates.append({"alpha": 0.0})
+        candidates.append({"alpha": BASELINE_ALPHA})
     for selector in candidates:
         selected = frame.loc[matching_rows(frame, selector), list(group_keys)].drop_duplicates()
         if len(selected) == 1:

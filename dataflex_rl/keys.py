@@ -13,6 +13,10 @@ import re
 ACTUATOR_PARAMS_PREFIX = "dataflex.actuator.params."
 ALPHA_KEY = f"{ACTUATOR_PARAMS_PREFIX}alpha"
 ETA_KEY = f"{ACTUATOR_PARAMS_PREFIX}eta"
+# The baseline every comparison is against: AR's alpha = 0 is GRPO bit for bit, and the preset of this name
+# (conf/dataflex/baseline.yaml) is that run; the sweep driver adds it, the analysis compares with it.
+BASELINE_ALPHA = 0.0
+BASELINE_PRESET = "baseline"
 
 # --- mechanism (dataflex/...) -------------------------------------------------------------------------------
 ACTIVE = "dataflex/active"

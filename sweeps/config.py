@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl.keys import check_metric_key
+from dataflex_rl.keys import BASELINE_ALPHA, BASELINE_PRESET
 from dataflex_rl.validation import (
     SEED_MODULUS,
     ConfigError,
@@ -187,9 +188,9 @@ class SweepConfig:
             object.__setattr__(self, "extra", (f"experiment={self.experiment}", *self.extra))
         if self.alpha is None:
             object.__setattr__(self, "alpha", () if self.mechanisms else DEFAULT_ALPHA)
-        if self.mechanisms and self.add_baseline and "baseline" not in self.mechanisms \
-                and "baseline" in available_presets():
-            object.__setattr__(self, "mechanisms", ("baseline", *self.mechanisms))
+        if self.mechanisms and self.add_baseline and BASELINE_PRESET not in self.mechanisms \
+                and BASELINE_PRESET in available_presets():
+            object.__setattr__(self, "mechanisms", (BASELINE_PRESET, *self.mechanisms))
         if self.steps is None and self.backend == "local" and not any(
                 item.lstrip("+").split("=", 1)[0] == "trainer.total_steps" for item in self.extra):
             object.__setattr__(self, "steps", self.local_steps)
@@ -209,8 +210,8 @@ class SweepConfig:
     @property
     def alphas(self) -> tuple[float, ...]:
         """The alpha axis with the alpha = 0 baseline first when ``add_baseline`` and it is missing."""
-        if self.alpha and self.add_baseline and 0.0 not in self.alpha:
-            return (0.0, *self.alpha)
+        if self.alpha and self.add_baseline and BASELINE_ALPHA not in self.alpha:
+            return (BASELINE_ALPHA, *self.alpha)
         return self.alpha
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import pkgutil
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -91,11 +90,11 @@ def plugin_modules(package: str, prefix: str = "", suffix: str = "") -> dict[str
     """The in-tree plugin modules of ``package``, ``{name: dotted module}`` for each module ``<prefix><name><suffix>``,
     sorted by name (names starting with ``_`` are never plugins). The one way the project finds plugins (launchers,
     optional loggers, benchmarks): importing such a module registers what it defines; nothing is imported here."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.submodule_search_locations is None:
+    locations = getattr(importlib.import_module(package), "__path__", None)  # the live path (it may be extended)
+    if locations is None:
         raise RegistryError(f"{package!r} is not a package")
     found = {}
-    for info in pkgutil.iter_modules(spec.submodule_search_locations):
+    for info in pkgutil.iter_modules(locations):
         if info.name.startswith("_") or not (info.name.startswith(prefix) and info.name.endswith(suffix)):
             continue
         found[info.name[len(prefix): len(info.name) - len(suffix)]] = f"{package}.{info.name}"

@@ -3,7 +3,9 @@
 A :class:`Backend` builds a run's command and environment, validates the whole grid before anything starts, plans
 the shared warm starts and says whether the driver sets a thread count; the driver and the Optuna search call
 these methods and never branch on the backend's name. Adding a backend is a subclass registered in
-:data:`BACKENDS` (its name is the ``backend=`` value) plus its command builder.
+:data:`BACKENDS` (its name is the ``backend=`` value) plus its command builder. The local backend plans its runs
+itself (:meth:`LocalBackend.plan`): it composes and validates each run's config once, and the command reads that
+config (:func:`sweeps.commands.local_runs`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from sweeps.commands import (
     check_gpu_available,
     common_config,
     local_overrides,
+    local_runs,
     local_warm_starts,
     thread_environment,
-    train_command,
-    validate_local,
     validate_verl,
     verl_command,
     verl_environment,
@@ -35,7 +36,8 @@ BACKENDS = Registry("backend")
 
 
 class Backend:
-    """How a sweep runs on one backend (see the module doc). Subclasses set ``name`` and implement :meth:`command`."""
+    """How a sweep runs on one backend (see the module doc). Subclasses set ``name`` and implement :meth:`command`
+    (or :meth:`plan`, when validating a run's config is what builds its command)."""
 
     name: str = ""
     # False: the backend manages its own threads, so the driver passes no thread count.
@@ -79,23 +81,20 @@ class Backend:
 
 @BACKENDS.register("local")
 class LocalBackend(Backend):
-    """The CPU backend: ``python -m dataflex_rl.train``, composed and validated in process, a cached SFT warm start."""
+    """The CPU backend: ``python -m dataflex_rl.train``, each run's config composed and validated once in process
+    and read by the trainer from a file; a cached SFT warm start."""
 
     name = "local"
 
-    def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
-                threads: int | None) -> tuple[str, ...]:
-        """``python -m dataflex_rl.train`` with the run's overrides (:func:`sweeps.commands.local_overrides`)."""
-        return train_command(config, local_overrides(config, spec, sweep, sweep_dir, threads))
-
-    def environment(self, config: SweepConfig, sweep: str, spec: RunSpec, threads: int | None) -> dict[str, str]:
-        """OpenMP/MKL thread caps, so parallel runs never oversubscribe the cores."""
-        return thread_environment(threads)
-
-    def validate(self, config: SweepConfig, planned: Sequence[PlannedRun]) -> None:
-        """Compose ``conf/train.yaml`` with every run's overrides and parse it (unless ``validate=false``)."""
-        if config.validate:
-            validate_local((run.name, run.command[3:]) for run in planned)
+    def plan(self, config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
+             threads: int | None) -> list[PlannedRun]:
+        """Every run's overrides (:func:`sweeps.commands.local_overrides`) composed with ``conf/train.yaml`` and
+        parsed, once; the command reads the resolved config (``--config-file``), or carries the overrides when
+        ``validate=false`` (:func:`sweeps.commands.local_runs`)."""
+        sweep_dir = sweep_dir.resolve()
+        entries = [(spec, local_overrides(config, spec, sweep, sweep_dir, threads), sweep_dir / spec.name)
+                   for spec in specs]
+        return local_runs(config, entries, sweep_dir, thread_environment(threads))[0]
 
     def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                     threads: int | None) -> list[PlannedRun]:

@@ -1,10 +1,16 @@
 """Command lines of a sweep's runs, and their validation before anything starts.
 
-Backend ``local``: ``python -m dataflex_rl.train <overrides>`` with, in order, ``trainer.total_steps=<steps>``, the
-common ``extra`` overrides, the cell's overrides (``dataflex=<preset> mechanism_label=<preset>``,
-``++dataflex.actuator.params.alpha=<a>``, ``++dataflex.actuator.params.eta=<e>``, extra axes, ``seed=<s>``), then
-``run_dir=<sweep folder>/<run> sweep=<sweep> run_name=<run> threads=<n>``. Every run's override list is composed
-with ``conf/train.yaml`` and validated by ``parse_train_config``; the first bad one refuses the whole sweep.
+Backend ``local``: a run's overrides are, in order, ``trainer.total_steps=<steps>``, the common ``extra`` overrides,
+the cell's overrides (``dataflex=<preset> mechanism_label=<preset>``, ``++dataflex.actuator.params.alpha=<a>``,
+``++dataflex.actuator.params.eta=<e>``, extra axes, ``seed=<s>``), then ``run_dir=<sweep folder>/<run> sweep=<sweep>
+run_name=<run> threads=<n>``. Each run's config is composed here with ``conf/train.yaml`` and validated by
+``parse_train_config``, once (the first bad one refuses the whole sweep); when the run starts, the resolved config
+is written to ``<sweep folder>/launch/<run>.yaml`` (the SFT warm starts' too) and the command is
+``python -m dataflex_rl.train --config-file <that file>``: the trainer composes nothing again. The overrides stay
+on record: in that file's header, in the dry run's and the log header's command line (``# composed from: ...``) and
+in ``sweep.json`` (``overrides``). With ``validate=false`` (a stand-in trainer whose config is not
+``conf/train.yaml``) nothing is composed here and the command carries the overrides:
+``python -m <train_module> <overrides>``.
 
 Backend ``verl``: ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync <experiment overrides>
 +dataflex.* ...`` from :func:`dataflex_rl.verl.command.build_verl_command`, with ``seed=<s>``,
@@ -26,15 +32,18 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dataflex_rl.local.cli import CONFIG_FILE_FLAG, write_config_file
 from dataflex_rl.validation import ConfigError, unknown_override_message
 from dataflex_rl.verl.check import quiet_verl_import
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig, check_no_env_interpolation
 from dataflex_rl.keys import ALPHA_KEY, ETA_KEY
-from sweeps.grid import RunSpec, format_number, parse_extra
+from dataflex_rl.tracking.identity import format_number
+from sweeps.grid import RunSpec, parse_extra
 
 _PLAIN = re.compile(r"[\w\-./]+")
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LOG_FOLDER = "logs"
+LAUNCH_FOLDER = "launch"  # <sweep>/launch/<run>.yaml: the resolved config a local run's command reads
 PREPARED_FOLDER = "verl_prepared"  # what an experiment's prepare step writes (model, tokenizer, data)
 # The SFT warm start is cached by model + task + sft config: only axes over these need a warm start of their own.
 SFT_CACHE_GROUPS = ("model", "task", "sft")
@@ -42,13 +51,20 @@ SFT_CACHE_GROUPS = ("model", "task", "sft")
 
 @dataclasses.dataclass(frozen=True)
 class PlannedRun:
-    """A run ready to launch: its cell, argv, the environment variables it adds, its run store and its log."""
+    """A run ready to launch: its cell, argv, the environment variables it adds, its run store and its log.
+
+    A local run whose config the driver composed also has its ``overrides`` (what the run is, for people), its
+    resolved ``config`` and the ``config_file`` its command reads, written by :meth:`write_config_file` as it
+    starts."""
 
     spec: RunSpec
     command: tuple[str, ...]
     env: dict[str, str]
     run_dir: Path
     log_path: Path
+    overrides: tuple[str, ...] = ()
+    config: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    config_file: Path | None = None
 
     @property
     def name(self) -> str:
@@ -56,9 +72,24 @@ class PlannedRun:
         return self.spec.name
 
     def shell_line(self) -> str:
-        """The command as one shell line, its environment variables first."""
+        """The command as one shell line, its environment variables first; for a command that reads a config file,
+        the overrides it was composed from follow as a comment."""
         assignments = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
-        return " ".join([*assignments, shlex.join(self.command)])
+        line = " ".join([*assignments, shlex.join(self.command)])
+        if self.config_file is not None:
+            line += f"  # composed from: {shlex.join(self.overrides)}"
+        return line
+
+    def write_config_file(self) -> None:
+        """Write the resolved config the command reads (atomically, headed by the overrides it was composed from);
+        nothing for a command that carries its overrides."""
+        if self.config_file is None or self.config is None:
+            return
+        write_config_file(self.config_file, self.config, comment=[
+            f"{self.name}: conf/train.yaml composed with these overrides and validated by the sweep driver:",
+            f"  {shlex.join(self.overrides)}",
+            "(python -m dataflex_rl.train <these overrides> composes the same config; the run reads this file)",
+        ])
 
 
 def hydra_path(path: Path) -> str:
@@ -106,26 +137,31 @@ def sft_overrides(config: SweepConfig, axis_overrides: Sequence[str], sweep_dir:
     return overrides
 
 
-def train_command(config: SweepConfig, overrides: Sequence[str]) -> tuple[str, ...]:
-    """``<python> -m <train_module> <overrides>`` (``train_module``: ``dataflex_rl.train`` unless a test swaps it)."""
-    return (sys.executable, "-m", config.train_module, *overrides)
+def train_command(config: SweepConfig, arguments: Sequence[str]) -> tuple[str, ...]:
+    """``<python> -m <train_module> <arguments>`` (``train_module``: ``dataflex_rl.train`` unless a test swaps it)."""
+    return (sys.executable, "-m", config.train_module, *arguments)
 
 
-def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[Any]:
-    """Compose ``conf/train.yaml`` with each (run name, overrides) and validate it; raise at the first bad one.
+def compose_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[dict[str, Any], Any]]:
+    """Compose ``conf/train.yaml`` with each (run name, overrides), resolve it and validate it; raise at the first
+    bad one (a :class:`ConfigError` naming the run).
 
-    Returns the validated ``TrainConfig`` of each, in order."""
+    Returns each run's ``(resolved config, TrainConfig)``, in order: the resolved config is what the run store
+    records as ``config.yaml`` and what the run's command reads."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from dataflex_rl.local.config import parse_train_config
 
-    parsed = []
+    composed = []
     with quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for name, overrides in override_lists:
             try:
-                parsed.append(parse_train_config(compose(config_name="train", overrides=list(overrides))))
+                resolved = OmegaConf.to_container(compose(config_name="train", overrides=list(overrides)),
+                                                  resolve=True)
+                resolved.pop("hydra", None)
+                composed.append((resolved, parse_train_config(resolved)))
             except ConfigError as error:
                 raise ConfigError(f"run {name}: {error}") from None
             except (HydraException, OmegaConfBaseException) as error:
@@ -134,7 +170,29 @@ def validate_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[
                 if unknown:
                     raise ConfigError(f"run {name}: {unknown}") from None
                 raise ConfigError(f"run {name}: bad override in {' '.join(overrides)}: {error}") from None
-    return parsed
+    return composed
+
+
+def local_runs(config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[str], Path]], sweep_dir: Path,
+               env: dict[str, str]) -> tuple[list[PlannedRun], list[Any]]:
+    """Local runs (or warm starts) from ``(spec, overrides, run folder)`` entries, and each one's ``TrainConfig``.
+
+    With ``validate`` (the default) each config is composed and validated here, once (:func:`compose_local`), and
+    the command reads it: ``--config-file <sweep folder>/launch/<name>.yaml``. Without, nothing is composed (the
+    TrainConfigs are None) and the command carries the overrides."""
+    sweep_dir = sweep_dir.resolve()
+    if config.validate:
+        composed = compose_local((spec.name, overrides) for spec, overrides, _ in entries)
+    else:
+        composed = [(None, None)] * len(entries)
+    planned = []
+    for (spec, overrides, run_dir), (resolved, _) in zip(entries, composed, strict=True):
+        config_file = None if resolved is None else sweep_dir / LAUNCH_FOLDER / f"{spec.name}.yaml"
+        arguments = list(overrides) if config_file is None else [CONFIG_FILE_FLAG, str(config_file)]
+        planned.append(PlannedRun(spec=spec, command=train_command(config, arguments), env=dict(env),
+                                  run_dir=run_dir, log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log",
+                                  overrides=tuple(overrides), config=resolved, config_file=config_file))
+    return planned, [train_config for _, train_config in composed]
 
 
 # Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them).
@@ -298,15 +356,13 @@ def local_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: 
     variants = list(dict.fromkeys(tuple(item for item in spec.axis_overrides
                                         if item.lstrip("+").split(".")[0].split("=")[0] in SFT_CACHE_GROUPS)
                                    for spec in specs))
-    planned = []
+    entries = []
     for index, axis_overrides in enumerate(variants):
         name = "sft" if len(variants) == 1 else f"sft-{index}"
-        overrides = sft_overrides(config, axis_overrides, sweep_dir, threads)
-        planned.append(PlannedRun(spec=RunSpec(name=name, seed=0), command=train_command(config, overrides),
-                                  env=thread_environment(threads), run_dir=sweep_dir / SFT_FOLDER,
-                                  log_path=sweep_dir / LOG_FOLDER / f"{name}.log"))
+        entries.append((RunSpec(name=name, seed=0), sft_overrides(config, axis_overrides, sweep_dir, threads),
+                        sweep_dir / SFT_FOLDER))
+    planned, train_configs = local_runs(config, entries, sweep_dir, thread_environment(threads))
     if config.validate:
-        parsed = validate_local((run.name, run.command[3:]) for run in planned)
-        planned = [run for run, train_config in zip(planned, parsed, strict=True)
+        planned = [run for run, train_config in zip(planned, train_configs, strict=True)
                    if not warm_start_cached(train_config)]
     return planned

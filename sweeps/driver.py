@@ -123,5 +123,5 @@ def _finish(plan: SweepPlan, session: SweepSession) -> int:
             exit_code = EXIT_FAILED
     elif exit_code <= 128:
         print(write_exports(plan.sweep_dir), flush=True)
-    print(f"sweep folder: {plan.sweep_dir}  (sweep.json, logs/, one run store per run)", flush=True)
+    print(f"sweep folder: {plan.sweep_dir}  (sweep.json, launch/, logs/, one run store per run)", flush=True)
     return exit_code

@@ -11,8 +11,8 @@ Layout::
 
     <entry> = {"run": name, "alpha": float | null, "seed": int, "mechanism_label": str | null, "eta": float | null,
                "axes": {key: value}, "backend": str, "state": "pending" | "running" | "completed" | "failed" |
-               "interrupted", "command": [argv], "env": {VAR: value}, "exit_code": int | null, "start": iso | null,
-               "end": iso | null, "wall_time_s": float (summed over attempts), "attempts": int,
+               "interrupted", "command": [argv], "overrides": [...], "env": {VAR: value}, "exit_code": int | null,
+               "start": iso | null, "end": iso | null, "wall_time_s": float (summed over attempts), "attempts": int,
                "log": "logs/<run>.log" (relative to the sweep folder), "run_dir": "<run>" (relative),
                "launch": {"pid": int} | {"job_id": str} | {}, "error": str | null}
 

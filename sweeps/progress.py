@@ -18,7 +18,7 @@ import math
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,8 +89,13 @@ class SFTLogTail:
         return (int(matches[-1][0]), int(matches[-1][1])) if matches else None
 
 
-def planned_total_steps(command: Sequence[str], run_dir: Path | None) -> int | None:
-    """A run's total RL steps: its ``trainer.total_steps=N`` override, else its run store's ``config.yaml``."""
+def planned_total_steps(command: Sequence[str], run_dir: Path | None,
+                        config: Mapping[str, Any] | None = None) -> int | None:
+    """A run's total RL steps: from its resolved ``config`` (a local run the driver composed), else its
+    ``trainer.total_steps=N`` override (a verl run, or a command that carries its overrides), else its run store's
+    ``config.yaml``."""
+    if config is not None:
+        return _config_total_steps(config)
     for argument in reversed(command):
         for prefix in TOTAL_STEPS_OVERRIDES:
             if argument.lstrip("+").startswith(prefix):
@@ -100,12 +105,19 @@ def planned_total_steps(command: Sequence[str], run_dir: Path | None) -> int | N
                     return None
     if run_dir is None:
         return None
-    try:
-        import yaml
+    from dataflex_rl.tracking.run_store import read_config
 
-        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    try:
+        return _config_total_steps(read_config(run_dir) or {})
+    except (OSError, ValueError):
+        return None
+
+
+def _config_total_steps(config: Mapping[str, Any]) -> int | None:
+    """``trainer.total_steps`` of a resolved train config, or None when it has none."""
+    try:
         return int(config["trainer"]["total_steps"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -219,11 +231,12 @@ class SweepView:
 
     # events
     def started(self, name: str, command: Sequence[str], run_dir: Path | None, log_path: Path,
-                warm_start: bool = False) -> None:
-        """A run (or the warm start, read from its log) was launched."""
+                warm_start: bool = False, config: Mapping[str, Any] | None = None) -> None:
+        """A run (or the warm start, read from its log) was launched; ``config``: its resolved config, when the
+        driver composed it."""
         reader: MetricsTail | SFTLogTail = SFTLogTail(log_path) if warm_start else MetricsTail(
             Path(run_dir) / "metrics.jsonl")
-        total = None if warm_start else planned_total_steps(command, run_dir)
+        total = None if warm_start else planned_total_steps(command, run_dir, config)
         run = ActiveRun(name=name, warm_start=warm_start, started=self.clock(), total=total, reader=reader)
         self.active[name] = run
         if self.progress is not None:

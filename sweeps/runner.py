@@ -208,6 +208,8 @@ class SweepRunner:
     def _entry(self, run: PlannedRun, warm_start: bool = False, **fields: Any) -> dict[str, Any]:
         base = {"log": str(run.log_path.relative_to(self.plan.sweep_dir.resolve())),
                 "command": list(run.command), "env": dict(run.env)}
+        if run.config_file is not None:  # the command reads the config: the overrides it was composed from
+            base["overrides"] = list(run.overrides)
         if not warm_start:
             base.update(run.spec.describe(), backend=self.plan.config.backend,
                         run_dir=str(run.run_dir.relative_to(self.plan.sweep_dir.resolve())))
@@ -251,6 +253,8 @@ class SweepRunner:
             attempt = int(entry.get("attempts", 0)) + 1
             write_log_header(run.log_path, attempt, run.shell_line())
         try:
+            for run in runs:  # written as each run starts: a refused or dry invocation writes none
+                run.write_config_file()
             jobs = self.launcher.launch(runs)
         except Exception as error:  # noqa: BLE001  (a launch that fails is that run's failure, reported as such)
             for run in runs:
@@ -265,7 +269,7 @@ class SweepRunner:
             self.say(f"started {job.run.name}  (log: {job.run.log_path})")
             if self.view is not None:
                 self.view.started(job.run.name, job.run.command, None if warm_start else job.run.run_dir,
-                                  job.run.log_path, warm_start=warm_start)
+                                  job.run.log_path, warm_start=warm_start, config=job.run.config)
         self.manifest.save()
         return jobs
 

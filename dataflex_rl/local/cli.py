@@ -1,21 +1,34 @@
-"""The local CPU backend's command line, behind ``python -m dataflex_rl.train [hydra overrides]`` (the public
-command, a thin module): compose ``conf/train.yaml``, refuse bad input before Hydra creates ``run_dir``, take the
-run's lock, check a resume, then warm start and train (:class:`dataflex_rl.local.trainer.GRPOTrainer`).
+"""The local CPU backend's command line, behind ``python -m dataflex_rl.train`` (the public command, a thin module).
+
+A run's config reaches the trainer composed once and validated once, by one of two ways:
+
+* ``python -m dataflex_rl.train [hydra overrides]``: ``conf/train.yaml`` composed here with Hydra's compose API;
+* ``python -m dataflex_rl.train --config-file PATH``: a resolved config the sweep driver composed and validated
+  (:func:`write_config_file`); nothing is composed.
+
+Then: parse it (:func:`~dataflex_rl.local.config.parse_train_config`, the one validation), refuse what must touch
+nothing (a bad value, a config that differs from the recorded run, another writer), take the run's lock, log to the
+console and ``<run_dir>/train.log`` (:func:`job_logging`), check a resume, warm start and train
+(:class:`dataflex_rl.local.trainer.GRPOTrainer`). Hydra's own flags (``--help``, ``--cfg job``, ``-m``, ...) go to
+Hydra's entry point (:func:`hydra_main`).
 
 Overrides, exit codes and the resume rules: :mod:`dataflex_rl.train`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 import traceback
 import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from dataflex_rl.validation import ConfigError, unknown_override_message
@@ -24,6 +37,12 @@ log = logging.getLogger("dataflex_rl.train")  # the public command's name, as tr
 # verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.
 warnings.filterwarnings("ignore", message=".*engine is not available", category=UserWarning)
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+# ``python -m dataflex_rl.train --config-file PATH``: a resolved config (the sweep driver's), not composed again.
+CONFIG_FILE_FLAG = "--config-file"
+# The console and train.log as Hydra's job logging wrote them (hydra/job_logging/default.yaml; the log is named after
+# the job, ``hydra.job.name: train`` in conf/train.yaml).
+LOG_FILE = "train.log"
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
 class _DropMessages(logging.Filter):
@@ -45,28 +64,48 @@ logging.getLogger("verl.plugin.platform.platform_manager").addFilter(
 
 
 def run(cfg: DictConfig | dict[str, Any]) -> int:
-    """Run one training run from a composed config; returns the process exit code."""
-    from dataflex_rl.local.config import parse_train_config
+    """One training run from a composed config, in this process (tests, benchmarks); returns the exit code.
 
+    The caller's logging stays as it is (the command line adds the console and ``train.log``: :func:`main`)."""
     resolved = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     resolved.pop("hydra", None)
     try:
+        config, lock = _admit(resolved)
+    except ConfigError as error:
+        return _refuse(str(error))
+    return _run_admitted(config, resolved, lock)
+
+
+def _admit(resolved: dict[str, Any]) -> tuple[Any, Any]:
+    """``(TrainConfig, the run's lock held)`` (no lock for ``mode=sft``): the one validation of a run's config,
+    then the refusals that touch nothing. Raises :class:`ConfigError`: a bad value, a config that differs from the
+    one recorded in ``run_dir`` (checked before the lock, so a refused resume leaves every file as it was), a run
+    being written by another process."""
+    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.tracking.run_store import RunLock, RunStoreError, check_resume
+
+    try:
         config = parse_train_config(resolved)
     except ConfigError as error:
-        return _refuse(f"bad config: {error}")
+        raise ConfigError(f"bad config: {error}") from None
     if config.mode == "sft":
-        return _run_validated(config, resolved)
-    from dataflex_rl.tracking.run_store import RunLock, RunLockedError
+        return config, None
+    run_dir = Path(config.run_dir)
+    if run_dir.is_dir():
+        try:
+            check_resume(run_dir, resolved)
+        except RunStoreError as error:  # a damaged store: the run itself reports it (_check_run_dir)
+            log.debug("resume check left to the run: %s", error)
+    return config, RunLock(run_dir).acquire()
 
-    lock = RunLock(config.run_dir)
-    try:
-        lock.acquire()
-    except RunLockedError as error:
-        return _refuse(str(error))
+
+def _run_admitted(config, resolved: dict[str, Any], lock) -> int:
+    """Train an admitted run (:func:`_admit`), then give its lock up."""
     try:
         return _run_validated(config, resolved)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _refuse(message: str) -> int:
@@ -202,17 +241,17 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
     return 0
 
 
-def precheck(overrides: list[str]) -> str | None:
-    """What Hydra would refuse, and what the run would refuse, before Hydra creates ``run_dir`` and its
-    ``train.log``: an override that does not compose (a key typo, an unknown task), a bad value, a config that
-    differs from the recorded one, a run being written by another process. Returns the refusal, or None."""
+# --- the command line ----------------------------------------------------------------------------------------
+def compose_train_config(overrides: Sequence[str]) -> dict[str, Any]:
+    """``conf/train.yaml`` composed with ``overrides`` (Hydra's compose API) and resolved, ``hydra`` block dropped.
+
+    Raises :class:`ConfigError` (``bad override: ...``) for an override that does not compose: a key typo (named
+    with the allowed keys), an unknown task, a value that does not resolve."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.tracking.run_store import ConfigMismatchError, RunLock, RunLockedError, check_resume
-
+    overrides = list(overrides)
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             try:
@@ -221,44 +260,112 @@ def precheck(overrides: list[str]) -> str | None:
                 unknown = unknown_override_message(
                     error, overrides, lambda others: compose(config_name="train", overrides=others))
                 if unknown:
-                    return f"bad override: {unknown}"
+                    raise ConfigError(f"bad override: {unknown}") from None
                 raise
         resolved = OmegaConf.to_container(composed, resolve=True)
-        config = parse_train_config(resolved)
     except (HydraException, OmegaConfBaseException) as error:
-        return f"bad override: {error}"
-    except ConfigError as error:
-        return f"bad config: {error}"
-    run_dir = Path(config.run_dir)
-    if config.mode == "sft" or not run_dir.is_dir():
-        return None
+        raise ConfigError(f"bad override: {error}") from None
+    resolved.pop("hydra", None)
+    return resolved
+
+
+def write_config_file(path: Path, resolved: Mapping[str, Any], comment: Sequence[str] = ()) -> None:
+    """Write a resolved config for ``--config-file``: ``comment`` lines first (``# ...``), then the config as the
+    run store writes ``config.yaml`` (YAML, keys in their given order); atomically (the run store's writer)."""
+    from dataflex_rl.tracking.run_store import atomic_write_bytes
+    from dataflex_rl.validation import to_plain
+
+    header = "".join("# " + line.replace("\r", "\\r").replace("\n", "\\n") + "\n" for line in comment)
+    text = yaml.safe_dump(to_plain(resolved), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (header + text).encode("utf-8"))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The resolved config in ``path`` (written by :func:`write_config_file`); :class:`ConfigError` naming the
+    file when it cannot be read or holds no mapping."""
+    path = Path(path)
     try:
-        check_resume(run_dir, resolved)
-        RunLock(run_dir).acquire().release()  # only a probe: the run takes the lock for its life in run()
-    except (ConfigMismatchError, RunLockedError) as error:
-        return str(error)
-    except ValueError as error:  # a damaged store: the run itself reports it
-        log.debug("precheck skipped: %s", error)
-    return None
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"config file {path} cannot be read: {error.strerror or error}") from None
+    try:
+        config = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"config file {path} holds a {type(config).__name__}, expected a resolved conf/train.yaml")
+    return config
+
+
+@contextlib.contextmanager
+def job_logging(run_dir: Path) -> Iterator[None]:
+    """For the block: INFO and above to the console (stdout) and appended to ``<run_dir>/train.log``, in the format
+    of Hydra's job logging (``hydra/job_logging/default.yaml``), which the command used before it composed its
+    config itself."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter(LOG_FORMAT)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout),
+                                       logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")]
+    root = logging.getLogger()
+    level, replaced = root.level, root.handlers[:]  # as Hydra's dictConfig: these handlers only, not an imported
+    for handler in replaced:                         # library's basicConfig one (every line would print twice)
+        root.removeHandler(handler)
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
+        for handler in replaced:
+            root.addHandler(handler)
+
+
+def run_command(resolved: dict[str, Any]) -> int:
+    """The command line's run of a resolved config: validated once, refused (exit 2, a message on stderr) before
+    anything is written to ``run_dir``, then trained with :func:`job_logging`; returns the exit code."""
+    try:
+        config, lock = _admit(resolved)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    with job_logging(Path(config.run_dir)):
+        return _run_admitted(config, resolved, lock)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
-    """Hydra's entry: run the composed config and exit with the run's own code (Hydra discards return values)."""
+    """Hydra's entry, for Hydra's own flags: run the composed config and exit with the run's own code (Hydra
+    discards return values)."""
     code = run(cfg)
     if code:
         sys.exit(code)
 
 
 def main() -> None:
-    """``python -m dataflex_rl.train``: refusals exit 2 before Hydra touches ``run_dir``; then Hydra runs it.
-
-    Hydra's own flags (``--help``, ``--cfg``, ``-m``, ...) go straight to Hydra.
-    """
+    """``python -m dataflex_rl.train``: ``--config-file PATH`` reads a resolved config (nothing is composed);
+    overrides are composed once; either is then validated once and run (:func:`run_command`). Exits with the run's
+    code. Hydra's own flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra's entry point."""
     arguments = sys.argv[1:]
-    if not any(argument.startswith("-") for argument in arguments):
-        refusal = precheck(arguments)
-        if refusal is not None:
-            print(f"error: {refusal}", file=sys.stderr)
-            sys.exit(2)
-    hydra_main()
+    try:
+        if arguments[:1] == [CONFIG_FILE_FLAG]:
+            if len(arguments) != 2:
+                raise ConfigError(f"{CONFIG_FILE_FLAG} takes one path and nothing else (the file is the whole "
+                                  f"config): python -m dataflex_rl.train {CONFIG_FILE_FLAG} PATH")
+            resolved = read_config_file(arguments[1])
+        elif any(argument.startswith("-") for argument in arguments):
+            hydra_main()
+            return
+        else:
+            resolved = compose_train_config(arguments)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    code = run_command(resolved)
+    if code:
+        sys.exit(code)

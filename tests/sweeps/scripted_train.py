@@ -7,8 +7,11 @@ prints ``SFT step i/n`` for ``sft.steps=n`` (same pace) and exits 0. The same ``
 the last logged step; a completed run exits 0 at once. SIGTERM marks the run interrupted (exit 130).
 ``SCRIPTED_TRAIN_FAIL=<run name>`` makes that run fail (exit 1, status failed). ``SCRIPTED_TRAIN_NOISE=<sd>`` adds
 ``sd * z`` to ``val/accuracy``, ``z`` a standard normal fixed by (alpha, seed), so seed-paired differences vary.
-A ``trainer.lr=<lr>`` override adds ``100 * lr`` to ``val/accuracy``. ``meta.json`` records the ``axes=[...]`` the
-driver passes, with the values of the command's own overrides (as the real trainer reads them from its config).
+A ``trainer.lr`` axis adds ``100 * lr`` to ``val/accuracy``. ``meta.json`` records the ``axes=[...]`` the driver
+passes, with the run's own values of those keys (as the real trainer reads them from its config).
+
+Its settings come as the real trainer's do: overrides (``key=value``; a key not given takes the stand-in's own
+default), or ``--config-file PATH``, the resolved config the driver composed (every key of ``conf/train.yaml``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from dataflex_rl.local.cli import CONFIG_FILE_FLAG, read_config_file
 from dataflex_rl.tracking.identity import RunIdentity, axis_name
-from dataflex_rl.tracking.run_store import RunStore, read_status
+from dataflex_rl.tracking.run_store import RunStore, flatten_config, read_status
 
 
 def _value(text: str) -> object:
@@ -33,26 +37,36 @@ def _value(text: str) -> object:
     return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
 
 
-def _axes(options: dict[str, str]) -> dict[str, object]:
-    keys = [key for key in options.get("axes", "[]").strip("[]").split(",") if key]
-    return {axis_name(key): _value(options[key]) if key in options else None for key in keys}
+def _axes(options: dict[str, object]) -> dict[str, object]:
+    return {axis_name(key): options.get(key) for key in options.get("axes") or []}
+
+
+def _options(argv: list[str]) -> dict[str, object]:
+    """The run's settings by dotted key: the flattened ``--config-file`` config, else the overrides (typed)."""
+    if argv[:1] == [CONFIG_FILE_FLAG]:
+        return flatten_config(read_config_file(argv[1]))
+    options: dict[str, object] = {}
+    for argument in argv:
+        key, _, value = argument.partition("=")
+        options[key.lstrip("+")] = _value(value)
+    if "axes" in options:
+        options["axes"] = [key for key in str(options["axes"]).strip("[]").split(",") if key]
+    return options
 
 
 def main(argv: list[str]) -> int:
-    options = {}
-    for argument in argv:
-        key, _, value = argument.partition("=")
-        options[key.lstrip("+")] = value
+    options = _options(argv)
     if options.get("mode") == "sft":
-        cache = Path(options.get("sft.cache_dir", ".cache/sft"))
+        cache = Path(str(options.get("sft.cache_dir", ".cache/sft")))
         cache.mkdir(parents=True, exist_ok=True)
         with open(cache / "sft_calls", "a") as calls:
             calls.write(" ".join(argv) + "\n")
-        for step in range(1, int(options.get("sft.steps", 0)) + 1):  # the progress lines the real SFT logs
+        steps = int(options.get("sft.steps", 0))
+        for step in range(1, steps + 1):  # the progress lines the real SFT logs
             time.sleep(float(os.environ.get("SCRIPTED_TRAIN_STEP_S", "0")))
-            print(f"SFT step {step}/{options['sft.steps']}: loss 1.0", file=sys.stderr, flush=True)
+            print(f"SFT step {step}/{steps}: loss 1.0", file=sys.stderr, flush=True)
         return 0
-    run_dir = Path(options["run_dir"])
+    run_dir = Path(str(options["run_dir"]))
     # Written through the run store's own writer (and its lock), as the real trainer does.
     store = RunStore(run_dir)
     lock = store.lock()
@@ -62,10 +76,10 @@ def main(argv: list[str]) -> int:
     alpha = float(options.get("dataflex.actuator.params.alpha", 0.5))
     seed = int(options.get("seed", 1))
     total = int(options.get("trainer.total_steps", 3))
-    name = options.get("run_name", run_dir.name)
-    store.write_meta(RunIdentity(sweep=options.get("sweep") or "scripted", run=name, backend="local",
-                                 mechanism="reweight", alpha=alpha, seed=seed, config_hash="scripted",
-                                 axes=_axes(options)))
+    name = str(options.get("run_name") or run_dir.name)
+    axes = _axes(options)
+    store.write_meta(RunIdentity(sweep=str(options.get("sweep") or "scripted"), run=name, backend="local",
+                                 mechanism="reweight", alpha=alpha, seed=seed, config_hash="scripted", axes=axes))
     step = store.last_logged_step() or 0
 
     def stop(signum, frame):
@@ -79,7 +93,7 @@ def main(argv: list[str]) -> int:
         return 1
     step_seconds = float(os.environ.get("SCRIPTED_TRAIN_STEP_S", "0"))
     noise = float(os.environ.get("SCRIPTED_TRAIN_NOISE", "0")) * random.Random(f"{alpha}-{seed}").gauss(0.0, 1.0)
-    noise += 100.0 * float(options.get("trainer.lr", 0.0))
+    noise += 100.0 * float(axes.get(axis_name("trainer.lr")) or 0.0)
     while step < total:
         time.sleep(step_seconds)
         step += 1

@@ -46,7 +46,7 @@ def test_the_sweep_runs_the_paper_ablation_with_the_experiment_first():
     assert len(specs) == 4 * len(config.seeds)
     assert default_name(config).startswith("kk-")
     runs = plan_runs(config, specs[:2], "kk-test", CONF_DIR.parent / "runs" / "kk-test", 1)
-    assert all(run.command[3] == "experiment=kk" for run in runs), runs[0].command
+    assert all(run.overrides[0] == "experiment=kk" for run in runs), runs[0].overrides
     extra = config_of("experiment=kk", "extra=[trainer.lr=3e-4]")
     assert extra.extra == ("experiment=kk", "trainer.lr=3e-4")  # EXTRA adds to the experiment, never replaces it
     assert config_of("experiment=kk", "seeds=1,2").seeds == (1, 2)

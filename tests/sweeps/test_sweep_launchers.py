@@ -36,7 +36,7 @@ def test_slurm_launcher_runs_a_job_array_through_submitit(tmp_path, repo_on_path
     assert (runs["a0.5-s1"]["state"], runs["a0.5-s1"]["exit_code"]) == ("completed", 0)
     assert (runs["a0.0-s1"]["state"], runs["a0.0-s1"]["exit_code"]) == ("failed", 1)
     assert runs["a0.5-s1"]["launch"]["job_id"] and runs["a0.0-s1"]["launch"]["job_id"]
-    assert runs["a0.5-s1"]["command"][-1] == "threads=1"  # threads = slurm.cpus_per_task
+    assert runs["a0.5-s1"]["overrides"][-1] == "threads=1"  # threads = slurm.cpus_per_task
     assert "scripted run a0.5-s1 completed at step 2" in (sweep_dir / "logs" / "a0.5-s1.log").read_text()
     assert (sweep_dir / "submitit").is_dir()
     # The failed run is launched again by the same command; the completed one is not.

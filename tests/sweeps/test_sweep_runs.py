@@ -37,7 +37,7 @@ def test_sweep_completes_both_runs_then_skips_them(tmp_path, sft_cache, capsys):
     assert list(runs) == ["a0.0-s1", "a0.5-s1"]  # the alpha = 0 baseline was added
     for name, entry in runs.items():
         assert (entry["state"], entry["exit_code"], entry["attempts"]) == ("completed", 0, 1)
-        assert entry["command"][-2:] == [f"run_name={name}", "threads=1"]  # 2 cores / 2 jobs
+        assert entry["overrides"][-2:] == [f"run_name={name}", "threads=1"]  # 2 cores / 2 jobs
         assert entry["env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         run_dir = sweep_dir / name
         assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"

@@ -220,9 +220,14 @@ def test_a_damaged_sft_cache_is_named_with_its_fix(tmp_path, sft_cache):
     import shutil
 
     assert run(compose_train(tiny_overrides(tmp_path / "first", sft_cache, steps=1))) == 0
+    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.local.sft import sft_cache_key
+
     cache = tmp_path / "cache"
-    shutil.copytree(sft_cache, cache)
-    (entry,) = [path for path in cache.iterdir() if (path / "done.json").is_file()]
+    shutil.copytree(sft_cache, cache)  # the session's cache may hold other tests' warm starts too
+    config = parse_train_config(compose_train(tiny_overrides(tmp_path / "first", cache, steps=1)))
+    entry = cache / sft_cache_key(config.model, config.task, config.sft)
+    assert (entry / "done.json").is_file()
     (entry / "model.safetensors").write_bytes(b"\x00" * 16)
     run_dir = tmp_path / "run"
     overrides = [item for item in tiny_overrides(run_dir, cache, steps=1)]

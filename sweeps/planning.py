@@ -198,21 +198,13 @@ def evaluations_in(steps: int, val_every: int) -> int:
 
 
 def run_shape(config: Any) -> tuple[int, int, int]:
-    """``(RL steps, validation items, validations)`` of one local run of ``config``: the trainer defaults
-    (``conf/trainer/grpo.yaml``, ``conf/task/arithmetic.yaml``) under the sweep's ``steps`` and ``extra`` overrides."""
-    from omegaconf import OmegaConf
+    """``(RL steps, validation items, validations)`` of one local run of ``config``, read from the resolved run
+    config its common settings compose (:func:`sweeps.commands.common_config`: the trainer defaults under the
+    sweep's ``steps``, experiment and ``extra`` overrides)."""
+    from sweeps.commands import common_config
 
-    from sweeps.config import CONF_DIR
-
-    trainer = OmegaConf.load(CONF_DIR / "trainer" / "grpo.yaml")
-    task = OmegaConf.load(CONF_DIR / "task" / "arithmetic.yaml")
-    values = {"trainer.total_steps": trainer.total_steps, "trainer.val_size": trainer.val_size,
-              "trainer.val_every": trainer.val_every, "task.test_size": task.test_size}
-    for item in config.extra:
-        key, _, value = item.lstrip("+").partition("=")
-        if key in values and value.isdigit():
-            values[key] = int(value)
-    steps = int(config.steps or values["trainer.total_steps"])
+    values = common_config(config)
+    steps = int(values["trainer.total_steps"])
     val_items = min(int(values["trainer.val_size"]), int(values["task.test_size"]))
     return steps, val_items, evaluations_in(steps, int(values["trainer.val_every"]))
 

@@ -13,7 +13,6 @@ places that know those formats.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -27,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from dataflex_rl import keys
+from dataflex_rl.tracking.run_store import METRICS_JSONL, JsonlTail
 
 SFT_LINE = re.compile(rb"SFT step (\d+)/(\d+)")
 TOTAL_STEPS_OVERRIDES = ("trainer.total_steps=", "trainer.total_training_steps=")
@@ -34,40 +34,6 @@ PLAIN_MILESTONES = 10  # plain mode prints a run's progress each time it passes 
 
 
 # --- run store readers -------------------------------------------------------------------------------------------
-class MetricsTail:
-    """The records appended to a run's ``metrics.jsonl`` since the last :meth:`read` (a partial last line waits
-    for its newline). A file that shrank (a resume truncated it) is read again from the start."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.offset = 0
-        self.partial = b""
-
-    def read(self) -> list[dict[str, Any]]:
-        """New complete records (dicts with an integer ``step``); [] when the file does not exist yet."""
-        try:
-            size = self.path.stat().st_size
-            if size < self.offset:
-                self.offset, self.partial = 0, b""
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        records = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-        return records
-
-
 class SFTLogTail:
     """The last ``SFT step i/n`` line written to a warm start's log since the last :meth:`read`."""
 
@@ -134,7 +100,7 @@ class ActiveRun:
     warm_start: bool
     started: float
     total: int | None
-    reader: MetricsTail | SFTLogTail
+    reader: JsonlTail | SFTLogTail
     step: int = 0
     reward: float | None = None
     accuracy: float | None = None
@@ -234,8 +200,8 @@ class SweepView:
                 warm_start: bool = False, config: Mapping[str, Any] | None = None) -> None:
         """A run (or the warm start, read from its log) was launched; ``config``: its resolved config, when the
         driver composed it."""
-        reader: MetricsTail | SFTLogTail = SFTLogTail(log_path) if warm_start else MetricsTail(
-            Path(run_dir) / "metrics.jsonl")
+        reader: JsonlTail | SFTLogTail = SFTLogTail(log_path) if warm_start else JsonlTail(
+            Path(run_dir) / METRICS_JSONL)
         total = None if warm_start else planned_total_steps(command, run_dir, config)
         run = ActiveRun(name=name, warm_start=warm_start, started=self.clock(), total=total, reader=reader)
         self.active[name] = run

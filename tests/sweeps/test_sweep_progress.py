@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from sweeps.progress import MetricsTail, SFTLogTail, SweepView, format_duration, planned_total_steps
+from dataflex_rl.tracking.run_store import JsonlTail
+from sweeps.progress import SFTLogTail, SweepView, format_duration, planned_total_steps
 
 from .conftest import REPO, SCRIPTED_TRAIN
 
@@ -25,7 +26,7 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\r")
 
 def test_metrics_tail_reads_only_new_complete_lines(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    tail = MetricsTail(path)
+    tail = JsonlTail(path)
     assert tail.read() == []  # no file yet
     path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x"')
     assert [r["step"] for r in tail.read()] == [1]  # the partial line waits

@@ -49,7 +49,7 @@ from dataflex_rl.tracking.run_store.fingerprint import (
     config_fingerprint,
     flatten_config,
 )
-from dataflex_rl.tracking.run_store.jsonl import read_jsonl
+from dataflex_rl.tracking.run_store.jsonl import JsonlTail, read_jsonl
 from dataflex_rl.tracking.run_store.lock import RunLock, RunLockedError
 from dataflex_rl.tracking.run_store.reader import (
     final_value,
@@ -127,6 +127,7 @@ __all__ = [
     "read_metrics",
     "read_status",
     "remove_stale_temporaries",
+    "JsonlTail",
     "read_json_object",
     "utc_now",
 ]

@@ -120,3 +120,37 @@ def append_record(handle: BinaryIO, record: Mapping[str, Any]) -> None:
     while data:  # a raw write may be short (signal, near-full disk): write the rest
         data = data[handle.write(data) :]
 
+
+class JsonlTail:
+    """The records appended to a run store's jsonl file (``metrics.jsonl``) since the last :meth:`read`, while the
+    run writes it: a partial last line waits for its newline, and a file that shrank (a resume truncated it) is read
+    again from the start."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = pathlib.Path(path)
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        """New complete records (dicts with an integer ``step``); [] when the file does not exist yet."""
+        try:
+            size = self.path.stat().st_size
+            if size < self.offset:
+                self.offset, self.partial = 0, b""
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+        return records

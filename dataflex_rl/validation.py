@@ -156,3 +156,27 @@ def unknown_override_message(error: BaseException, overrides: list[str] | tuple[
         return f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}"
     return (f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}; allowed keys"
             f"{' of ' + parent if parent else ''}: {', '.join(allowed)}")
+
+
+# Hydra override values: text that needs no quotes, and words Hydra would read as another type.
+_PLAIN_VALUE = re.compile(r"[A-Za-z_/][\w\-./]*")
+_HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` written in Hydra's override grammar, strings quoted only when they need it (the one quoter of
+    override values: sweep commands, paths, verl arguments)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    text = str(value)
+    if _PLAIN_VALUE.fullmatch(text) and text.lower() not in _HYDRA_RESERVED:
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -23,7 +23,6 @@ backend does); W&B's group comes from ``WANDB_RUN_GROUP``.
 from __future__ import annotations
 
 import dataclasses
-import re
 import shlex
 import sys
 from collections.abc import Iterable, Sequence
@@ -33,14 +32,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dataflex_rl.local.cli import CONFIG_FILE_FLAG, write_config_file
-from dataflex_rl.validation import ConfigError, unknown_override_message
+from dataflex_rl.validation import ConfigError, hydra_value, unknown_override_message
 from dataflex_rl.verl.check import quiet_verl_import
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig, check_no_env_interpolation
 from dataflex_rl.keys import ALPHA_KEY, ETA_KEY
 from dataflex_rl.tracking.identity import format_number
 from sweeps.grid import RunSpec, parse_extra
 
-_PLAIN = re.compile(r"[\w\-./]+")
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LOG_FOLDER = "logs"
 LAUNCH_FOLDER = "launch"  # <sweep>/launch/<run>.yaml: the resolved config a local run's command reads
@@ -92,14 +90,6 @@ class PlannedRun:
         ])
 
 
-def hydra_path(path: Path) -> str:
-    """A path as a Hydra override value (quoted when it holds characters Hydra's grammar would read)."""
-    text = str(path)
-    if _PLAIN.fullmatch(text):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def thread_environment(threads: int | None) -> dict[str, str]:
     """OpenMP/MKL thread caps, so the BLAS pools of parallel runs never oversubscribe the cores."""
     if threads is None:
@@ -121,7 +111,7 @@ def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: P
     overrides += [*common, *spec.overrides]
     if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
         overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
-    overrides += [f"run_dir={hydra_path(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}"]
+    overrides += [f"run_dir={hydra_value(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}"]
     if threads is not None:
         overrides.append(f"threads={threads}")
     return overrides
@@ -131,7 +121,7 @@ def sft_overrides(config: SweepConfig, axis_overrides: Sequence[str], sweep_dir:
                   threads: int | None) -> list[str]:
     """``mode=sft`` with the common overrides and one set of extra-axis values (the SFT cache key's inputs)."""
     common, _ = parse_extra(config.extra)
-    overrides = [*common, *axis_overrides, "mode=sft", f"run_dir={hydra_path(sweep_dir / SFT_FOLDER)}"]
+    overrides = [*common, *axis_overrides, "mode=sft", f"run_dir={hydra_value(sweep_dir / SFT_FOLDER)}"]
     if threads is not None:
         overrides.append(f"threads={threads}")
     return overrides
@@ -235,8 +225,6 @@ def warm_start_cached(train_config: Any) -> bool:
 # --- verl backend ------------------------------------------------------------------------------------------------
 def preset_overrides(name: str) -> list[str]:
     """``dataflex.<key>=<value>`` for every leaf of ``conf/dataflex/<name>.yaml`` (verl has no preset groups)."""
-    from dataflex_rl.verl.command import hydra_value
-
     def leaves(node: object, prefix: str) -> Iterable[str]:
         if isinstance(node, dict) and node:
             for key, value in node.items():
@@ -249,7 +237,7 @@ def preset_overrides(name: str) -> list[str]:
 
 def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
     """The verl argv of one run (validated by the command builder: bad dataflex values raise ConfigError)."""
-    from dataflex_rl.verl.command import build_verl_command, hydra_value, resolve_experiment
+    from dataflex_rl.verl.command import build_verl_command, resolve_experiment
 
     experiment = resolve_experiment(config.verl_experiment)
     check_no_env_interpolation(f"verl_experiment = {str(experiment)!r}", experiment.read_text(encoding="utf-8"))
@@ -264,15 +252,15 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
     if config.steps is not None:
         extra.append(f"trainer.total_training_steps={config.steps}")
     extra += [*common, *spec.axis_overrides, f"trainer.experiment_name={spec.name}",
-              f"trainer.default_local_dir={hydra_path(sweep_dir / spec.name / 'checkpoints')}",
-              f"+dataflex_run.dir={hydra_path(sweep_dir / spec.name)}", f"+dataflex_run.sweep={hydra_value(sweep)}",
+              f"trainer.default_local_dir={hydra_value(sweep_dir / spec.name / 'checkpoints')}",
+              f"+dataflex_run.dir={hydra_value(sweep_dir / spec.name)}", f"+dataflex_run.sweep={hydra_value(sweep)}",
               f"+dataflex_run.name={hydra_value(spec.name)}", f"+dataflex_run.seed={spec.seed}"]
     if spec.mechanism:
         extra.append(f"+dataflex_run.mechanism_label={spec.mechanism}")
     if spec.axis_keys:
         extra.append(f"+dataflex_run.axes=[{','.join(spec.axis_keys)}]")
     if verl_prepare_block(config) is not None:
-        extra.append(f"prepared={hydra_path(sweep_dir / PREPARED_FOLDER)}")
+        extra.append(f"prepared={hydra_value(sweep_dir / PREPARED_FOLDER)}")
     try:
         return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
     except ConfigError as error:

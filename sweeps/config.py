@@ -36,6 +36,7 @@ from dataflex_rl.validation import (
     check_int_at_least,
     check_number,
     check_seed,
+    hydra_value,
     to_plain,
     unknown_override_message,
 )
@@ -363,11 +364,6 @@ def _split_top_level(text: str, separator: str = ",") -> list[str]:
     return pieces
 
 
-def _quote(text: str) -> str:
-    """``text`` as a single-quoted Hydra string (backslashes and quotes escaped)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def split_extra(text: str) -> list[str]:
     """Overrides from ``make sweep EXTRA=...``: separated by spaces; ``a=1,b=2`` (every piece a ``key=value``) is
     two overrides, while ``a=1,2`` stays one (a Hydra sweep over ``a``: a grid axis)."""
@@ -392,7 +388,7 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
             stripped = value.strip()
             inner = stripped[1:-1] if stripped.startswith("[") and stripped.endswith("]") else stripped
             if not inner.lstrip().startswith(("'", '"')):  # already Hydra's quoted list: leave it
-                argument = "extra=[" + ",".join(_quote(item) for item in split_extra(inner)) + "]"
+                argument = "extra=[" + ",".join(hydra_value(item) for item in split_extra(inner)) + "]"
         normalized.append(argument)
     return normalized
 

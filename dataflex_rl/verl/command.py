@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -38,14 +37,12 @@ from omegaconf.errors import OmegaConfBaseException
 from dataflex_rl.actuators import ACTUATORS
 from dataflex_rl.config import parse_dataflex_config
 from dataflex_rl.scorers import SCORERS
-from dataflex_rl.validation import ConfigError, to_plain
+from dataflex_rl.validation import ConfigError, hydra_value, to_plain
 
 TRAINER_MODE_OVERRIDE = "trainer.v1.trainer_mode=dataflex_sync"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
 # A Hydra override value that needs no quotes: an identifier-like word or a path, not a reserved word.
-_PLAIN_VALUE = re.compile(r"[A-Za-z_/][\w\-./]*")
-_HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
 # An experiment's ``platform``: None (verl's own accelerator detection) or "cpu" (verl's CPU mode).
 PLATFORMS = (None, "cpu")
 
@@ -139,24 +136,6 @@ def merge_dataflex(block: Any, overrides: Sequence[str]) -> dict[str, Any]:
             merged[component] = {"name": new_name, "params": {key: params[key] for key in params if key in known}}
         merged = OmegaConf.merge(merged, parsed)
     return parse_dataflex_config(merged).to_dict()
-
-
-def hydra_value(value: Any) -> str:
-    """``value`` written in Hydra's override grammar (strings quoted only when they need it)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(item) for item in value) + "]"
-    text = str(value)
-    if _PLAIN_VALUE.fullmatch(text) and text.lower() not in _HYDRA_RESERVED:
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def dataflex_arguments(block: Mapping[str, Any], prefix: str = "dataflex") -> list[str]:

@@ -8,8 +8,8 @@ parsing and no join with ``meta.json``:
 - ``runs.parquet``: the run table of :func:`analysis.load.load_sweep` (identity, state, exclusion reason, timings,
   the resolved config as ``config.<key>`` columns), one row per run, excluded runs included.
 
-The other swept factors are the run's axes (``meta.json``'s ``axes``; for older stores the axes ``sweep.json``'s
-grid names, read from each run's resolved config), as columns named by the axis (``eta``, ``trainer.lr``). Written
+The other swept factors are the run's axes (``meta.json``'s ``axes``), as columns named by the axis (``eta``,
+``trainer.lr``). Written
 at the end of a sweep and by ``python -m analysis.report``; both files are replaced atomically.
 """
 
@@ -22,7 +22,6 @@ import pandas as pd
 
 from analysis.frames import SweepData, factor_columns, parquet_safe, write_parquet_atomic
 from analysis.load import load_sweep
-from analysis.load import swept_factors  # noqa: F401 - swept_factors kept here
 
 METRICS_FILE = "metrics.parquet"
 RUNS_FILE = "runs.parquet"

@@ -65,7 +65,6 @@ from analysis.frames import (
     write_parquet_atomic,
 )
 from analysis.wandb_runs import DEFAULT_CACHE_DIR, WANDB_IDENTITY_KEYS, WANDB_STATES, load_wandb
-from dataflex_rl.keys import ETA_KEY
 from dataflex_rl.tracking import run_store
 
 # The loaders and the table vocabulary live in analysis.frames / analysis.wandb_runs / analysis.wandb_offline;
@@ -77,7 +76,7 @@ __all__ = [
     "empty_histogram_table", "factor_columns", "find_run_dirs", "flatten_config", "load_histograms", "load_runs",
     "load_sweep", "load_wandb", "load_wandb_offline", "make_run_table", "parquet_safe", "read_histograms_file",
     "read_manifest", "read_metrics_jsonl", "read_metrics_parquet", "read_run_metrics", "resolve_sweep_dir",
-    "swept_factors", "write_parquet_atomic",
+    "write_parquet_atomic",
 ]
 
 logger = logging.getLogger(__name__)
@@ -294,18 +293,6 @@ def describe_run(
     # the identity columns already hold alpha, seed and the preset label; the other axes become factor columns
     row["factors"] = axis_factors(meta.get("axes"))
     return row
-
-
-def swept_factors(manifest: Mapping[str, Any] | None) -> dict[str, str]:
-    """``{factor column: run-table config column}`` of the factors ``sweep.json``'s grid names beyond the identity
-    columns (``eta`` and each ``extra`` axis)."""
-    grid = (manifest or {}).get("grid") or {}
-    factors: dict[str, str] = {}
-    if grid.get("eta"):
-        factors["eta"] = f"config.{ETA_KEY}"
-    for key in grid.get("axes") or {}:
-        factors[str(key).lstrip("+~")] = f"config.{str(key).lstrip('+~')}"
-    return factors
 
 
 def add_run_columns(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:

@@ -64,7 +64,7 @@ def write_fake_run(
     ``metrics.jsonl`` only (a run still going, or one that crashed before compaction), ``both`` writes both.
     ``histograms``: dicts ``{"step", "name", "edges" (k+1,), "counts" (k,)}``, written to ``histograms.parquet``
     (or ``histograms.jsonl`` when ``metrics_format == "jsonl"``). ``axes``: the run's grid axes as ``meta.json``
-    records them (``{"alpha": 0.5, "trainer.lr": 1e-4, "seed": 1}``); None writes a store from before axes.
+    records them (``{"alpha": 0.5, "trainer.lr": 1e-4, "seed": 1}``); None writes a store with no axes (a run outside a grid).
     """
     if metrics_format not in METRICS_FORMATS:
         raise ValueError(f"metrics_format={metrics_format!r} is not one of {METRICS_FORMATS}")

@@ -88,7 +88,7 @@ def load_wandb_offline(
 
     ``metrics``: keys or ``fnmatch`` globs to load (default all); ``include_incomplete``: also load runs that did not
     exit with code 0 (they stay flagged by ``state``). The runs' recorded axes become factor columns, as in
-    :func:`analysis.load.load_sweep`; a run logged before axes were recorded has alpha and seed only.
+    :func:`analysis.load.load_sweep`; a run without recorded axes (outside a grid) has alpha and seed only.
     """
     tables = WandbTables()
     for path in run_files(root):

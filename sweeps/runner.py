@@ -138,17 +138,6 @@ def unreadable_record(run_dir: Path) -> str | None:
     return None
 
 
-def final_metric(run_dir: Path, key: str) -> float | None:
-    """The last logged value of ``key`` (the run store's :func:`~dataflex_rl.tracking.run_store.final_value`), or
-    None."""
-    from dataflex_rl.tracking import run_store
-
-    try:
-        return run_store.final_value(run_dir, key)
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 def describe_exit(outcome: Outcome) -> str | None:
     """The error recorded for a run's end: the launcher's message, the killing signal or the exit code; None
     for a clean exit."""

@@ -16,7 +16,8 @@ from sweeps.config import normalize_argv, split_extra
 from sweeps.driver import concurrency, default_name
 from sweeps.grid import expand_grid, parse_extra
 from sweeps.manifest import Manifest
-from sweeps.runner import SweepRunner, final_metric, mark_run_store
+from sweeps.planning import final_window_mean
+from sweeps.runner import SweepRunner, mark_run_store
 
 from .conftest import REPO
 
@@ -185,8 +186,8 @@ def test_final_metric_reads_the_last_logged_value(tmp_path):
     lines = [{"step": 0, "val/accuracy": 0.25}, {"step": 1, "critic/score/mean": 1.0},
              {"step": 2, "val/accuracy": 0.75}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert final_metric(tmp_path, "val/accuracy") == 0.75
-    assert final_metric(tmp_path, "actor/grad_norm") is None
+    assert final_window_mean(tmp_path, "val/accuracy", window=1) == 0.75
+    assert final_window_mean(tmp_path, "actor/grad_norm", window=1) is None
 
 
 def planned(tmp_path, *argv: str):

@@ -1,38 +1,92 @@
-"""Progress bars (tqdm) that stay quiet when stderr is not a terminal (CI, sweep logs).
+"""Progress bars (rich, as the sweep driver's live view) that stay quiet when stderr is not a terminal (CI, sweep
+logs).
 
-In a terminal, log records emitted while a bar is open go through ``tqdm.write`` (tqdm's logging redirect), so a
-log line never lands on the bar's own line; postfix values that are logged only now and then (validation accuracy)
-keep their last value between updates instead of showing ``nan``.
+In a terminal, log records emitted while a bar is open print above it, never on the bar's own line: rich's live
+display redirects ``sys.stderr`` through itself, and the logging handlers that wrote to the terminal write to that
+redirected stream until the bar closes. Postfix values that are logged only now and then (validation accuracy) keep
+their last value between updates instead of showing ``nan``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+class Bar:
+    """One open bar: :meth:`update` advances it, :meth:`set_postfix` sets the text after it (``postfix``). Without a
+    terminal it only keeps count."""
+
+    def __init__(self, progress: Progress | None = None, task: TaskID | None = None, completed: int = 0) -> None:
+        self.progress = progress
+        self.task = task
+        self.n = completed
+        self.postfix = ""
+        self.latest: dict[str, str] = {}
+
+    def update(self, steps: int = 1) -> None:
+        """Advance by ``steps``."""
+        self.n += steps
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, advance=steps)
+
+    def set_postfix(self, **values: str) -> None:
+        """Show ``name=value`` pairs after the bar."""
+        self.postfix = ", ".join(f"{name}={value}" for name, value in values.items())
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, postfix=self.postfix)
 
 
 @contextmanager
-def progress_bar(total: int, desc: str, initial: int = 0) -> Iterator[tqdm]:
-    """A tqdm bar over ``total`` steps (disabled without a terminal); logging is redirected through it while open."""
-    enabled = sys.stderr.isatty()
-    with tqdm(total=total, desc=desc, initial=initial, disable=not enabled, dynamic_ncols=True, leave=False) as bar:
-        if not enabled:
-            yield bar
-            return
-        with logging_redirect_tqdm():
-            yield bar
+def _logging_through(stream: object, original: object) -> Iterator[None]:
+    """Point the root logger's stream handlers that write to ``original`` at ``stream`` while open."""
+    moved = [handler for handler in logging.getLogger().handlers
+             if isinstance(handler, logging.StreamHandler) and handler.stream is original]
+    for handler in moved:
+        handler.setStream(stream)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        for handler in moved:
+            handler.setStream(original)  # type: ignore[arg-type]
 
 
-def show_latest(bar: tqdm, **values: float | None) -> None:
-    """``bar.set_postfix`` with each value formatted ``.3f``; a missing or non-finite value keeps the last one shown."""
-    latest = bar.__dict__.setdefault("_latest_postfix", {})
+@contextmanager
+def progress_bar(total: int, desc: str, initial: int = 0) -> Iterator[Bar]:
+    """A bar over ``total`` steps (only counting without a terminal); logging prints above it while open."""
+    terminal = sys.stderr
+    if not terminal.isatty():
+        yield Bar(completed=initial)
+        return
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), TextColumn("{task.fields[postfix]}"),
+                        console=Console(file=terminal, force_terminal=True), transient=True, redirect_stderr=True,
+                        redirect_stdout=False)
+    with progress:
+        task = progress.add_task(desc, total=total, completed=initial, postfix="")
+        with _logging_through(sys.stderr, terminal):  # sys.stderr: rich's proxy while the bar is live
+            yield Bar(progress, task, completed=initial)
+
+
+def show_latest(bar: Bar, **values: float | None) -> None:
+    """:meth:`Bar.set_postfix` with each value formatted ``.3f``; a missing or non-finite value keeps the last one
+    shown."""
     for name, value in values.items():
         if value is not None and math.isfinite(value):
-            latest[name] = f"{value:.3f}"
-    if latest:
-        bar.set_postfix(latest, refresh=False)
+            bar.latest[name] = f"{value:.3f}"
+    if bar.latest:
+        bar.set_postfix(**bar.latest)

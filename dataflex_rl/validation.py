@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import re
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["SEED_MODULUS", "ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
-           "check_non_negative_int", "check_number", "check_seed", "check_unit_interval", "to_plain", "unknown_keys",
-           "unknown_override_message"]
+           "check_non_negative_int", "check_number", "check_seed", "check_unit_interval", "to_plain", "unknown_keys"]
 
 # A run's per-step RNG seeds are taken modulo this prime (:func:`dataflex_rl.local.trainer.step_seed`), so a run seed
 # is allowed in [0, SEED_MODULUS - 1] only: there distinct seeds give distinct per-step seeds, while a larger seed
@@ -125,58 +123,3 @@ def check_number(key: str, value: Any, *, minimum: float | None = None, exclusiv
     if minimum is not None and (float(value) <= minimum if exclusive else float(value) < minimum):
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be {'>' if exclusive else '>='} {minimum}")
     return float(value)
-
-
-_NOT_IN_CONFIG = re.compile(r"Could not override '([^']+)'")
-
-
-def unknown_override_message(error: BaseException, overrides: list[str] | tuple[str, ...],
-                             compose: Any) -> str | None:
-    """For Hydra's refusal of an override whose key the config lacks (``Could not override 'trainer.lrr'``, which
-    suggests ``+trainer.lrr``, refused in turn): ``"trainer.lrr = '1e-3' is not allowed: trainer has no key 'lrr';
-    allowed keys of trainer: ..."``. ``compose(overrides)`` composes the config with the other overrides (the keys
-    listed are those of the groups they pick). None for any other error."""
-    found = _NOT_IN_CONFIG.search(str(error))
-    if not found:
-        return None
-    key = found.group(1)
-    given = [item for item in overrides if item.lstrip("+~").split("=", 1)[0] == key]
-    value = given[-1].split("=", 1)[1] if given and "=" in given[-1] else None
-    parent, _, leaf = key.rpartition(".")
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        base = compose([item for item in overrides if item not in given])
-        node = OmegaConf.select(base, parent) if parent else base
-        allowed = [str(name) for name in node.keys()] if isinstance(node, DictConfig) else None
-    except Exception:  # noqa: BLE001  (the listing is a courtesy; the refusal stands without it)
-        allowed = None
-    where = parent or "the config"
-    if allowed is None:
-        return f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}"
-    return (f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}; allowed keys"
-            f"{' of ' + parent if parent else ''}: {', '.join(allowed)}")
-
-
-# Hydra override values: text that needs no quotes, and words Hydra would read as another type.
-_PLAIN_VALUE = re.compile(r"[A-Za-z_/][\w\-./]*")
-_HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
-
-
-def hydra_value(value: Any) -> str:
-    """``value`` written in Hydra's override grammar, strings quoted only when they need it (the one quoter of
-    override values: sweep commands, paths, verl arguments)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(item) for item in value) + "]"
-    text = str(value)
-    if _PLAIN_VALUE.fullmatch(text) and text.lower() not in _HYDRA_RESERVED:
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -22,6 +22,7 @@ from sweeps.commands import (
     local_overrides,
     local_runs,
     local_warm_starts,
+    planned_steps,
     thread_environment,
     validate_verl,
     verl_command,
@@ -42,6 +43,7 @@ class Backend:
     name: str = ""
     # False: the backend manages its own threads, so the driver passes no thread count.
     sets_threads: bool = True
+    steps_key: str = "trainer.total_steps"  # the run config key of its RL steps
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                 threads: int | None) -> tuple[str, ...]:
@@ -74,7 +76,8 @@ class Backend:
         sweep_dir = sweep_dir.resolve()
         planned = [PlannedRun(spec=spec, command=self.command(config, spec, sweep, sweep_dir, threads),
                               env=self.environment(config, sweep, spec, threads), run_dir=sweep_dir / spec.name,
-                              log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log") for spec in specs]
+                              log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log",
+                              total_steps=planned_steps(config, self.steps_key)) for spec in specs]
         self.validate(config, planned)
         return planned
 
@@ -113,6 +116,7 @@ class VerlBackend(Backend):
 
     name = "verl"
     sets_threads = False
+    steps_key = "trainer.total_training_steps"
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                 threads: int | None) -> tuple[str, ...]:

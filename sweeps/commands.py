@@ -32,12 +32,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dataflex_rl.local.cli import CONFIG_FILE_FLAG, write_config_file
-from dataflex_rl.validation import ConfigError, hydra_value, unknown_override_message
+from dataflex_rl.overrides import hydra_value, unknown_override_message
+from dataflex_rl.validation import ConfigError
 from dataflex_rl.verl.check import quiet_verl_import
 from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig, check_no_env_interpolation
-from dataflex_rl.keys import ALPHA_KEY, ETA_KEY
-from dataflex_rl.tracking.identity import format_number
-from sweeps.grid import RunSpec, parse_extra
+from sweeps.grid import PRESET_FACTOR, STANDARD_FACTORS, RunSpec, grid_description
 
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LOG_FOLDER = "logs"
@@ -63,6 +62,7 @@ class PlannedRun:
     overrides: tuple[str, ...] = ()
     config: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
     config_file: Path | None = None
+    total_steps: int | None = None  # the run's RL steps, when the plan knows them (the live view's bar)
 
     @property
     def name(self) -> str:
@@ -90,6 +90,29 @@ class PlannedRun:
         ])
 
 
+@dataclasses.dataclass
+class SweepPlan:
+    """Everything a sweep will do, fixed before the first process starts."""
+
+    name: str
+    sweep_dir: Path
+    config: SweepConfig
+    jobs: int
+    threads: int | None
+    warm_starts: list[PlannedRun]
+    runs: list[PlannedRun]
+    common_config: dict[str, Any] | None = None  # the backend's resolved common settings (Backend.common_config)
+
+    def header(self) -> dict[str, Any]:
+        """The sweep.json header: what fixes the sweep besides its runs."""
+        grid = grid_description(self.config)
+        if self.common_config is not None:
+            grid["common_config"] = self.common_config
+        return {"sweep": self.name, "backend": self.config.backend, "launcher": self.config.launcher,
+                "grid": grid, "steps": self.config.steps, "jobs": self.jobs,
+                "threads": self.threads, "train_module": self.config.train_module}
+
+
 def thread_environment(threads: int | None) -> dict[str, str]:
     """OpenMP/MKL thread caps, so the BLAS pools of parallel runs never oversubscribe the cores."""
     if threads is None:
@@ -97,18 +120,26 @@ def thread_environment(threads: int | None) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
-def _check_steps_once(config: SweepConfig, common: Sequence[str], key: str) -> None:
-    if config.steps is not None and any(item.lstrip("+").split("=", 1)[0] == key for item in common):
+def _check_steps_once(config: SweepConfig, key: str) -> None:
+    if config.steps is not None and config.common_sets(key):
         raise ConfigError(f"steps = {config.steps} is not allowed together with extra {key}=...: give one of them")
+
+
+def planned_steps(config: SweepConfig, key: str) -> int | None:
+    """A run's RL steps as the sweep sets them: ``steps``, else the common override of ``key`` when it is a plain
+    integer, else None (the trainer's default)."""
+    if config.steps is not None:
+        return config.steps
+    value = next((item.value for item in reversed(config.common) if item.key == key), None)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 # --- local backend -----------------------------------------------------------------------------------------------
 def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path, threads: int | None) -> list[str]:
     """The overrides of one local run, in the order the module doc gives (the grid's axes as ``axes=[...]``)."""
-    common, _ = parse_extra(config.extra)
-    _check_steps_once(config, common, "trainer.total_steps")
+    _check_steps_once(config, "trainer.total_steps")
     overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
-    overrides += [*common, *spec.overrides]
+    overrides += [*map(str, config.common), *spec.overrides]
     if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
         overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
     overrides += [f"run_dir={hydra_value(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}"]
@@ -120,8 +151,8 @@ def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: P
 def sft_overrides(config: SweepConfig, axis_overrides: Sequence[str], sweep_dir: Path,
                   threads: int | None) -> list[str]:
     """``mode=sft`` with the common overrides and one set of extra-axis values (the SFT cache key's inputs)."""
-    common, _ = parse_extra(config.extra)
-    overrides = [*common, *axis_overrides, "mode=sft", f"run_dir={hydra_value(sweep_dir / SFT_FOLDER)}"]
+    overrides = [*map(str, config.common), *axis_overrides, "mode=sft",
+                 f"run_dir={hydra_value(sweep_dir / SFT_FOLDER)}"]
     if threads is not None:
         overrides.append(f"threads={threads}")
     return overrides
@@ -176,12 +207,15 @@ def local_runs(config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[st
     else:
         composed = [(None, None)] * len(entries)
     planned = []
-    for (spec, overrides, run_dir), (resolved, _) in zip(entries, composed, strict=True):
+    for (spec, overrides, run_dir), (resolved, train_config) in zip(entries, composed, strict=True):
         config_file = None if resolved is None else sweep_dir / LAUNCH_FOLDER / f"{spec.name}.yaml"
         arguments = list(overrides) if config_file is None else [CONFIG_FILE_FLAG, str(config_file)]
+        steps = planned_steps(config, "trainer.total_steps") if train_config is None \
+            else train_config.trainer.total_steps
         planned.append(PlannedRun(spec=spec, command=train_command(config, arguments), env=dict(env),
                                   run_dir=run_dir, log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log",
-                                  overrides=tuple(overrides), config=resolved, config_file=config_file))
+                                  overrides=tuple(overrides), config=resolved, config_file=config_file,
+                                  total_steps=steps))
     return planned, [train_config for _, train_config in composed]
 
 
@@ -198,9 +232,8 @@ def common_config(config: SweepConfig) -> dict[str, Any]:
 
     from dataflex_rl.tracking.run_store import FINGERPRINT_IGNORED, flatten_config
 
-    common, _ = parse_extra(config.extra)
     overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
-    overrides += [*common, "run_dir=."]
+    overrides += [*map(str, config.common), "run_dir=."]
     with quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         resolved = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=True)
     dropped = (*FINGERPRINT_IGNORED, *RUN_PLACE_KEYS, "hydra")
@@ -241,17 +274,18 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
 
     experiment = resolve_experiment(config.verl_experiment)
     check_no_env_interpolation(f"verl_experiment = {str(experiment)!r}", experiment.read_text(encoding="utf-8"))
-    common, _ = parse_extra(config.extra)
-    _check_steps_once(config, common, "trainer.total_training_steps")
+    _check_steps_once(config, "trainer.total_training_steps")
     dataflex = preset_overrides(spec.mechanism) if spec.mechanism else []
-    if spec.alpha is not None:
-        dataflex.append(f"{ALPHA_KEY}={format_number(spec.alpha)}")
-    if spec.eta is not None:
-        dataflex.append(f"{ETA_KEY}={format_number(spec.eta)}")
+    axis_overrides = []
+    for axis, override in spec.settings():
+        if axis.name in ("alpha", "eta"):  # verl's dataflex block has every key: set, never added
+            dataflex.append(f"{override.key}={override.value}")
+        elif axis.name not in (PRESET_FACTOR, "seed"):
+            axis_overrides.append(str(override))
     extra = [f"seed={spec.seed}"]
     if config.steps is not None:
         extra.append(f"trainer.total_training_steps={config.steps}")
-    extra += [*common, *spec.axis_overrides, f"trainer.experiment_name={spec.name}",
+    extra += [*map(str, config.common), *axis_overrides, f"trainer.experiment_name={spec.name}",
               f"trainer.default_local_dir={hydra_value(sweep_dir / spec.name / 'checkpoints')}",
               f"+dataflex_run.dir={hydra_value(sweep_dir / spec.name)}", f"+dataflex_run.sweep={hydra_value(sweep)}",
               f"+dataflex_run.name={hydra_value(spec.name)}", f"+dataflex_run.seed={spec.seed}"]
@@ -286,7 +320,7 @@ def verl_prepare(config: SweepConfig, sweep_dir: Path, threads: int | None) -> l
     command = (sys.executable, "-m", "dataflex_rl.verl.cpu.prepare", "--out", str(sweep_dir / PREPARED_FOLDER),
                "--train-size", str(prepare["train_size"]), "--test-size", str(prepare["test_size"]),
                *[str(item) for item in prepare.get("overrides") or []])
-    return [PlannedRun(spec=RunSpec(name="verl-prepare", seed=0), command=command, env=thread_environment(threads),
+    return [PlannedRun(spec=RunSpec(name="verl-prepare"), command=command, env=thread_environment(threads),
                        run_dir=sweep_dir / PREPARED_FOLDER, log_path=sweep_dir / LOG_FOLDER / "verl-prepare.log")]
 
 
@@ -312,8 +346,7 @@ def verl_environment(config: SweepConfig, sweep: str, spec: RunSpec) -> dict[str
 
     environment = experiment_environment(config.verl_experiment)
     environment.update(wandb_environment(sweep, [spec.mechanism] if spec.mechanism else []))
-    factors = {"mechanism_label": spec.mechanism, "alpha": spec.alpha, "eta": spec.eta, **spec.axes}
-    job_type = job_type_of({name: value for name, value in factors.items() if value is not None})
+    job_type = job_type_of({name: value for name, value in spec.factors.items() if name != "seed"})
     if job_type:
         environment["WANDB_JOB_TYPE"] = job_type
     return environment
@@ -341,13 +374,13 @@ def local_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: 
     if not config.sft_warm_start:
         return []
     sweep_dir = sweep_dir.resolve()
-    variants = list(dict.fromkeys(tuple(item for item in spec.axis_overrides
-                                        if item.lstrip("+").split(".")[0].split("=")[0] in SFT_CACHE_GROUPS)
-                                   for spec in specs))
+    variants = list(dict.fromkeys(tuple(str(override) for axis, override in spec.settings()
+                                        if axis.name not in STANDARD_FACTORS and override.group in SFT_CACHE_GROUPS)
+                                  for spec in specs))
     entries = []
     for index, axis_overrides in enumerate(variants):
         name = "sft" if len(variants) == 1 else f"sft-{index}"
-        entries.append((RunSpec(name=name, seed=0), sft_overrides(config, axis_overrides, sweep_dir, threads),
+        entries.append((RunSpec(name=name), sft_overrides(config, axis_overrides, sweep_dir, threads),
                         sweep_dir / SFT_FOLDER))
     planned, train_configs = local_runs(config, entries, sweep_dir, thread_environment(threads))
     if config.validate:

@@ -22,13 +22,12 @@ import math
 import numbers
 import os
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.keys import check_metric_key
-from dataflex_rl.keys import BASELINE_ALPHA, BASELINE_PRESET
+from dataflex_rl.keys import ALPHA_KEY, BASELINE_ALPHA, BASELINE_PRESET, check_metric_key
+from dataflex_rl.overrides import Override, hydra_value, parse_override
 from dataflex_rl.validation import (
     SEED_MODULUS,
     ConfigError,
@@ -36,9 +35,7 @@ from dataflex_rl.validation import (
     check_int_at_least,
     check_number,
     check_seed,
-    hydra_value,
     to_plain,
-    unknown_override_message,
 )
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY
 from sweeps.launchers import launcher_class, parse_settings
@@ -101,6 +98,62 @@ def available_experiments() -> list[str]:
     return sorted(runs & {path.stem for path in (SWEEP_CONF_DIR / "experiment").glob("*.yaml")})
 
 
+# Keys the driver sets for every run; giving them in ``extra`` would fight the grid or the run store layout.
+MANAGED_KEYS = {
+    "run_dir": "the driver puts each run in runs/<sweep>/<run>",
+    "sweep": "use name=<sweep name>",
+    "run_name": "the driver names runs after their grid cell",
+    "seed": "use seeds=1,2",
+    "mode": "the driver runs mode=sft itself (sft_warm_start=false turns it off)",
+    "threads": "use threads=N (or jobs=N: threads = cores // jobs)",
+    "mechanism_label": "use mechanisms=<preset>,... (the label follows the preset)",
+    "axes": "the driver records the grid's axes itself",
+    ALPHA_KEY: "use alpha=0.0,0.5",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """One factor of a sweep's grid, typed once: ``name`` (the factor's name in run names, records and tables:
+    ``mechanism_label``, ``alpha``, ``eta``, ``seed`` or the config key), the config ``key`` (or group) a run's
+    override sets, the ``values`` (numbers for alpha, eta and seeds, preset names, an extra axis's values in Hydra's
+    grammar) and the override's ``prefix`` (``++`` for an actuator parameter the preset may lack)."""
+
+    name: str
+    key: str
+    values: tuple[Any, ...]
+    prefix: str = ""
+
+    def override(self, value: Any) -> Override:
+        """The override that gives a run this axis's ``value``."""
+        text = value if isinstance(value, str) else hydra_value(value)
+        return Override(self.key, text, self.prefix, text=f"{self.prefix}{self.key}={text}")
+
+
+def parse_extra(extra: Sequence[str]) -> tuple[tuple[Override, ...], tuple[Axis, ...]]:
+    """Split ``extra`` into (common overrides, axes), each read once by Hydra's grammar; overrides of the keys the
+    driver manages, and sweeps that list no values, are refused naming the override."""
+    common: list[Override] = []
+    axes: list[Axis] = []
+    for item in extra:
+        check_no_env_interpolation(f"extra = {item!r}", item)
+        override = parse_override(item, where=f"extra = {item!r}")
+        if override.key in MANAGED_KEYS:
+            raise ConfigError(f"extra = {item!r} is not allowed: {override.key} is set by the sweep driver; "
+                              f"{MANAGED_KEYS[override.key]}")
+        if override.sweep is None:
+            common.append(override)
+            continue
+        if not override.sweep:
+            raise ConfigError(f"extra = {item!r} is not allowed: the axis {override.key} has no values (an empty "
+                              f"range runs nothing); give at least one value, e.g. range(1,3)")
+        if any(axis.key == override.key for axis in axes):
+            raise ConfigError(f"extra = {item!r} is not allowed: {override.key} is already an axis")
+        package = f"@{override.package}" if override.package else ""
+        axes.append(Axis(override.key, override.key + package, override.sweep, override.prefix))
+    return tuple(common), tuple(axes)
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
     """One sweep: the grid (``alpha`` x ``seeds`` x ``mechanisms`` x ``eta`` x extra axes) and how to run it."""
@@ -132,6 +185,9 @@ class SweepConfig:
     grace_s: float = 30.0
     poll_s: float = 0.25
     launcher_settings: Any = None  # the launcher's typed ``<launcher>:`` block (sweeps/launchers/), None if it has none
+    # ``extra`` read once (:func:`parse_extra`): the overrides every run shares, and the extra axes of the grid.
+    common: tuple[Override, ...] = dataclasses.field(init=False, default=())
+    extra_axes: tuple[Axis, ...] = dataclasses.field(init=False, default=())
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -192,8 +248,10 @@ class SweepConfig:
         if self.mechanisms and self.add_baseline and BASELINE_PRESET not in self.mechanisms \
                 and BASELINE_PRESET in available_presets():
             object.__setattr__(self, "mechanisms", (BASELINE_PRESET, *self.mechanisms))
-        if self.steps is None and self.backend == "local" and not any(
-                item.lstrip("+").split("=", 1)[0] == "trainer.total_steps" for item in self.extra):
+        common, axes = parse_extra(self.extra)
+        object.__setattr__(self, "common", common)
+        object.__setattr__(self, "extra_axes", axes)
+        if self.steps is None and self.backend == "local" and not self.common_sets("trainer.total_steps"):
             object.__setattr__(self, "steps", self.local_steps)
 
     def _check_launcher(self) -> None:
@@ -207,6 +265,10 @@ class SweepConfig:
         elif not isinstance(self.launcher_settings, settings_type):
             raise ConfigError(f"{self.launcher} = {self.launcher_settings!r} is not allowed: it must be a "
                               f"{settings_type.__name__}")
+
+    def common_sets(self, key: str) -> bool:
+        """Whether a common ``extra`` override sets config ``key``."""
+        return any(item.key == key for item in self.common)
 
     @property
     def alphas(self) -> tuple[float, ...]:
@@ -342,77 +404,6 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     return SweepConfig(**values)
 
 
-# --- command line ------------------------------------------------------------------------------------------------
-def _split_top_level(text: str, separator: str = ",") -> list[str]:
-    """Split at ``separator`` outside brackets, braces, parentheses and quotes."""
-    pieces, depth, quote, current = [], 0, "", []
-    for character in text:
-        if quote:
-            quote = "" if character == quote else quote
-        elif character in "'\"":
-            quote = character
-        elif character in "[{(":
-            depth += 1
-        elif character in "]})":
-            depth -= 1
-        elif character == separator and depth == 0:
-            pieces.append("".join(current))
-            current = []
-            continue
-        current.append(character)
-    pieces.append("".join(current))
-    return pieces
-
-
-def split_extra(text: str) -> list[str]:
-    """Overrides from ``make sweep EXTRA=...``: separated by spaces; ``a=1,b=2`` (every piece a ``key=value``) is
-    two overrides, while ``a=1,2`` stays one (a Hydra sweep over ``a``: a grid axis)."""
-    overrides: list[str] = []
-    for token in shlex.split(text):
-        pieces = _split_top_level(token)
-        if len(pieces) > 1 and all("=" in piece for piece in pieces):
-            overrides.extend(pieces)
-        else:
-            overrides.append(token)
-    return overrides
-
-
-def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Rewrite the command-line conveniences (module doc) into Hydra's override grammar."""
-    normalized = []
-    for argument in argv:
-        key, equals, value = argument.partition("=")
-        if equals and key in LIST_KEYS and "," in value and not value.lstrip().startswith("["):
-            argument = f"{key}=[{value}]"
-        elif equals and key == "extra":
-            stripped = value.strip()
-            inner = stripped[1:-1] if stripped.startswith("[") and stripped.endswith("]") else stripped
-            if not inner.lstrip().startswith(("'", '"')):  # already Hydra's quoted list: leave it
-                argument = "extra=[" + ",".join(hydra_value(item) for item in split_extra(inner)) + "]"
-        normalized.append(argument)
-    return normalized
-
-
-def check_launcher_overrides(overrides: Sequence[str]) -> None:
-    """Before composing: the chosen launcher (the last ``launcher=``) must be registered and have its
-    ``conf/sweeps/launcher/<name>.yaml``, and settings overrides must belong to it (``slurm.*`` needs
-    ``launcher=slurm``): :class:`ConfigError` naming the key, the value and what is allowed."""
-    chosen = DEFAULT_LAUNCHER
-    for item in overrides:
-        key, equals, value = item.partition("=")
-        if equals and key == "launcher":
-            chosen = value
-    launcher_class(chosen)
-    if not (SWEEP_CONF_DIR / "launcher" / f"{chosen}.yaml").is_file():
-        raise ConfigError(f"launcher = {chosen!r} is not allowed: it is registered but has no config file "
-                          f"conf/sweeps/launcher/{chosen}.yaml")
-    for item in overrides:
-        key, equals, value = item.partition("=")
-        block = key.lstrip("+~").split(".", 1)[0]
-        if equals and block in settings_blocks() and block != chosen:
-            raise ConfigError(foreign_settings_message(key.lstrip("+~"), value, chosen))
-
-
 _ENV_INTERPOLATION = re.compile(r"\$\{\s*oc\.env\s*:")
 
 
@@ -424,64 +415,3 @@ def check_no_env_interpolation(where: str, text: str) -> None:
                           f"recorded command lines (sweep.json) and run configs, writing the variable's value (a "
                           f"secret?) into files; give the value itself, or let the tool read its variable from "
                           f"the environment (W&B reads WANDB_API_KEY, verl's trackers their own)")
-
-
-def _holds_sweep(value: Any) -> bool:
-    from hydra.core.override_parser.types import Sweep
-
-    if isinstance(value, Sweep):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_holds_sweep(item) for item in value)
-    if isinstance(value, Mapping):
-        return any(_holds_sweep(item) for item in value.values())
-    return False
-
-
-def check_override_syntax(given: str, item: str) -> None:
-    """One command-line argument (``given``, as typed; ``item``, as normalized) must be an override Hydra's grammar
-    reads, and a list key's value a list of values (no ``range(...)``): :class:`ConfigError` naming the key and the
-    value as typed, before Hydra composes anything."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    key, equals, value = given.partition("=")
-    bare = key.lstrip("+~")
-    check_no_env_interpolation(f"{bare} = {value!r}", given)  # before Hydra or OmegaConf resolve it
-    if not equals:
-        return  # Hydra's own message for a deletion (~key) or a bare word
-    try:
-        override = OverridesParser.create().parse_override(item)
-    except HydraException as error:
-        if bare == "name":
-            check_sweep_name(value)
-        reason = str(error).strip().splitlines()[0]
-        raise ConfigError(f"{bare} = {value!r} is not allowed: Hydra's override grammar cannot read it ({reason}); "
-                          f"quote a value holding spaces or any of ()[]{{}},;:=$'\" (e.g. {bare}=\"'a b'\")") \
-            from None
-    if bare in LIST_KEYS and (override.is_sweep_override() or _holds_sweep(override.value())):
-        raise ConfigError(f"{bare} = {value!r} is not allowed: give the values themselves, e.g. {bare}=1,2 "
-                          f"(sweep functions such as range(...) or choice(...) are for extra axes: "
-                          f"extra=[key=range(1,4)])")
-
-
-def compose_config(config_name: str, argv: Sequence[str]) -> Any:
-    """Compose ``conf/sweeps/<config_name>.yaml`` with the (normalized) overrides; Hydra's errors become
-    :class:`ConfigError`."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    overrides = normalize_argv(argv)
-    for given, item in zip(argv, overrides, strict=True):
-        check_override_syntax(given, item)
-    check_launcher_overrides(overrides)
-    with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
-        try:
-            return compose(config_name=config_name, overrides=overrides)
-        except (HydraException, OmegaConfBaseException) as error:
-            unknown = unknown_override_message(
-                error, overrides, lambda others: compose(config_name=config_name, overrides=others))
-            if unknown:
-                raise ConfigError(unknown) from None
-            raise ConfigError(f"bad sweep override in {' '.join(overrides)}: {error}") from None

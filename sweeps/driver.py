@@ -1,33 +1,155 @@
-"""Run a planned sweep: warm start once, then every run in its own process, at most ``jobs`` at once.
+"""One sweep invocation: plan it, run it in a session, print and write what it ended with.
 
 :func:`run_sweep` is what ``python -m sweeps`` does: expand and validate the grid (a bad value refuses the whole
-sweep before anything starts), print the command lines (``dry_run``) or run them in a :class:`~sweeps.session.
-SweepSession` (lock, sweep.json, invocation record, warm start, exit code; shared with the Optuna search), then
+sweep before anything starts), print the command lines (``dry_run``) or run them in a :class:`SweepSession`, then
 print the summary table and write the report. The scheduling loop is :class:`sweeps.runner.SweepRunner`; resume and
 stop signals are described there.
 
-Imports point one way: the driver imports ``planning`` (a seed plan runs the driver's invocation through a
-callback, so planning needs nothing of the driver), ``session``, ``runner`` and ``summary``.
+A :class:`SweepSession` is one invocation over one sweep folder, shared by the grid driver and the Optuna search:
+build the launcher, take the folder's lock (a second driver on the same folder is refused), open ``sweep.json``
+(refused when its recorded settings differ), append this invocation's record (argv, start, end, exit code), run the
+shared warm starts once, turn a stop signal into the exit code ``128 + signal`` and, on a normal exit, record the
+sweep's state and the invocation's end. Nothing is written when the session is refused (:class:`SessionRefused`,
+exit status 2)::
+
+    with SweepSession(plan, argv) as session:
+        session.run(lambda runner: ...)   # returns an exit status; SweepStopped -> 128 + signal
+    session.exit_code
+
+Imports point one way: the driver imports ``planning`` lazily (a seed plan runs the driver's invocation through a
+callback, so planning needs nothing of the driver), ``runner`` and ``progress``.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Self
 
 from dataflex_rl.validation import ConfigError
 from sweeps.backends import backend_for, plan_runs, plan_warm_starts
-from sweeps.commands import PlannedRun
 from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import default_name, expand_grid
-from sweeps.launchers import launcher_class
-from sweeps.progress import SweepView
-from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepPlan
-from sweeps.session import SessionRefused, SweepSession
-from sweeps.summary import print_dry_run, print_summary, thread_note, write_exports, write_report
+from sweeps.launchers import Launcher, build_launcher, launcher_class
+from sweeps.manifest import Manifest, utc_now
+from sweeps.progress import SweepView, print_dry_run, print_summary, thread_note, write_exports, write_report
+from sweeps.commands import PlannedRun, SweepPlan
+from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepRunner, SweepStopped
+
+LOCK_FILE = ".sweep.lock"
 
 
+class SessionRefused(Exception):
+    """The session could not start and nothing was started; ``str()`` is the message to print after "error: "."""
+
+
+def final_state(exit_code: int) -> str:
+    """The sweep's recorded state after an invocation that ended with ``exit_code``."""
+    return "interrupted" if exit_code > 128 else "failed" if exit_code else "completed"
+
+
+class SweepSession:
+    """Lock, manifest, invocation record, warm starts and exit code of one invocation (see the module doc).
+
+    ``kind`` names the thing in messages ("sweep", "study"); ``header`` is sweep.json's header (default: the
+    plan's own).
+    """
+
+    def __init__(self, plan: SweepPlan, argv: Sequence[str] = (), header: Mapping[str, Any] | None = None,
+                 kind: str = "sweep") -> None:
+        self.plan = plan
+        self.argv = list(argv)
+        self.kind = kind
+        self.header = dict(header) if header is not None else plan.header()
+        self.exit_code = 0
+        self.launcher: Launcher | None = None
+        self.manifest: Manifest | None = None
+        self.runner: SweepRunner | None = None
+        self._lock: Any = None
+        self._invocation: dict[str, Any] = {}
+
+    def _refused(self, error: Exception) -> SessionRefused:
+        return SessionRefused(f"{self.kind} refused, nothing was started: {error}")
+
+    def _acquire_lock(self) -> Any:
+        """The folder's lock, taken without waiting; :class:`SessionRefused` when another driver holds it."""
+        from filelock import FileLock, Timeout
+
+        self.plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.plan.sweep_dir / LOCK_FILE)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise SessionRefused(f"{self.kind} {self.plan.name} is being run by another driver "
+                                 f"(lock {lock.lock_file})") from None
+        return lock
+
+    def __enter__(self) -> Self:
+        plan = self.plan
+        try:
+            self.launcher = build_launcher(plan.config, plan.sweep_dir, plan.name, plan.jobs)
+        except ConfigError as error:
+            raise self._refused(error) from None
+        try:
+            self._lock = self._acquire_lock()
+        except SessionRefused:
+            self.launcher.close()
+            raise
+        try:
+            self.manifest = Manifest(plan.sweep_dir, self.header)
+        except ConfigError as error:
+            self._lock.release()
+            self.launcher.close()
+            raise self._refused(error) from None
+        self._invocation = {"argv": self.argv, "start": utc_now(), "end": None, "exit_code": None}
+        self.manifest.data["invocations"].append(self._invocation)
+        self.runner = SweepRunner(plan, self.launcher, self.manifest).__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.runner.__exit__(exc_type, exc, tb)
+            if exc_type is None:
+                self.record_end()
+        finally:
+            self._lock.release()
+
+    def run(self, body: Callable[[SweepRunner], int]) -> int:
+        """``body(runner)``'s exit status, or ``128 + signal`` when the driver was stopped; a non-zero status becomes
+        the session's exit code (an earlier failure is never replaced by 0)."""
+        try:
+            code = body(self.runner)
+        except SweepStopped as stopped:
+            code = 128 + stopped.signum
+        if code:
+            self.exit_code = code
+        return self.exit_code
+
+    def warm_start(self) -> bool:
+        """Run the plan's shared warm starts (the SFT checkpoint); False, with the error printed and the exit code
+        set to :data:`EXIT_FAILED`, when one failed. Raises :class:`SweepStopped` on a stop signal."""
+        if not self.plan.warm_starts:
+            return True
+        names = ", ".join(run.name for run in self.plan.warm_starts)
+        print(f"warm start {names} (once, shared by every run)", flush=True)
+        states = self.runner.run_all(self.plan.warm_starts, warm_start=True)
+        failed = [name for name, state in states.items() if state != "completed"]
+        if failed:
+            print(f"error: the warm start {failed[0]} failed; see {self.plan.sweep_dir / 'logs' / (failed[0] + '.log')}",
+                  file=sys.stderr)
+            self.exit_code = self.exit_code or EXIT_FAILED
+            return False
+        return True
+
+    def record_end(self) -> None:
+        """Write the sweep's state and this invocation's end and exit code into sweep.json."""
+        self.manifest.data["state"] = final_state(self.exit_code)
+        self._invocation.update(end=utc_now(), exit_code=self.exit_code)
+        self.manifest.save()
+
+
+# --- the grid driver ---------------------------------------------------------------------------------------------
 def concurrency(config: SweepConfig, runs: int) -> tuple[int, int | None]:
     """(runs at once, torch threads per run).
 
@@ -117,9 +239,9 @@ def _finish(plan: SweepPlan, session: SweepSession) -> int:
     print_summary(plan, manifest)
     if plan.config.report and exit_code <= 128 and any(
             (manifest.previous(run.name) or {}).get("state") == "completed" for run in plan.runs):
-        status, message = write_report(plan.sweep_dir)
+        failed, message = write_report(plan.sweep_dir)
         print(message, flush=True)
-        if status and not exit_code:
+        if failed and not exit_code:
             exit_code = EXIT_FAILED
     elif exit_code <= 128:
         print(write_exports(plan.sweep_dir), flush=True)

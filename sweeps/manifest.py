@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dataflex_rl.overrides import parse_override
 from dataflex_rl.validation import ConfigError
 from dataflex_rl.tracking.run_store import STATES, RunStoreError, atomic_write_json, read_json_object, utc_now
 
@@ -61,13 +62,11 @@ def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
                             f"folders keep their results)") from None
 
 
-def _override_settings(overrides: Any) -> dict[str, str]:
-    """``["trainer.lr=0.5", "++x=1"]`` -> ``{"trainer.lr": "0.5", "x": "1"}`` (Hydra's ``+``/``++`` dropped)."""
-    settings = {}
-    for item in overrides or []:
-        key, _, value = str(item).partition("=")
-        settings[key.lstrip("+")] = value
-    return settings
+def _override_settings(overrides: Any) -> dict[str, str | None]:
+    """``["trainer.lr=0.5", "++x=1"]`` -> ``{"trainer.lr": "0.5", "x": "1"}`` (read by Hydra's grammar; the
+    ``+``/``++`` prefix dropped)."""
+    parsed = [parse_override(str(item)) for item in overrides or []]
+    return {item.key: item.value for item in parsed}
 
 
 def _has_common_config(header: Mapping[str, Any]) -> bool:
@@ -109,7 +108,7 @@ def grid_axes(header: Mapping[str, Any]) -> list[str]:
     if not isinstance(grid, Mapping):
         return []
     named = [name for field, name in GRID_AXES if grid.get(field)]
-    return [*named, *(str(key).lstrip("+~") for key in (grid.get("axes") or {}))]
+    return [*named, *map(str, grid.get("axes") or {})]
 
 
 def check_sweep_axes(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:

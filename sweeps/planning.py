@@ -173,11 +173,12 @@ def run_planned_sweep(config: Any, argv: Sequence[str], run_once: Callable[[Any,
     code = run_once(dataclasses.replace(config, name=name, seeds=plan.seeds, report=False), argv)
     record_plan(sweep_dir, plan)
     if config.report and code <= 128:
-        from sweeps.summary import write_report
+        from sweeps.progress import write_report
+        from sweeps.runner import EXIT_FAILED
 
-        status, message = write_report(sweep_dir)
+        failed, message = write_report(sweep_dir)
         print(message, flush=True)
-        code = code or status
+        code = code or (EXIT_FAILED if failed else 0)
     return code
 
 

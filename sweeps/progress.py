@@ -1,4 +1,8 @@
-"""Live view of a running sweep: runs done / running / failed out of the total, one line per active run (step out
+"""What a sweep shows people: the live view while it runs, the dry-run listing, and at its end the summary
+tables and the report (:func:`write_report`: ``analysis.report`` on the sweep folder; the tables show the same
+numbers as ``report.md``, :func:`analysis.report.summary_table`).
+
+The live view of a running sweep: runs done / running / failed out of the total, one line per active run (step out
 of total steps, latest reward and validation accuracy, read from its run store), the SFT warm start's own progress,
 and an ETA from the runs finished so far.
 
@@ -17,7 +21,7 @@ import math
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +32,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from dataflex_rl import keys
 from dataflex_rl.tracking.run_store import METRICS_JSONL, JsonlTail
 
+from sweeps.commands import SweepPlan
+from sweeps.grid import RunSpec
+from sweeps.launchers import launcher_class
+from sweeps.manifest import Manifest
+
 SFT_LINE = re.compile(rb"SFT step (\d+)/(\d+)")
-TOTAL_STEPS_OVERRIDES = ("trainer.total_steps=", "trainer.total_training_steps=")
 PLAIN_MILESTONES = 10  # plain mode prints a run's progress each time it passes another tenth of its steps
 
 
@@ -55,20 +63,9 @@ class SFTLogTail:
         return (int(matches[-1][0]), int(matches[-1][1])) if matches else None
 
 
-def planned_total_steps(command: Sequence[str], run_dir: Path | None,
-                        config: Mapping[str, Any] | None = None) -> int | None:
-    """A run's total RL steps: from its resolved ``config`` (a local run the driver composed), else its
-    ``trainer.total_steps=N`` override (a verl run, or a command that carries its overrides), else its run store's
-    ``config.yaml``."""
-    if config is not None:
-        return _config_total_steps(config)
-    for argument in reversed(command):
-        for prefix in TOTAL_STEPS_OVERRIDES:
-            if argument.lstrip("+").startswith(prefix):
-                try:
-                    return int(argument.split("=", 1)[1])
-                except ValueError:
-                    return None
+def run_total_steps(run_dir: Path | None) -> int | None:
+    """A run's total RL steps from its run store's ``config.yaml`` (for a run whose plan did not know them), else
+    None."""
     if run_dir is None:
         return None
     from dataflex_rl.tracking.run_store import read_config
@@ -196,13 +193,14 @@ class SweepView:
             self.progress = None
 
     # events
-    def started(self, name: str, command: Sequence[str], run_dir: Path | None, log_path: Path,
-                warm_start: bool = False, config: Mapping[str, Any] | None = None) -> None:
-        """A run (or the warm start, read from its log) was launched; ``config``: its resolved config, when the
-        driver composed it."""
+    def started(self, name: str, run_dir: Path | None, log_path: Path, warm_start: bool = False,
+                total: int | None = None) -> None:
+        """A run (or the warm start, read from its log) was launched; ``total``: its RL steps as planned (else read
+        from its run store's config once it writes one)."""
         reader: JsonlTail | SFTLogTail = SFTLogTail(log_path) if warm_start else JsonlTail(
             Path(run_dir) / METRICS_JSONL)
-        total = None if warm_start else planned_total_steps(command, run_dir, config)
+        if not warm_start and total is None:
+            total = run_total_steps(run_dir)
         run = ActiveRun(name=name, warm_start=warm_start, started=self.clock(), total=total, reader=reader)
         self.active[name] = run
         if self.progress is not None:
@@ -301,3 +299,124 @@ class SweepView:
         if self.progress is not None and self.overall is not None:
             self.progress.update(self.overall, completed=self.done, info=self.counts(done=False))
 
+
+# --- dry run, summary and report ---------------------------------------------------------------------------------
+def print_dry_run(plan: SweepPlan) -> None:
+    """Every planned command line (warm starts first), for ``dry_run=true``: nothing is started."""
+    print(f"sweep {plan.name}: {len(plan.runs)} run(s), {plan.jobs} at once, folder {plan.sweep_dir} (dry run: "
+          f"nothing is started)")
+    for run in plan.warm_starts:
+        print(f"# warm start {run.name}\n{run.shell_line()}")
+    for run in plan.runs:
+        print(f"# {run.name}\n{run.shell_line()}")
+
+
+def run_store_alpha(run_dir: Path) -> float | None:
+    """The alpha a run recorded in its ``meta.json`` (None before it started)."""
+    from dataflex_rl.tracking import run_store
+
+    try:
+        return float(run_store.read_meta(run_dir)["alpha"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> None:
+    """Two rich tables: each run's state and wall time, then the report's own per-group summary
+    (:func:`analysis.report.summary_table`: accuracy after SFT, final-window mean and interval, paired delta), so the
+    terminal and ``report.md`` show the same numbers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    extra_columns = []
+    if plan.config.mechanisms:
+        extra_columns.append(("mechanism", lambda spec: spec.mechanism or ""))
+    if plan.config.eta:
+        extra_columns.append(("eta", lambda spec: "" if spec.eta is None else f"{spec.eta:g}"))
+    for axis in plan.config.extra_axes:
+        extra_columns.append((axis.name, lambda spec, name=axis.name: str(spec.extra_factors.get(name, ""))))
+    table = Table(title=f"sweep {plan.name}", title_justify="left")
+    table.add_column("run")
+    table.add_column("alpha", justify="right")
+    table.add_column("seed", justify="right")
+    for title, _ in extra_columns:
+        table.add_column(title)
+    table.add_column("state")
+    table.add_column("wall time", justify="right")
+    colours = {"completed": "green", "failed": "red", "interrupted": "yellow"}
+    for run in plan.runs:
+        entry = manifest.previous(run.name) or {}
+        spec: RunSpec = run.spec
+        state = entry.get("state", "pending")
+        wall = entry.get("wall_time_s")
+        alpha = spec.alpha if spec.alpha is not None else run_store_alpha(run.run_dir)  # a preset's own alpha
+        table.add_row(run.name, "" if alpha is None else f"{alpha:g}", str(spec.seed),
+                      *[getter(spec) for _, getter in extra_columns],
+                      f"[{colours.get(state, 'white')}]{state}[/]",
+                      "-" if not wall else f"{wall:.1f} s")
+    console.print(table)
+    console.print(f"{plan.jobs} run(s) at once, {thread_note(plan)}", highlight=False)
+    print_group_summary(plan.sweep_dir, console)
+
+
+def thread_note(plan: SweepPlan) -> str:
+    """How many threads each run used and where that number came from."""
+    if plan.threads is None:
+        return "threads per run left to the backend"
+    launcher = launcher_class(plan.config.launcher)
+    origin = "threads=" if plan.config.threads else (
+        launcher.threads_origin if launcher.threads_per_run(plan.config.launcher_settings) else "default")
+    return f"{plan.threads} thread(s) per run ({origin})"
+
+
+def print_group_summary(sweep_dir: Path, console: Any) -> None:
+    """The report's per-group summary table of the sweep's completed runs (nothing when there is none yet)."""
+    try:
+        from analysis.load import load_sweep
+        from analysis.report import summary_table
+        from analysis.tables import to_rich
+
+        summary = summary_table(load_sweep(sweep_dir, histograms=False))
+    except Exception as error:  # noqa: BLE001  (a summary problem must not hide the runs' states)
+        console.print(f"summary table skipped: {type(error).__name__}: {error}", highlight=False)
+        return
+    if summary is not None:
+        rendered = to_rich(summary)
+        if not console.is_terminal:  # a log file has no width to respect: never crop a value
+            wide = console.options.update_width(1000)
+            console.width = max(console.width, console.measure(rendered, options=wide).maximum)
+        console.print(rendered)
+
+
+def write_report(sweep_dir: Path) -> tuple[bool, str]:
+    """``analysis.report`` on the sweep folder; (whether it failed, a line saying what happened). Skipped, not
+    failed, when the analysis package is missing."""
+    try:
+        from analysis.report import main as report_main
+    except ImportError as error:
+        return False, f"report skipped: the analysis package is not importable ({error})"
+    try:
+        status = report_main([str(sweep_dir)])
+    except Exception as error:  # noqa: BLE001  (a report problem must not hide the runs' results)
+        return True, f"report failed: {type(error).__name__}: {error}"
+    if status:
+        return True, f"report failed (exit status {status})"
+    return False, f"report: {sweep_dir / 'report' / 'report.md'}"
+
+
+def write_exports(sweep_dir: Path) -> str:
+    """``analysis.export`` on the sweep folder (the report writes them too); returns a line saying what happened."""
+    try:
+        from analysis.export import export_sweep
+
+        paths = export_sweep(sweep_dir)
+    except Exception as error:  # noqa: BLE001  (an export problem must not hide the runs' results)
+        return f"sweep tables skipped: {type(error).__name__}: {error}"
+    return f"sweep tables: {paths['metrics']} and {paths['runs']}"
+
+
+def summary_rows(manifest_data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """(run, alpha, seed, state, exit_code) of every run in a sweep.json, for scripts and tests."""
+    return [{key: entry.get(key) for key in ("run", "alpha", "seed", "state", "exit_code")}
+            for entry in manifest_data.get("runs", [])]

@@ -1,7 +1,7 @@
 """The scheduling loop shared by the grid driver (:mod:`sweeps.driver`) and the Optuna search (:mod:`sweeps.tune`).
 
 :class:`SweepRunner` launches planned runs through a launcher, at most ``jobs`` at once, keeping ``sweep.json``
-current; :class:`SweepPlan` is everything a sweep will do, fixed before the first process starts.
+current, for a :class:`sweeps.commands.SweepPlan`.
 
 Resume: a run whose ``status.json`` says ``completed`` is skipped; any other is launched again with the same
 command, and the trainer resumes it from its last checkpoint. SIGINT/SIGTERM to the driver stop it cleanly: each
@@ -11,7 +11,6 @@ signal skips the grace period.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import threading
 import time
@@ -21,9 +20,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from dataflex_rl.validation import ConfigError
-from sweeps.commands import PlannedRun
-from sweeps.config import SweepConfig
-from sweeps.grid import grid_description
+from sweeps.commands import PlannedRun, SweepPlan
 from sweeps.launchers import Job, Launcher, Outcome, write_log_header
 from sweeps.manifest import Manifest, utc_now
 from sweeps.progress import SweepView
@@ -39,30 +36,6 @@ class SweepStopped(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
-
-
-
-@dataclasses.dataclass
-class SweepPlan:
-    """Everything a sweep will do, fixed before the first process starts."""
-
-    name: str
-    sweep_dir: Path
-    config: SweepConfig
-    jobs: int
-    threads: int | None
-    warm_starts: list[PlannedRun]
-    runs: list[PlannedRun]
-    common_config: dict[str, Any] | None = None  # the backend's resolved common settings (Backend.common_config)
-
-    def header(self) -> dict[str, Any]:
-        """The sweep.json header: what fixes the sweep besides its runs."""
-        grid = grid_description(self.config)
-        if self.common_config is not None:
-            grid["common_config"] = self.common_config
-        return {"sweep": self.name, "backend": self.config.backend, "launcher": self.config.launcher,
-                "grid": grid, "steps": self.config.steps, "jobs": self.jobs,
-                "threads": self.threads, "train_module": self.config.train_module}
 
 
 # --- run store helpers ---------------------------------------------------------------------------------------------
@@ -257,8 +230,8 @@ class SweepRunner:
                         error=None, launch=job.info, attempts=int(entry.get("attempts", 0)) + 1)
             self.say(f"started {job.run.name}  (log: {job.run.log_path})")
             if self.view is not None:
-                self.view.started(job.run.name, job.run.command, None if warm_start else job.run.run_dir,
-                                  job.run.log_path, warm_start=warm_start, config=job.run.config)
+                self.view.started(job.run.name, None if warm_start else job.run.run_dir, job.run.log_path,
+                                  warm_start=warm_start, total=job.run.total_steps)
         self.manifest.save()
         return jobs
 

@@ -5,7 +5,7 @@ time is printed before it starts; ``dry_run=true`` prints the first trial's comm
 
 - One OS process per run: each trial runs its seeds as child processes through the sweep's own launcher and
   scheduling loop (:class:`sweeps.runner.SweepRunner`), ``jobs`` at once, inside the same
-  :class:`~sweeps.session.SweepSession` as a grid sweep (folder lock, ``sweep.json``, invocation record, SFT warm
+  :class:`~sweeps.driver.SweepSession` as a grid sweep (folder lock, ``sweep.json``, invocation record, SFT warm
   start, exit code).
 - Storage: ``<root>/<name>/optuna.db`` (sqlite), so the same command resumes the study: it runs only the trials
   still missing to reach ``n_trials`` finished (completed or pruned) ones. A trial left running by a killed driver
@@ -29,19 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.keys import check_metric_key
+from dataflex_rl.keys import ALPHA_KEY, check_metric_key
+from dataflex_rl.overrides import hydra_value
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain, unknown_keys
 from sweeps.backends import plan_runs, plan_warm_starts
-from sweeps.commands import PlannedRun
-from sweeps.config import SweepConfig
-from sweeps.driver import concurrency, warm_start_threads
-from dataflex_rl.keys import ALPHA_KEY
-from dataflex_rl.tracking.identity import format_number
-from sweeps.grid import RunSpec, default_name, parse_extra
+from sweeps.commands import PlannedRun, SweepPlan
+from sweeps.config import Axis, SweepConfig
+from sweeps.driver import SessionRefused, SweepSession, concurrency, warm_start_threads
+from sweeps.grid import RunSpec, default_name
 from sweeps.launchers import Job
 from sweeps.planning import describe_estimate, estimate_seconds, final_window_mean, run_shape
-from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepPlan, SweepRunner
-from sweeps.session import SessionRefused, SweepSession
+from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepRunner
 
 TUNE_KEYS = ("n_trials", "metric", "direction", "search", "enqueue", "sampler", "pruner", "retries", "final_window",
              "tune_lr")
@@ -121,7 +119,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
     if sweep.alpha or sweep.mechanisms or sweep.eta:
         raise ConfigError("alpha/mechanisms/eta grids are not allowed in a study: list alpha under search: (set "
                           "alpha=[]) and pick a preset with extra=[dataflex=<preset>]")
-    if parse_extra(sweep.extra)[1]:
+    if sweep.extra_axes:
         raise ConfigError(f"extra = {list(sweep.extra)!r} is not allowed: a study has no grid axes; list the "
                           f"parameter under search: instead")
     search = []
@@ -187,17 +185,14 @@ def build_pruner(settings: Mapping[str, Any]) -> Any:
 
 
 def trial_specs(tune: TuneConfig, params: Mapping[str, Any], label: str) -> list[RunSpec]:
-    """One run per seed: ``<label>-s<seed>`` with the trial's parameters as overrides."""
+    """One run per seed: ``<label>-s<seed>``, the trial's parameters and the seed as the run's axes."""
+    axes = [Axis("alpha", ALPHA_KEY, (float(params["alpha"]),), "++")] if params.get("alpha") is not None else []
+    axes += [Axis(name, name, (hydra_value(value),)) for name, value in params.items() if name != "alpha"]
     specs = []
     for seed in tune.sweep.seeds:
-        alpha = params.get("alpha")
-        overrides = [] if alpha is None else [f"++{ALPHA_KEY}={format_number(alpha)}"]
-        axes = {name: str(value) for name, value in params.items() if name != "alpha"}
-        overrides += [f"{name}={value}" for name, value in axes.items()]
-        overrides.append(f"seed={seed}")
-        axis_keys = (*([ALPHA_KEY] if alpha is not None else []), *axes, "seed")
-        specs.append(RunSpec(name=f"{label}-s{seed}", seed=seed, alpha=None if alpha is None else float(alpha),
-                             axes=axes, overrides=tuple(overrides), axis_keys=axis_keys))
+        run_axes = (*axes, Axis("seed", "seed", (seed,)))
+        specs.append(RunSpec(name=f"{label}-s{seed}", factors={axis.name: axis.values[0] for axis in run_axes},
+                             axes=run_axes, axis_keys=tuple(axis.key for axis in run_axes)))
     return specs
 
 
@@ -444,7 +439,7 @@ def _optimize(tune: TuneConfig, session: SweepSession, study: Any, remaining: in
 
 
 def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
-    """The whole study in a :class:`~sweeps.session.SweepSession` (lock, sweep.json, invocation record, warm
+    """The whole study in a :class:`~sweeps.driver.SweepSession` (lock, sweep.json, invocation record, warm
     start); returns the exit status (0, 1 when a trial failed, 2 refused, 128+n stopped)."""
     try:
         plan = plan_study(tune)

@@ -61,7 +61,8 @@ def test_task_yaml_equals_its_config_class_defaults(path):
 
 
 def test_sweep_defaults_equal_the_schema():
-    from sweeps.config import SweepConfig, compose_config, parse_sweep_config
+    from sweeps.cli import compose_config
+    from sweeps.config import SweepConfig, parse_sweep_config
 
     parsed = parse_sweep_config(compose_config("default", []))
     built = SweepConfig()
@@ -73,7 +74,8 @@ def test_sweep_defaults_equal_the_schema():
 
 @pytest.mark.parametrize("launcher", sorted(path.stem for path in (CONF / "sweeps" / "launcher").glob("*.yaml")))
 def test_launcher_blocks_equal_their_settings_defaults(launcher):
-    from sweeps.config import compose_config, parse_sweep_config
+    from sweeps.cli import compose_config
+    from sweeps.config import parse_sweep_config
     from sweeps.launchers import launcher_class
 
     parsed = parse_sweep_config(compose_config("default", [f"launcher={launcher}"]))

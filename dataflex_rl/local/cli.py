@@ -31,7 +31,8 @@ import hydra
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from dataflex_rl.validation import ConfigError, unknown_override_message
+from dataflex_rl.overrides import unknown_override_message
+from dataflex_rl.validation import ConfigError
 
 log = logging.getLogger("dataflex_rl.train")  # the public command's name, as train.log has always shown it
 # verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.

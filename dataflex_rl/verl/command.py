@@ -37,7 +37,8 @@ from omegaconf.errors import OmegaConfBaseException
 from dataflex_rl.actuators import ACTUATORS
 from dataflex_rl.config import parse_dataflex_config
 from dataflex_rl.scorers import SCORERS
-from dataflex_rl.validation import ConfigError, hydra_value, to_plain
+from dataflex_rl.overrides import hydra_value, parse_override, split_assignment
+from dataflex_rl.validation import ConfigError, to_plain
 
 TRAINER_MODE_OVERRIDE = "trainer.v1.trainer_mode=dataflex_sync"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
@@ -99,12 +100,12 @@ def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[
     dataflex_overrides: list[str] = []
     verl_overrides: list[str] = []
     for argument in arguments:
-        key, equals, value = argument.partition("=")
-        bare_key = key.lstrip("+")
-        if bare_key == "dataflex" or bare_key.startswith("dataflex."):
+        override = parse_override(argument)
+        name = override.key.removeprefix("verl.")
+        if override.group == "dataflex":
             dataflex_overrides.append(argument)
-        elif equals and (key in variable_names or key.removeprefix("verl.") in variable_names):
-            variables[key.removeprefix("verl.")] = value
+        elif override.value is not None and not override.prefix and name in variable_names:
+            variables[name] = split_assignment(argument)[1]  # the value as written: the template quotes it
         else:
             verl_overrides.append(argument)
     return variables, dataflex_overrides, verl_overrides
@@ -118,15 +119,14 @@ def merge_dataflex(block: Any, overrides: Sequence[str]) -> dict[str, Any]:
     for ``stapo``): the others would be refused as unknown to it.
     """
     merged = OmegaConf.create(to_plain(block))
-    for override in overrides:
-        key, equals, value = override.partition("=")
-        key = key.lstrip("+")
-        if not equals or not key.startswith("dataflex."):
+    for text in overrides:
+        override = parse_override(text, where=f"dataflex override {text!r}")
+        if override.value is None or not override.key.startswith("dataflex."):
             raise ConfigError(
-                f"dataflex override {override!r} is not allowed: write dataflex.KEY=value, "
+                f"dataflex override {text!r} is not allowed: write dataflex.KEY=value, "
                 f"e.g. dataflex.actuator.params.alpha=0.5"
             )
-        parsed = OmegaConf.from_dotlist([f"{key.removeprefix('dataflex.')}={value}"])
+        parsed = OmegaConf.from_dotlist([f"{override.key.removeprefix('dataflex.')}={override.value}"])
         for component, registry in (("scorer", SCORERS), ("actuator", ACTUATORS)):
             new_name = OmegaConf.select(parsed, f"{component}.name", default=None)
             if new_name is None or new_name not in registry:

@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from dataflex_rl.overrides import split_assignment
 from dataflex_rl.tasks import Problem, Task
 from dataflex_rl.tasks.base import make_config
 from dataflex_rl.verl.reward import verl_task, verl_tasks
@@ -90,8 +91,8 @@ def parse_params(arguments: Sequence[str]) -> dict[str, Any]:
     """``KEY=VALUE`` task params, each value read as YAML (``3``, ``[3,4]``, ``chat``); a ValueError otherwise."""
     params: dict[str, Any] = {}
     for argument in arguments:
-        key, equals, value = argument.partition("=")
-        if not equals or not key:
+        key, value = split_assignment(argument)
+        if value is None or not key:
             raise ValueError(f"task param {argument!r} is not allowed: write KEY=VALUE, e.g. num_people=[3,4,5]")
         try:
             params[key] = yaml.safe_load(value)

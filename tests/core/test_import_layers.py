@@ -1,4 +1,5 @@
-"""Imports in the core and in tracking point one way: no module reaches itself again (function-level imports too)."""
+"""Imports in the core, tracking, the local backend and the sweep driver point one way: no module reaches itself
+again (function-level imports too)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
 
 
 @pytest.mark.parametrize(
-    "folder", ["dataflex_rl", "dataflex_rl/tracking", "dataflex_rl/tracking/run_store", "dataflex_rl/local"]
+    "folder", ["dataflex_rl", "dataflex_rl/tracking", "dataflex_rl/tracking/run_store", "dataflex_rl/local", "sweeps"]
 )
 def test_no_import_cycles(folder):
     graph = import_graph(folder)

@@ -145,3 +145,35 @@ def test_real_alpha_by_lr_sweep_reports_four_rows_and_names_wandb_runs_after_the
     assert sorted(offline) == sorted(data.runs["run"])
     assert offline["a0.5-s1-lr0.0003"].job_type == "a0.5-lr0.0003"
     assert {run.group for run in offline.values()} == {"real"}
+
+
+def test_an_axis_on_a_key_no_sweep_or_analysis_code_names_reaches_folders_job_types_and_the_report(tmp_path,
+                                                                                                 repo_on_path):
+    """``trainer.weight_decay`` appears nowhere in sweeps/ or analysis/: made an axis, it names the run folders,
+    reaches meta.json's axes and the W&B job type built from them, and groups the report."""
+    from dataflex_rl.tracking.identity import RunIdentity
+    from dataflex_rl.tracking.run_store import read_meta
+
+    from .conftest import REPO
+
+    assert not [path for folder in ("sweeps", "analysis") for path in (REPO / folder).rglob("*.py")
+                if "weight_decay" in path.read_text()]
+    code = main(["alpha=0.0,0.5", "seeds=1,2", "steps=2", f"root={tmp_path / 'runs'}", "name=wd",
+                 f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=true", "poll_s=0.1",
+                 "extra=[trainer.weight_decay=0.0,0.1]"])
+    assert code == 0
+    sweep_dir = tmp_path / "runs" / "wd"
+    runs = sorted(path.name for path in sweep_dir.iterdir() if (path / "meta.json").is_file())
+    assert runs == [f"a{alpha}-s{seed}-weight_decay{decay}" for alpha in ("0.0", "0.5") for seed in (1, 2)
+                    for decay in ("0.0", "0.1")]
+    meta = read_meta(sweep_dir / "a0.5-s2-weight_decay0.1")
+    assert meta["axes"] == {"alpha": 0.5, "trainer.weight_decay": 0.1, "seed": 2}
+    fields = {field: meta[field] for field in ("sweep", "run", "backend", "mechanism", "alpha", "seed", "config_hash",
+                                               "axes")}
+    assert RunIdentity(**fields).job_type == "a0.5-weight_decay0.1"
+    report = (sweep_dir / "report" / "report.md").read_text()
+    assert "Groups: alpha, trainer.weight_decay." in report
+    assert "Baseline: alpha=0, at the same trainer.weight_decay." in report
+    data = load.load_sweep(sweep_dir)
+    assert sorted(set(zip(data.runs["alpha"], data.runs["trainer.weight_decay"]))) == [
+        (0.0, 0.0), (0.0, 0.1), (0.5, 0.0), (0.5, 0.1)]

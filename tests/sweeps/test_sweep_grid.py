@@ -12,9 +12,10 @@ from dataflex_rl.validation import ConfigError
 from sweeps import driver
 from sweeps.cli import load_config
 from sweeps.backends import plan_runs, plan_warm_starts
-from sweeps.config import normalize_argv, split_extra
+from sweeps.cli import normalize_argv, split_extra
 from sweeps.driver import concurrency, default_name
-from sweeps.grid import expand_grid, parse_extra
+from sweeps.config import parse_extra
+from sweeps.grid import expand_grid
 from sweeps.manifest import Manifest
 from sweeps.planning import final_window_mean
 from sweeps.runner import SweepRunner, mark_run_store
@@ -76,7 +77,7 @@ def test_extra_axes_mechanisms_and_eta_multiply_the_grid():
     assert first.name == "a0.5-s1-baseline-lr0.0001-task-arithmetic"
     assert first.overrides == ("dataflex=baseline", "mechanism_label=baseline", "++dataflex.actuator.params.alpha=0.5",
                                "trainer.lr=0.0001", "task=arithmetic", "seed=1")
-    assert parse_extra(config.extra)[0] == ["trainer.kl_coef=0.0"]
+    assert [str(item) for item in parse_extra(config.extra)[0]] == ["trainer.kl_coef=0.0"]
     # eta multiplies only the presets whose actuator has an eta.
     mixed = expand_grid(config_of("alpha=0.5", "add_baseline=false", "seeds=1", "mechanisms=ar,lopti",
                                   "eta=0.25,0.75"))

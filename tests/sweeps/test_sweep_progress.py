@@ -17,7 +17,7 @@ import pandas as pd
 from rich.console import Console
 
 from dataflex_rl.tracking.run_store import JsonlTail
-from sweeps.progress import SFTLogTail, SweepView, format_duration, planned_total_steps
+from sweeps.progress import SFTLogTail, SweepView, format_duration, run_total_steps
 
 from .conftest import REPO, SCRIPTED_TRAIN
 
@@ -52,12 +52,23 @@ def test_sft_log_tail_finds_the_newest_progress_line(tmp_path):
     assert tail.read() == (75, 500)
 
 
-def test_planned_total_steps_from_the_override_or_the_run_config(tmp_path):
-    assert planned_total_steps(["python", "-m", "x", "trainer.total_steps=120"], None) == 120
-    assert planned_total_steps(["+trainer.total_training_steps=7"], None) == 7
+def test_the_plan_knows_each_runs_steps_and_the_view_falls_back_to_the_run_config(tmp_path):
+    from sweeps.backends import plan_runs
+    from sweeps.cli import load_config
+    from sweeps.grid import expand_grid
+
+    def steps_of(*argv):
+        config = load_config(["alpha=0.5", "seeds=1", "validate=false", *argv])[1]
+        return [run.total_steps for run in plan_runs(config, expand_grid(config), "x", tmp_path, threads=1)]
+
+    assert steps_of("steps=7") == [7, 7]
+    assert steps_of("local_steps=null", "extra=[trainer.total_steps=12]") == [12, 12]  # the common override's value
+    assert steps_of("local_steps=null") == [None, None]  # the trainer's default: read from the run's config
+    verl = ["backend=verl", "verl_experiment=verl_cpu_tiny", "dry_run=true", "local_steps=null"]
+    assert steps_of(*verl, "extra=[trainer.total_training_steps=3]") == [3, 3]
     (tmp_path / "config.yaml").write_text("trainer:\n  total_steps: 400\n")
-    assert planned_total_steps(["seed=1"], tmp_path) == 400
-    assert planned_total_steps(["seed=1"], tmp_path / "missing") is None
+    assert run_total_steps(tmp_path) == 400
+    assert run_total_steps(tmp_path / "missing") is None
 
 
 class Clock:
@@ -75,7 +86,7 @@ def test_eta_from_finished_runs_then_from_step_rates(tmp_path):
     assert view.plain  # not a terminal
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        view.started(name, ["trainer.total_steps=10"], tmp_path / name, tmp_path / f"{name}.log")
+        view.started(name, tmp_path / name, tmp_path / f"{name}.log", total=10)
     assert view.eta_seconds() is None  # nothing known yet
     (tmp_path / "a" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 6)))
     clock.now = 50.0
@@ -165,7 +176,7 @@ def test_plain_view_without_a_terminal_prints_one_line_per_event(tmp_path):
 def test_the_last_run_past_its_last_step_is_finishing_not_eta_zero(tmp_path):
     clock = Clock()
     view = SweepView(total=1, console=Console(file=io.StringIO()), clock=clock)
-    view.started("a", ["trainer.total_steps=2"], tmp_path, tmp_path / "a.log")
+    view.started("a", tmp_path, tmp_path / "a.log", total=2)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     clock.now = 10.0
     view.refresh()

@@ -14,12 +14,14 @@ from filelock import FileLock
 
 import sweeps.launchers
 from dataflex_rl.validation import ConfigError
+from sweeps import cli as sweep_cli
 from sweeps import config as sweep_config
 from sweeps.cli import load_config
 from sweeps.cli import main as sweep_main
 from sweeps.launchers import LAUNCHERS, discover
-from sweeps.runner import SweepPlan, SweepStopped
-from sweeps.session import SessionRefused, SweepSession
+from sweeps.commands import SweepPlan
+from sweeps.runner import SweepStopped
+from sweeps.driver import SessionRefused, SweepSession
 from sweeps.tune import main as tune_main
 
 from .conftest import SCRIPTED_TRAIN, read_manifest
@@ -119,6 +121,7 @@ def echo_launcher(tmp_path, monkeypatch):
     (conf_dir / "launcher" / "echo.yaml").write_text(ECHO_YAML)
     monkeypatch.setattr(sweeps.launchers, "__path__", [*sweeps.launchers.__path__, str(package_dir)])
     monkeypatch.setattr(sweep_config, "SWEEP_CONF_DIR", conf_dir)
+    monkeypatch.setattr(sweep_cli, "SWEEP_CONF_DIR", conf_dir)  # where the command line composes the sweep config
     with LAUNCHERS.snapshot():
         try:
             assert "echo" in discover()

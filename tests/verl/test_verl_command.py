@@ -11,7 +11,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
 from dataflex_rl import ConfigError, build_mechanism
-from dataflex_rl.validation import hydra_value
+from dataflex_rl.overrides import hydra_value
 from dataflex_rl.verl.command import (
     EXPERIMENT_DIR,
     TRAINER_MODE_OVERRIDE,

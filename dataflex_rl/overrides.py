@@ -1,0 +1,164 @@
+"""Hydra override text, read and written in one place.
+
+- :func:`parse_override` reads an override with Hydra's own grammar (``OverridesParser``) into an :class:`Override`
+  (key, prefix, value or sweep values); every module that needs an override's key or value asks it, none splits
+  ``key=value`` text itself.
+- :func:`split_assignment` splits the one kind of ``key=value`` text that is not yet Hydra's grammar: a command
+  line's conveniences before they are rewritten (``extra=a=1 b=2``, ``KEY=VALUE`` task params).
+- :func:`hydra_value` writes a value so that Hydra reads it back unchanged (the one quoter: sweep commands, paths,
+  verl arguments).
+- :func:`unknown_override_message` turns Hydra's refusal of an unknown key into the project's message form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dataflex_rl.validation import ConfigError
+
+_PREFIXES = ("++", "+", "~")
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """One override as Hydra's grammar reads it.
+
+    ``key``: the config key or group, bare (``trainer.lr``, ``task``); ``prefix``: ``""``, ``"+"``, ``"++"`` or
+    ``"~"``; ``package``: a group override's ``@package``; ``value``: the value in Hydra's grammar (None for ``~key``
+    without one, and for a sweep); ``sweep``: a sweep's values in Hydra's grammar (``trainer.lr=1e-4,3e-4`` ->
+    ``("0.0001", "0.0003")``), None for a single value; ``text``: the override as written; ``typed``: a single
+    value as Hydra types it (``0.0001``, ``[1, 2]``; a list may hold a sweep: ``[range(0,1)]``).
+    """
+
+    key: str
+    value: str | None = None
+    prefix: str = ""
+    package: str | None = None
+    sweep: tuple[str, ...] | None = None
+    text: str = ""
+    typed: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def key_element(self) -> str:
+        """The key as Hydra writes it: prefix, key and ``@package``."""
+        return f"{self.prefix}{self.key}" + (f"@{self.package}" if self.package else "")
+
+    @property
+    def group(self) -> str:
+        """The first part of the key (``trainer`` of ``trainer.lr``): the config block or group it changes."""
+        return self.key.split(".", 1)[0]
+
+    def with_value(self, value: str) -> Override:
+        """This override with one ``value`` (a sweep's cell); its text rewritten to match."""
+        return dataclasses.replace(self, value=value, sweep=None, text=f"{self.key_element}={value}")
+
+    def __str__(self) -> str:
+        if self.text:
+            return self.text
+        if self.value is None:
+            return self.key_element
+        return f"{self.key_element}={self.value}"
+
+
+def parse_override(text: str, where: str | None = None) -> Override:
+    """``text`` read by Hydra's override grammar; :class:`ConfigError` naming ``where`` (default: the text) and the
+    grammar's reason when Hydra cannot read it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_override(text)
+    except HydraException as error:
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f"{where or repr(text)} is not allowed: Hydra's override grammar cannot read it "
+                          f"({reason})") from None
+    element = parsed.get_key_element()
+    prefix = next((item for item in _PREFIXES if element.startswith(item)), "")
+    if parsed.is_sweep_override():
+        try:
+            values = tuple(dict.fromkeys(parsed.sweep_string_iterator()))
+        except HydraException:  # glob(...) and interval(...) list nothing to run
+            raise ConfigError(f"{where or repr(text)} is not allowed: an axis lists its values (key=a,b, choice(a,b) "
+                              f"or range(start,stop[,step])); glob(...) and interval(...) give no list of values to "
+                              f"run") from None
+        return Override(parsed.key_or_group, None, prefix, parsed.package, values, text)
+    value = None
+    if "=" in text:
+        try:
+            value = parsed.get_value_element_as_str()
+        except Exception:  # noqa: BLE001  (a list holding a sweep, [range(0,1)], has no one text: keep it as written)
+            value = split_assignment(text)[1]
+    return Override(parsed.key_or_group, value, prefix, parsed.package, None, text, parsed.value())
+
+
+def override_key(text: str) -> str:
+    """The bare key of an override text (``++trainer.lr=1e-3`` -> ``trainer.lr``); text Hydra cannot read is split
+    at its first ``=`` (:func:`split_assignment`)."""
+    try:
+        return parse_override(text).key
+    except ConfigError:
+        return split_assignment(text)[0].lstrip("+~")
+
+
+def split_assignment(text: str) -> tuple[str, str | None]:
+    """``"key=value"`` -> ``("key", "value")``, ``"word"`` -> ``("word", None)``: for command-line text that is not
+    Hydra's grammar yet (everything else goes through :func:`parse_override`)."""
+    key, equals, value = text.partition("=")
+    return key, value if equals else None
+
+
+_NOT_IN_CONFIG = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_override_message(error: BaseException, overrides: Sequence[str], compose: Any) -> str | None:
+    """For Hydra's refusal of an override whose key the config lacks (``Could not override 'trainer.lrr'``, which
+    suggests ``+trainer.lrr``, refused in turn): ``"trainer.lrr = '1e-3' is not allowed: trainer has no key 'lrr';
+    allowed keys of trainer: ..."``. ``compose(overrides)`` composes the config with the other overrides (the keys
+    listed are those of the groups they pick). None for any other error."""
+    found = _NOT_IN_CONFIG.search(str(error))
+    if not found:
+        return None
+    key = found.group(1)
+    given = [item for item in overrides if override_key(item) == key]
+    value = split_assignment(given[-1])[1] if given else None
+    parent, _, leaf = key.rpartition(".")
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        base = compose([item for item in overrides if item not in given])
+        node = OmegaConf.select(base, parent) if parent else base
+        allowed = [str(name) for name in node.keys()] if isinstance(node, DictConfig) else None
+    except Exception:  # noqa: BLE001  (the listing is a courtesy; the refusal stands without it)
+        allowed = None
+    where = parent or "the config"
+    if allowed is None:
+        return f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}"
+    return (f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}; allowed keys"
+            f"{' of ' + parent if parent else ''}: {', '.join(allowed)}")
+
+
+# Hydra override values: text that needs no quotes, and words Hydra would read as another type.
+_PLAIN_VALUE = re.compile(r"[A-Za-z_/][\w\-./]*")
+_HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` written in Hydra's override grammar, strings quoted only when they need it (the one quoter of
+    override values: sweep commands, paths, verl arguments)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    text = str(value)
+    if _PLAIN_VALUE.fullmatch(text) and text.lower() not in _HYDRA_RESERVED:
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -1,0 +1,230 @@
+"""Histogram figures: per-token weight and probability histograms rebinned onto shared edges, as heatmaps over
+steps or as one step's bars."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.colors import PowerNorm
+
+from analysis.plots.style import (
+    STEP_LABEL,
+    axes_or_new,
+    group_colors,
+    group_label,
+    group_rows,
+    metric_label,
+    sorted_groups,
+)
+
+
+# --- histograms --------------------------------------------------------------------------------------------------
+
+
+def rebin_histogram(edges: np.ndarray, counts: np.ndarray, new_edges: np.ndarray) -> np.ndarray:
+    """Counts ``(k,)`` on ``edges`` ``(k+1,)`` -> counts ``(len(new_edges)-1,)`` on ``new_edges``.
+
+    Assumes counts spread uniformly inside each bin: the cumulative count is interpolated linearly at the new edges
+    (mass outside ``new_edges`` is dropped).
+    """
+    cumulative = np.concatenate([[0.0], np.cumsum(np.asarray(counts, dtype=np.float64))])
+    return np.diff(np.interp(new_edges, np.asarray(edges, dtype=np.float64), cumulative))
+
+
+def _common_edges(rows: pd.DataFrame, bins: int) -> np.ndarray:
+    """``bins`` equal bins ``(bins+1,)`` spanning every histogram's edges in ``rows``."""
+    low = min(float(np.min(e)) for e in rows["edges"])
+    high = max(float(np.max(e)) for e in rows["edges"])
+    return np.linspace(low, high if high > low else low + 1.0, bins + 1)
+
+
+def shared_edges(rows: pd.DataFrame) -> np.ndarray | None:
+    """The bin edges every histogram in ``rows`` was logged with, or None when they differ (the run store's
+    histograms use fixed edges, ``dataflex_rl.metrics``, so they normally agree)."""
+    first = np.asarray(rows["edges"].iloc[0], dtype=np.float64)
+    for edges in rows["edges"]:
+        if len(edges) != len(first) or not np.allclose(edges, first, rtol=0.0, atol=1e-12):
+            return None
+    return first
+
+
+def _target_edges(rows: pd.DataFrame, bins: int | None, edges: np.ndarray | None) -> np.ndarray:
+    """Explicit ``edges``; else the logged edges (``bins`` None) when shared; else ``bins`` (default 50) equal bins."""
+    if edges is not None:
+        return np.asarray(edges, dtype=np.float64)
+    logged = shared_edges(rows) if bins is None else None
+    return logged if logged is not None else _common_edges(rows, bins or 50)
+
+
+def _counts_on(run_edges: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """A run's counts on ``edges``: as logged when its edges are these, else rebinned (:func:`rebin_histogram`)."""
+    if len(run_edges) == len(edges) and np.allclose(run_edges, edges, rtol=0.0, atol=1e-12):
+        return np.asarray(counts, dtype=np.float64)
+    return rebin_histogram(run_edges, counts, edges)
+
+
+def histogram_matrix(
+    histograms: pd.DataFrame, name: str, bins: int | None = None, edges: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Histograms ``name`` of the given rows -> ``(steps (s,), edges (k+1,), fractions (s, k))``.
+
+    Bins: ``edges`` if given; else the edges the histograms were logged with (``bins=None``, when they all share
+    them: no rebinning, so a spike sits in exactly one bin); else ``bins`` equal bins spanning all edges. Each
+    (run, step) histogram becomes fractions (rows sum to 1), averaged over runs at each step.
+    """
+    rows = histograms[histograms["name"].astype(str) == name]
+    if rows.empty:
+        raise KeyError(f"histogram name={name!r} is not in the table; available: "
+                       f"{sorted(histograms['name'].astype(str).unique())}")
+    edges = _target_edges(rows, bins, edges)
+    steps = np.sort(rows["step"].unique())
+    index = {int(step): i for i, step in enumerate(steps)}
+    totals = np.zeros((steps.size, edges.size - 1))
+    runs_per_step = np.zeros(steps.size)
+    for step, run_edges, counts in zip(rows["step"], rows["edges"], rows["counts"], strict=True):
+        on_edges = _counts_on(run_edges, counts, edges)
+        mass = on_edges.sum()
+        if mass > 0:
+            totals[index[int(step)]] += on_edges / mass
+            runs_per_step[index[int(step)]] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fractions = totals / runs_per_step[:, None]
+    return steps, edges, fractions
+
+
+def occupied_range(edges: np.ndarray, fractions: np.ndarray, margin: int = 1) -> tuple[float, float]:
+    """``(low, high)`` value range of the bins holding any mass in ``fractions`` ``(s, k)``, ``margin`` empty bins
+    added on each side (the heatmap's y-axis is cropped to it); the full range when nothing is occupied."""
+    occupied = np.flatnonzero(np.nansum(np.asarray(fractions), axis=0) > 0)
+    if occupied.size == 0:
+        return float(edges[0]), float(edges[-1])
+    first = max(int(occupied[0]) - margin, 0)
+    last = min(int(occupied[-1]) + 1 + margin, edges.size - 1)
+    return float(edges[first]), float(edges[last])
+
+
+def plot_histogram_heatmap(
+    histograms: pd.DataFrame,
+    name: str,
+    *,
+    ax: Axes | None = None,
+    bins: int | None = None,
+    vmax: float | None = None,
+    colorbar: bool = True,
+    edges: np.ndarray | None = None,
+    crop: bool = True,
+) -> Axes:
+    """Heatmap of histogram ``name`` over training (x step, y value, colour = fraction of tokens), averaged over
+    the runs in ``histograms`` (filter it to one group first). Bins as in :func:`histogram_matrix` (default: the
+    logged edges). ``crop``: the y-axis spans only the occupied bins (:func:`occupied_range`). The mesh is
+    ``ax.collections[0]``."""
+    ax = axes_or_new(ax)
+    steps, edges, fractions = histogram_matrix(histograms, name, bins, edges)
+    step_edges = _cell_edges(steps.astype(np.float64))
+    # A square-root colour scale keeps spread-out distributions visible beside a single spike (alpha = 0: all 1).
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
+    mesh = ax.pcolormesh(step_edges, edges, fractions.T, shading="flat", cmap="magma", norm=norm)
+    if crop:
+        ax.set_ylim(*occupied_range(edges, fractions))
+    if colorbar:
+        ax.figure.colorbar(mesh, ax=ax, label="share of tokens (sqrt scale)")
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel(metric_label(name))
+    return ax
+
+
+def _cell_edges(centers: np.ndarray) -> np.ndarray:
+    """Edges ``(n+1,)`` around cell centres ``(n,)``: midpoints, with the end cells mirrored."""
+    if centers.size == 1:
+        return np.array([centers[0] - 0.5, centers[0] + 0.5])
+    middle = (centers[1:] + centers[:-1]) / 2.0
+    return np.concatenate([[2 * centers[0] - middle[0]], middle, [2 * centers[-1] - middle[-1]]])
+
+
+def plot_histogram_heatmaps(
+    histograms: pd.DataFrame,
+    name: str,
+    *,
+    group_keys: Sequence[str] = ("alpha",),
+    axes: Sequence[Axes] | None = None,
+    bins: int | None = None,
+    crop: bool = True,
+) -> np.ndarray:
+    """One :func:`plot_histogram_heatmap` per group on a shared colour scale (one colour bar) and a shared y-range
+    (cropped to the bins any group occupies); returns the axes ``(n_groups,)``."""
+    rows = histograms[histograms["name"].astype(str) == name]
+    if rows.empty:
+        raise KeyError(f"histogram name={name!r} is not in the table; available: "
+                       f"{sorted(histograms['name'].astype(str).unique())}")
+    groups = sorted_groups(rows, group_keys)
+    if axes is None:
+        _, created = plt.subplots(1, len(groups), figsize=(3.6 * len(groups) + 1.0, 3.5), squeeze=False,
+                                  sharey=True, layout="constrained")
+        axes = created[0]
+    if len(axes) != len(groups):
+        raise ValueError(f"got {len(axes)} axes for {len(groups)} groups of {list(group_keys)}")
+    edges = _target_edges(rows, bins, None)
+    matrices = [histogram_matrix(group_rows(rows, group_keys, g), name, edges=edges)[2] for g in groups]
+    with np.errstate(invalid="ignore"):
+        vmax = max(float(np.nanmax(m, initial=0.0)) for m in matrices) or None
+    for ax, group in zip(axes, groups, strict=True):
+        plot_histogram_heatmap(group_rows(rows, group_keys, group), name, ax=ax, vmax=vmax, colorbar=False,
+                               edges=edges, crop=False)
+        ax.set_title(group_label(group_keys, group))
+    if crop:
+        low, high = occupied_range(edges, np.vstack(matrices))
+        for ax in axes:
+            ax.set_ylim(low, high)
+    axes = np.asarray(axes)
+    axes[0].figure.colorbar(axes[-1].collections[0], ax=list(axes), label="share of tokens (sqrt scale)")
+    for ax in axes[1:]:
+        ax.set_ylabel("")
+    return axes
+
+
+def plot_histogram(
+    histograms: pd.DataFrame,
+    name: str,
+    *,
+    step: int | None = None,
+    group_keys: Sequence[str] = ("alpha",),
+    ax: Axes | None = None,
+    bins: int | None = None,
+    log: bool = True,
+) -> Axes:
+    """Histogram ``name`` at ``step`` (default: each group's last logged step), mean count per run, one outline per
+    group overlaid (e.g. the token-probability distribution at the end of training). Bins as in
+    :func:`histogram_matrix` (default: the logged edges). ``log``: a log count axis, so a spike at 1 does not hide
+    the low-probability tail."""
+    ax = axes_or_new(ax)
+    rows = histograms[histograms["name"].astype(str) == name]
+    if rows.empty:
+        raise KeyError(f"histogram name={name!r} is not in the table; available: "
+                       f"{sorted(histograms['name'].astype(str).unique())}")
+    groups = sorted_groups(rows, group_keys)
+    colors = group_colors(groups)
+    edges = _target_edges(rows, bins, None)
+    steps_shown = set()
+    for group in groups:
+        part = group_rows(rows, group_keys, group)
+        chosen = int(part["step"].max()) if step is None else step
+        part = part[part["step"] == chosen]
+        if part.empty:
+            continue
+        steps_shown.add(chosen)
+        counts = sum(_counts_on(e, c, edges) for e, c in zip(part["edges"], part["counts"], strict=True))
+        ax.stairs(counts / len(part), edges, color=colors[group], linewidth=1.6,
+                  label=f"{group_label(group_keys, group)} (step {chosen})")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel(metric_label(name))
+    ax.set_ylabel("tokens per run" + (" (log scale)" if log else ""))
+    when = f"step {steps_shown.pop()}" if len(steps_shown) == 1 else "each group's last step"
+    ax.set_title(f"{metric_label(name)} at {when}", fontsize="medium")
+    ax.grid(alpha=0.3, linewidth=0.5, which="major")
+    ax.legend(fontsize="small")
+    return ax

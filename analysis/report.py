@@ -22,16 +22,12 @@ import argparse
 import datetime as dt
 import logging
 import os
-import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.figure import Figure
 
-from analysis import plots
 from analysis.aggregate import (
     DEFAULT_FINAL_WINDOW,
     aggregate_runs,
@@ -42,12 +38,11 @@ from analysis.aggregate import (
     run_summaries,
 )
 from analysis.bootstrap import DEFAULT_BOOTSTRAP, MIN_BOOTSTRAP_N
-from analysis.curves import BAND_METHOD, MEASURED_BAND_COVERAGE, curve_differences
 from analysis.export import write_sweep_tables
-from analysis.groups import group_key
 from analysis.html_report import write_report_html
 from analysis.load import IDENTITY_COLUMNS, SeveralSweepsError, SweepData, add_run_columns, check_one_sweep, load_sweep
 from analysis.power import plan_section, power_section, variance_section
+from analysis.report_figures import Document, ReportOptions, figure_sections, where_groups_differ_section
 from analysis.statistics import DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL
 from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
 from dataflex_rl import keys
@@ -55,60 +50,8 @@ from dataflex_rl import keys
 logger = logging.getLogger(__name__)
 
 DEFAULT_METRICS: tuple[str, ...] = (keys.VAL_ACCURACY, keys.SCORE_MEAN, keys.TRAIN_ACCURACY, keys.RESPONSE_LENGTH_MEAN)
-CURVE_METRICS: tuple[tuple[str, str], ...] = ((keys.VAL_ACCURACY, "Validation accuracy"), (keys.SCORE_MEAN, "Reward"))
 TABLE_VALUES: tuple[tuple[str, str], ...] = (
     ("final_window", "Final-window mean"), ("auc", "Area under the curve (time-averaged value)"))
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    """Everything that shapes a report; the defaults are the CLI's defaults."""
-
-    metrics: tuple[str, ...] | None = None  # None: those of DEFAULT_METRICS present in the sweep
-    group_keys: tuple[str, ...] | None = None  # None: default_group_keys(runs)
-    final_window: int = DEFAULT_FINAL_WINDOW
-    confidence: float = DEFAULT_CONFIDENCE
-    n_bootstrap: int = DEFAULT_BOOTSTRAP
-    random_state: int = 0
-    style: str = "pm"
-    thresholds: Mapping[str, float] = field(default_factory=dict)
-    include_incomplete: bool = False
-    target_effect: float = 0.01  # "to detect E you need N seeds" (a planned sweep's target_mde takes precedence)
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()
-
-
-def _save(figure: Figure, out_dir: Path, name: str) -> str:
-    """``fig_<name>.png`` (200 dpi) and ``fig_<name>.pdf`` (vector, for a paper); returns the PNG's name."""
-    return plots.save_figure(figure, out_dir / f"fig_{name}")[0].name
-
-
-class _Document:
-    """Markdown lines plus a helper that draws one figure section without letting a failure stop the report."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = out_dir
-        self.lines: list[str] = []
-        self.figures: list[str] = []
-
-    def add(self, *lines: str) -> None:
-        self.lines.extend(lines)
-
-    def figure(self, title: str, name: str, draw: Callable[[Figure], None], size: tuple[float, float] = (6.4, 4.2)) -> None:
-        self.add(f"### {title}", "")
-        figure = Figure(figsize=size, layout="constrained")
-        try:
-            draw(figure)
-            file_name = _save(figure, self.out_dir, name)
-        except Exception as exc:
-            logger.warning("figure %r failed: %s", name, exc, exc_info=True)
-            self.add(f"_Could not draw this figure: {type(exc).__name__}: {exc}_", "")
-            return
-        self.figures.append(file_name)
-        self.add(f"![{title}]({file_name})", "", f"Vector version: [{Path(file_name).stem}.pdf]"
-                 f"({Path(file_name).stem}.pdf).", "")
 
 
 SUMMARY_METRIC = keys.VAL_ACCURACY
@@ -224,7 +167,7 @@ def _umask() -> int:
 def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) -> Path:
     """Every file of the report, into ``out_dir``; returns ``report.md``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    document = _Document(out_dir)
+    document = Document(out_dir)
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
     data = _with_group_columns(data, group_keys)
     _header_section(document, data, group_keys, options)
@@ -241,8 +184,8 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
     else:
         document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
     document.add("## Figures", "")
-    _figure_sections(document, data, summaries, table_metrics, group_keys, options)
-    _where_groups_differ_section(document, data, table_metrics, group_keys, options)
+    figure_sections(document, data, summaries, table_metrics, group_keys, options)
+    where_groups_differ_section(document, data, table_metrics, group_keys, options)
     report_path = out_dir / "report.md"
     report_path.write_text("\n".join(document.lines).rstrip() + "\n")
     write_report_html(report_path)
@@ -264,7 +207,7 @@ def _with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData
                      else data.histograms, manifest=data.manifest, source=data.source)
 
 
-def _header_section(document: _Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
+def _header_section(document: Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
     """Title, source, run counts and how to read the tables."""
     sweep_names = sorted(data.runs["sweep"].astype(str).unique()) if len(data.runs) else ["(empty)"]
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -308,7 +251,7 @@ def runs_without(data: SweepData, metric: str) -> list[str]:
     return [run for run in included if run not in have]
 
 
-def _warning_section(document: _Document, data: SweepData) -> None:
+def _warning_section(document: Document, data: SweepData) -> None:
     """What makes the comparisons weaker than they look: runs of different lengths, runs without a table metric."""
     lines = []
     lengths = run_lengths(data)
@@ -330,7 +273,7 @@ def _warning_section(document: _Document, data: SweepData) -> None:
         document.add("## Warnings", "", *lines, "")
 
 
-def _runs_sections(document: _Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
+def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
     """The summary table, the included runs per group and the excluded runs with their reasons."""
     headline = summary_table(data, options)
     if headline is not None:
@@ -347,7 +290,7 @@ def _runs_sections(document: _Document, data: SweepData, group_keys: Sequence[st
         document.add(f"{len(excluded)} run(s) left out of every aggregate:", "", to_markdown_frame(excluded), "")
 
 
-def _table_metrics(document: _Document, data: SweepData, options: ReportOptions) -> list[str]:
+def _table_metrics(document: Document, data: SweepData, options: ReportOptions) -> list[str]:
     """The requested (else default) table metrics that are logged; the others are named in the report."""
     available = set(data.metric_names)
     requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
@@ -357,7 +300,7 @@ def _table_metrics(document: _Document, data: SweepData, options: ReportOptions)
     return [m for m in requested if m in available]
 
 
-def _power_sections(document: _Document, data: SweepData, summaries: pd.DataFrame, table_metrics: Sequence[str],
+def _power_sections(document: Document, data: SweepData, summaries: pd.DataFrame, table_metrics: Sequence[str],
                     group_keys: Sequence[str], options: ReportOptions) -> None:
     """What each comparison of the primary metric can detect, its variance split and the sweep's seed plan."""
     primary = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
@@ -379,7 +322,7 @@ def to_markdown_frame(frame: pd.DataFrame) -> str:
 
 
 def _table_sections(
-    document: _Document, summaries: pd.DataFrame, metrics: Sequence[str], group_keys: Sequence[str],
+    document: Document, summaries: pd.DataFrame, metrics: Sequence[str], group_keys: Sequence[str],
     options: ReportOptions,
 ) -> None:
     baseline = default_baseline(summaries, group_keys)
@@ -410,244 +353,6 @@ def _table_sections(
         document.add("First step at which a run reached the threshold; n counts the runs that reached it.", "",
                      to_markdown(comparison_table(reached, group_keys=group_keys, style=options.style, digits=1,
                                                   minimize=set(options.thresholds))), "")
-
-
-SMOOTHING = 0.9  # EMA factor of per-step curves in the report (W&B's default range); sparse curves are not smoothed
-SMOOTH_MIN_POINTS = 50
-
-
-def curve_smoothing(long: pd.DataFrame, metric: str) -> float | None:
-    """:data:`SMOOTHING` for a metric logged at least :data:`SMOOTH_MIN_POINTS` times per run (per-step training
-    statistics), None for sparse ones (validation accuracy every N steps), whose every point is a measurement."""
-    rows = long[long["metric"].astype(str) == metric]
-    points = rows.groupby(rows["run"].astype(str))["step"].size()
-    return SMOOTHING if len(points) and points.median() >= SMOOTH_MIN_POINTS else None
-
-
-def _figure_sections(
-    document: _Document, data: SweepData, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
-    group_keys: Sequence[str], options: ReportOptions,
-) -> None:
-    """Every figure section, in order: curves, final metric against alpha, histograms, gradient statistics, the
-    low-probability share. A figure whose data is missing gets a line saying why it is skipped."""
-    _curve_figures(document, data, table_metrics, group_keys, options)
-    _final_metric_figure(document, data, summaries, table_metrics, group_keys, options)
-    _histogram_figures(document, data, group_keys)
-    _gradient_figures(document, data, group_keys, options)
-    _prob_change_figures(document, data, group_keys, options)
-    _low_prob_share_figure(document, data, group_keys, options)
-
-
-def _curve_figures(document: _Document, data: SweepData, table_metrics: Sequence[str], group_keys: Sequence[str],
-                   options: ReportOptions) -> None:
-    """One curve figure per metric of :data:`CURVE_METRICS` and of the tables; a metric equal to one drawn above at
-    every step of every run is not drawn again."""
-    available = set(data.metric_names)
-    curve_metrics = list(dict.fromkeys([*(m for m, _ in CURVE_METRICS), *table_metrics]))
-    titles = dict(CURVE_METRICS)
-    duplicates = plots.identical_metrics(data.metrics, [m for m in curve_metrics if m in available])
-    for metric in curve_metrics:
-        title = titles.get(metric, plots.metric_label(metric))
-        if metric not in available:
-            document.add(f"### {title}", "", f"Skipped: `{metric}` is not logged.", "")
-            continue
-        if metric in duplicates:
-            document.add(f"### {title}", "", f"Not drawn: `{metric}` equals `{duplicates[metric]}` at every step of "
-                         "every run (drawn once above).", "")
-            continue
-        document.figure(title, f"curve_{_slug(metric)}", lambda figure, m=metric: plots.plot_curves(
-            data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
-            random_state=options.random_state, smoothing=curve_smoothing(data.metrics, m)))
-
-
-def _final_metric_figure(document: _Document, data: SweepData, summaries: pd.DataFrame | None,
-                         table_metrics: Sequence[str], group_keys: Sequence[str], options: ReportOptions) -> None:
-    """The final value of the first table metric (``val/accuracy`` when tabled) against alpha, one series per value
-    of the next group key."""
-    final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
-    if summaries is None or final_metric is None or "alpha" not in group_keys:
-        document.add("### Final metric against alpha", "", "Skipped: no table metric, or alpha is not a group key.", "")
-        return
-    series_key = next((k for k in group_keys if k != "alpha"), None)
-    aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys,
-                                confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                                random_state=options.random_state)
-    reference = after_sft_reference(data.metrics, final_metric)
-    document.figure(f"Final {final_metric} against alpha", f"final_vs_alpha_{_slug(final_metric)}",
-                    lambda figure: plots.plot_metric_vs_alpha(
-                        aggregates, final_metric, series_key=series_key, ax=figure.add_subplot(),
-                        per_seed=summaries[summaries["metric"].astype(str) == final_metric],
-                        reference=reference, reference_label="after SFT (step 0)"))
-
-
-def _histogram_figures(document: _Document, data: SweepData, group_keys: Sequence[str]) -> None:
-    """Advantage-weight heatmaps (one panel per group) and the last step's token-probability histogram."""
-    histogram_names = set(data.histograms["name"].astype(str).unique()) if len(data.histograms) else set()
-    if keys.HIST_WEIGHT in histogram_names:
-        n_groups = len(data.histograms[list(group_keys)].drop_duplicates())
-        document.figure("Advantage-weight histograms over training", "hist_weight_heatmap",
-                        lambda figure: plots.plot_histogram_heatmaps(
-                            data.histograms, keys.HIST_WEIGHT, group_keys=group_keys,
-                            axes=figure.subplots(1, n_groups, squeeze=False, sharey=True)[0]),
-                        size=(3.6 * n_groups + 1.0, 3.5))
-    else:
-        document.add("### Advantage-weight histograms over training", "",
-                     f"Skipped: no `{keys.HIST_WEIGHT}` histograms in the run store.", "")
-    if keys.HIST_TOKEN_PROB in histogram_names:
-        document.figure("Token-probability histogram (last step, log count axis)", "hist_token_prob",
-                        lambda figure: plots.plot_histogram(data.histograms, keys.HIST_TOKEN_PROB,
-                                                            group_keys=group_keys, ax=figure.add_subplot()))
-    else:
-        document.add("### Token-probability histogram", "",
-                     f"Skipped: no `{keys.HIST_TOKEN_PROB}` histograms in the run store.", "")
-
-
-def _gradient_figures(document: _Document, data: SweepData, group_keys: Sequence[str],
-                      options: ReportOptions) -> None:
-    """Gradient norm by token-probability bucket, one figure per logged statistic."""
-    grad_stats = plots.available_grad_stats(set(data.metric_names))
-    if not grad_stats:
-        document.add("### Gradient norm by token probability", "",
-                     f"Skipped: no `{keys.GRAD_BY_PROB_PREFIX}/<bucket>/<stat>` metrics for the stats "
-                     f"{', '.join(plots.GRAD_BUCKET_STATS)}.", "")
-        return
-    for stat in grad_stats:
-        document.figure(f"Gradient norm by token probability ({stat})", f"grad_by_prob_{stat}",
-                        lambda figure, s=stat: plots.plot_grad_by_bucket(
-                            data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
-                            confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                            random_state=options.random_state, ax=figure.add_subplot()))
-
-
-def _prob_change_figures(document: _Document, data: SweepData, group_keys: Sequence[str],
-                         options: ReportOptions) -> None:
-    """How one update moved each token's probability, by advantage sign and bucket (next to the gradient shares)."""
-    names = set(data.metric_names)
-    stats = [stat for stat in plots.PROB_CHANGE_LABELS
-             if any(plots.prob_change_metrics(names, sign, stat) for sign in keys.ADVANTAGE_SIGNS)]
-    if not stats:
-        return
-    document.add("How one policy update moved each token's probability (the AR paper's \"why\"): after a step's "
-                 "update the updated policy scores the same batch, and per advantage sign and old-probability bucket "
-                 "the bars give the share of tokens whose probability moved in the direction of their advantage "
-                 "(above 0.5: mostly the right way) and the mean change, time-averaged over the measured steps, mean "
-                 "over seeds with the t interval.", "")
-    for stat in stats:
-        document.figure(f"Probability change by token probability ({stat})", f"prob_change_{stat}",
-                        lambda figure, s=stat: plots.plot_prob_change(
-                            data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
-                            confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                            random_state=options.random_state, axes=figure.subplots(1, 2, sharey=True)),
-                        size=(11.0, 4.2))
-
-
-def _low_prob_share_figure(document: _Document, data: SweepData, group_keys: Sequence[str],
-                           options: ReportOptions) -> None:
-    """The share of low-probability tokens over training."""
-    if keys.TOKEN_PROB_LOW_FRAC not in set(data.metric_names):
-        document.add("### Low-probability token share over training", "",
-                     f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")
-        return
-    document.figure("Low-probability token share over training", "low_prob_share",
-                    lambda figure: plots.plot_low_prob_share(
-                        data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
-                        confidence=options.confidence, random_state=options.random_state,
-                        smoothing=curve_smoothing(data.metrics, keys.TOKEN_PROB_LOW_FRAC)))
-
-
-def _where_groups_differ_section(document: _Document, data: SweepData, table_metrics: Sequence[str],
-                                 group_keys: Sequence[str], options: ReportOptions) -> None:
-    """"## Where in training the groups differ": per evaluation metric of the tables, one figure per comparison with
-    the baseline (:func:`analysis.curves.curve_differences`), then the primary metric's sample-efficiency curves.
-    Nothing without a baseline group and another group to compare with it."""
-    if not table_metrics:
-        return
-    runs = data.included_runs  # the groups and their values, without scanning the metrics table
-    baseline = default_baseline(runs, group_keys)
-    if baseline is None or len(runs[list(group_keys)].drop_duplicates()) < 2:
-        return
-    within = [key for key in group_keys if key not in baseline]
-    measured = "" if options.confidence != 0.95 else (  # measured at the default level only
-        " (simulated with correlated steps: " + ", ".join(f"{value:.1%}" for value in MEASURED_BAND_COVERAGE.values())
-        + f" at {', '.join(map(str, MEASURED_BAND_COVERAGE))} seeds, see docs/analysis.md)")
-    document.add(
-        "## Where in training the groups differ", "",
-        f"Each group against the baseline{' at the same ' + ', '.join(within) if within else ''}, paired by seed at "
-        "every evaluation step both logged: the line is the mean paired difference (group minus baseline), the dark "
-        f"band its {options.confidence:.0%} pointwise paired-t interval, the light band a {options.confidence:.0%} "
-        f"simultaneous band over all K steps of the comparison ({BAND_METHOD}: Bonferroni over the K steps with "
-        "paired-t quantiles `t_{1-a/(2K), n-1}`). The whole true difference curve lies inside the light band with "
-        f"probability at least {options.confidence:.0%} whatever the correlation between steps{measured}. Where "
-        "the light band excludes 0, the groups differ at that step; a dark band alone "
-        "misses somewhere along a curve far more often than its level says. Comparisons with fewer than "
-        f"{MIN_SEEDS_FOR_INTERVAL} paired seeds are not drawn.", "")
-    evaluation_metrics = [m for m in table_metrics if curve_smoothing(data.metrics, m) is None]
-    dense = [m for m in table_metrics if m not in evaluation_metrics]
-    if dense:
-        document.add(f"Not compared step by step (logged at least {SMOOTH_MIN_POINTS} times per run, so a "
-                     f"simultaneous band over every step is too wide to show anything): {', '.join(dense)}.", "")
-    duplicates = plots.identical_metrics(data.metrics, evaluation_metrics)
-    for metric in (m for m in evaluation_metrics if m not in duplicates):
-        _curve_difference_figures(document, data, metric, group_keys, baseline, options)
-    _sample_efficiency_figure(document, data, table_metrics, group_keys, options)
-
-
-def _curve_difference_figures(document: _Document, data: SweepData, metric: str, group_keys: Sequence[str],
-                              baseline: Mapping[str, object], options: ReportOptions) -> None:
-    """One curve-difference figure per comparison of ``metric`` with at least ``MIN_SEEDS_FOR_INTERVAL`` paired
-    seeds; a line naming the others."""
-    try:
-        frame = curve_differences(data.metrics, metric, group_keys=group_keys, baseline=baseline,
-                                  confidence=options.confidence)
-    except ValueError as exc:
-        document.add(f"### {plots.metric_label(metric)}: differences against the baseline", "",
-                     f"_Could not compare: {exc}_", "")
-        return
-    colors = plots.group_color_map(data.metrics[data.metrics["metric"].astype(str) == metric], group_keys)
-    too_few = []
-    for group, rows in frame.groupby(list(group_keys), sort=True, dropna=False, observed=True):
-        group = group if isinstance(group, tuple) else (group,)
-        label = plots.group_label(group_keys, group)
-        if int(rows["n"].max()) < MIN_SEEDS_FOR_INTERVAL:
-            too_few.append(f"{label} ({int(rows['n'].max())})")
-            continue
-        color = next((c for g, c in colors.items() if group_key(g) == group_key(group)), None)
-        document.figure(f"{metric}: {label} against the baseline", f"difference_{_slug(metric)}_{_slug(label)}",
-                        lambda figure, r=rows, c=color: plots.plot_curve_difference(
-                            r, ax=figure.add_subplot(), color=c))
-    if too_few:
-        document.add(f"`{metric}`, not drawn (fewer than {MIN_SEEDS_FOR_INTERVAL} seeds paired with the baseline; "
-                     f"most paired seeds at a step in brackets): {', '.join(too_few)}.", "")
-
-
-def _sample_efficiency_figure(document: _Document, data: SweepData, table_metrics: Sequence[str],
-                              group_keys: Sequence[str], options: ReportOptions) -> None:
-    """Mean and IQM curves of the primary metric with their intervals, when at least two groups have
-    ``MIN_SEEDS_FOR_INTERVAL`` runs to give them."""
-    metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
-    rows = data.metrics[data.metrics["metric"].astype(str) == metric]
-    runs = rows.groupby(list(group_keys), dropna=False, observed=True)["run"].nunique()
-    title = f"Sample efficiency: {metric}"
-    if int((runs >= MIN_SEEDS_FOR_INTERVAL).sum()) < 2:
-        document.add(f"### {title}", "", f"Skipped: fewer than two groups with {MIN_SEEDS_FOR_INTERVAL} seeds.", "")
-        return
-    document.add("Sample efficiency (rliable's curves): the mean over seeds at each step with its Student-t interval, "
-                 "and the interquartile mean (IQM) with the Tukey-McLaughlin trimmed-mean t interval (25% trimmed, "
-                 "winsorised variance, n - 2g - 1 degrees of freedom). Below 4 seeds the IQM trims nothing and equals "
-                 "the mean. Measured by simulation on normal data, the IQM band covers 0.949 at 3 seeds but 0.938 at "
-                 "5 and 0.941 at 10 for a nominal 0.95 (docs/analysis.md): read it as a 94% band; the mean's covers "
-                 f"0.95. Bands from {MIN_SEEDS_FOR_INTERVAL} seeds on.", "")
-    document.figure(title, f"sample_efficiency_{_slug(metric)}",
-                    lambda figure: plots.plot_sample_efficiency(
-                        data.metrics, metric, group_keys=group_keys, confidence=options.confidence,
-                        axes=figure.subplots(1, 2, sharey=True)),
-                    size=(11.0, 4.2))
-
-
-def after_sft_reference(long: pd.DataFrame, metric: str) -> float | None:
-    """Mean over runs of ``metric`` at step 0 (the evaluation of the SFT warm start before any RL step), or None."""
-    at_start = long[(long["metric"].astype(str) == metric) & (long["step"] == 0)]
-    return float(at_start["value"].mean()) if len(at_start) else None
 
 
 def build_report(

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import analysis
-from analysis import curves, load, plots, report, statistics
+from analysis import curves, load, plots, report, report_figures, statistics
 from analysis.load import RunMetrics
 from analysis.synthetic import write_fake_sweep
 from dataflex_rl import keys
@@ -205,13 +205,14 @@ def saved_figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
         saved[Path(stem).name] = figure
         return [Path(f"{stem}.png"), Path(f"{stem}.pdf")]
 
-    monkeypatch.setattr(report.plots, "save_figure", record)
+    monkeypatch.setattr(report_figures.plots, "save_figure", record)
     return saved
 
 
 def _section(data: load.SweepData, out_dir: Path, metrics=(keys.VAL_ACCURACY,)) -> str:
-    document = report._Document(out_dir)
-    report._where_groups_differ_section(document, data, list(metrics), ("alpha",), report.ReportOptions())
+    document = report_figures.Document(out_dir)
+    report_figures.where_groups_differ_section(document, data, list(metrics), ("alpha",),
+                                               report_figures.ReportOptions())
     return "\n".join(document.lines)
 
 
@@ -221,7 +222,7 @@ def test_report_section_draws_each_comparison_and_the_sample_efficiency(tmp_path
                                             histograms=False, grad_stats=False, write_manifest=False))
     # the reward is logged at all 12 steps, validation accuracy at 4: with a threshold of 10 points per run the reward
     # counts as a per-step training metric and is not compared step by step
-    monkeypatch.setattr(report, "SMOOTH_MIN_POINTS", 10)
+    monkeypatch.setattr(report_figures, "SMOOTH_MIN_POINTS", 10)
     text = _section(data, tmp_path, metrics=(keys.VAL_ACCURACY, keys.SCORE_MEAN))
     assert text.startswith("## Where in training the groups differ")
     assert "Not compared step by step (logged at least 10 times per run" in text and "): critic/score/mean." in text

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import report
+from analysis import report, report_figures
 from analysis.synthetic import fake_metrics, write_fake_run, write_fake_sweep
 
 FAST = ["--bootstrap", "200"]
@@ -160,8 +160,8 @@ def test_a_killed_report_leaves_the_previous_one_whole(tmp_path: Path, monkeypat
             raise KeyboardInterrupt
         return original(figure, stem)
 
-    original = report.plots.save_figure
-    monkeypatch.setattr(report.plots, "save_figure", killed)
+    original = report_figures.plots.save_figure
+    monkeypatch.setattr(report_figures.plots, "save_figure", killed)
     with pytest.raises(KeyboardInterrupt):
         report.main([str(sweep), *FAST])
     assert {path.name: path.read_bytes() for path in (sweep / "report").iterdir()} == before

@@ -313,3 +313,26 @@ def test_env_interpolations_are_refused_before_they_are_resolved_into_the_record
     output = capsys.readouterr()
     assert f"verl_experiment = '{experiment}' is not allowed: an ${{oc.env:...}}" in output.err
     assert "s3cret" not in output.out + output.err
+
+
+def test_extra_is_read_once_per_sweep_and_the_runs_are_planned_from_typed_axes(tmp_path, monkeypatch):
+    """Planning 8 runs reads no override text again: ``extra`` was read once, into the config's common overrides
+    and typed axes, and each run's commands, warm starts and step count come from them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    config = config_of("alpha=0.0,0.5", "seeds=1,2", "steps=3", "validate=false",
+                       "extra=[trainer.lr=1e-4,3e-4 trainer.val_every=1]")
+    assert [str(item) for item in config.common] == ["trainer.val_every=1"]
+    assert [(axis.name, axis.values) for axis in config.extra_axes] == [("trainer.lr", ("0.0001", "0.0003"))]
+    parsed = []
+    original = OverridesParser.parse_override
+    monkeypatch.setattr(OverridesParser, "parse_override",
+                        lambda self, text: parsed.append(text) or original(self, text))
+    specs = expand_grid(config)
+    runs = plan_runs(config, specs, "typed", tmp_path / "typed", threads=1)
+    warm = plan_warm_starts(config, specs, tmp_path / "typed", threads=1)
+    assert parsed == []
+    assert len(runs) == 8 and {run.total_steps for run in runs} == {3} and len(warm) == 1
+    assert runs[-1].spec.factors == {"alpha": 0.5, "trainer.lr": "0.0003", "seed": 2}
+    assert runs[-1].command[-8:-4] == ("++dataflex.actuator.params.alpha=0.5", "trainer.lr=0.0003", "seed=2",
+                                       "axes=[dataflex.actuator.params.alpha,trainer.lr,seed]")

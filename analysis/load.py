@@ -31,7 +31,6 @@ A run whose ``status.json`` state is not ``completed`` is excluded (its metrics 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -98,13 +97,13 @@ def sweeps_under(root: str | os.PathLike[str]) -> list[str]:
     """Names of the sweep folders directly under ``root`` when ``root`` is a folder of sweeps (``runs/``): it has no
     ``sweep.json`` and no run of its own, and a child holds a ``sweep.json`` or run folders. Empty otherwise."""
     root = Path(root)
-    if not root.is_dir() or (root / "sweep.json").is_file() or run_store.is_run_store(root):
+    if not root.is_dir() or (root / run_store.SWEEP_FILE).is_file() or run_store.is_run_store(root):
         return []
     children = sorted(child for child in root.iterdir() if child.is_dir() and not child.name.startswith("."))
     if any(run_store.is_run_store(child) for child in children):
         return []
     return [child.name for child in children
-            if (child / "sweep.json").is_file() or any(run_store.is_run_store(run) for run in child.iterdir()
+            if (child / run_store.SWEEP_FILE).is_file() or any(run_store.is_run_store(run) for run in child.iterdir()
                                                          if run.is_dir())]
 
 
@@ -191,7 +190,7 @@ def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
 def read_manifest(sweep_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``sweep.json`` of a sweep folder, or None when absent or unreadable (it is optional extra information)."""
     try:
-        return run_store.read_json_object(Path(sweep_dir) / "sweep.json")
+        return run_store.read_sweep_record(sweep_dir)
     except ValueError as exc:
         logger.warning("ignoring unreadable sweep.json: %s", exc)
         return None
@@ -451,7 +450,7 @@ def resolve_sweep_dir(path: str | os.PathLike[str] | None = None, *, start: str 
             candidates = [child for child in runs_root.iterdir() if child.is_dir() and any(child.glob(meta_glob))]
             if candidates:
                 def modified(sweep: Path) -> float:
-                    stamps = [p.stat().st_mtime for p in (sweep / "sweep.json", *sweep.glob(meta_glob))
+                    stamps = [p.stat().st_mtime for p in (sweep / run_store.SWEEP_FILE, *sweep.glob(meta_glob))
                               if p.exists()]
                     return max(stamps)
 

@@ -282,7 +282,7 @@ def write_fake_sweep(
             manifest_runs.append({"run": name, "state": state, "alpha": alpha, "seed": seed})
     if write_manifest:
         grid = {"alpha": list(alphas), "seed": list(seeds)}
-        run_store.atomic_write_json(sweep_dir / "sweep.json", {"sweep": sweep, "grid": grid, "runs": manifest_runs})
+        run_store.atomic_write_json(sweep_dir / run_store.SWEEP_FILE, {"sweep": sweep, "grid": grid, "runs": manifest_runs})
     return sweep_dir
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import Row, interleaved, min_median
+from benchmarks.common import Row, min_median
 
 BEFORE = ("hf", False)  # HF generate, HF forward over the padded batch: the trainer before its own decoder
 AFTER = ("cached", True)  # the defaults: KV-cached sampler, packed forward

@@ -32,7 +32,7 @@ from sweeps.backends import backend_for, plan_runs, plan_warm_starts
 from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import default_name, expand_grid
 from sweeps.launchers import Launcher, build_launcher, launcher_class
-from sweeps.manifest import Manifest, utc_now
+from sweeps.manifest import Manifest
 from sweeps.progress import SweepView, print_dry_run, print_summary, thread_note, write_exports, write_report
 from sweeps.commands import PlannedRun, SweepPlan
 from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepRunner, SweepStopped
@@ -44,9 +44,6 @@ class SessionRefused(Exception):
     """The session could not start and nothing was started; ``str()`` is the message to print after "error: "."""
 
 
-def final_state(exit_code: int) -> str:
-    """The sweep's recorded state after an invocation that ended with ``exit_code``."""
-    return "interrupted" if exit_code > 128 else "failed" if exit_code else "completed"
 
 
 class SweepSession:
@@ -67,7 +64,6 @@ class SweepSession:
         self.manifest: Manifest | None = None
         self.runner: SweepRunner | None = None
         self._lock: Any = None
-        self._invocation: dict[str, Any] = {}
 
     def _refused(self, error: Exception) -> SessionRefused:
         return SessionRefused(f"{self.kind} refused, nothing was started: {error}")
@@ -102,8 +98,7 @@ class SweepSession:
             self._lock.release()
             self.launcher.close()
             raise self._refused(error) from None
-        self._invocation = {"argv": self.argv, "start": utc_now(), "end": None, "exit_code": None}
-        self.manifest.data["invocations"].append(self._invocation)
+        self.manifest.begin_invocation(self.argv)
         self.runner = SweepRunner(plan, self.launcher, self.manifest).__enter__()
         return self
 
@@ -111,7 +106,7 @@ class SweepSession:
         try:
             self.runner.__exit__(exc_type, exc, tb)
             if exc_type is None:
-                self.record_end()
+                self.manifest.end_invocation(self.exit_code)
         finally:
             self._lock.release()
 
@@ -142,11 +137,6 @@ class SweepSession:
             return False
         return True
 
-    def record_end(self) -> None:
-        """Write the sweep's state and this invocation's end and exit code into sweep.json."""
-        self.manifest.data["state"] = final_state(self.exit_code)
-        self._invocation.update(end=utc_now(), exit_code=self.exit_code)
-        self.manifest.save()
 
 
 # --- the grid driver ---------------------------------------------------------------------------------------------

@@ -31,15 +31,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dataflex_rl.overrides import parse_override
 from dataflex_rl.validation import ConfigError
-from dataflex_rl.tracking.run_store import STATES, RunStoreError, atomic_write_json, read_json_object, utc_now
+from dataflex_rl.tracking.run_store import (
+    COMPLETED,
+    FAILED,
+    INTERRUPTED,
+    STATES,
+    SWEEP_FILE,
+    RunStoreError,
+    atomic_write_json,
+    read_sweep_record,
+    utc_now,
+)
 
-MANIFEST_FILE = "sweep.json"
 RUN_STATES = STATES
 # Header fields that fix a sweep's numbers besides its axes (and the common overrides in ``grid``).
 SETTING_FIELDS = ("backend", "train_module", "steps")
@@ -56,7 +65,7 @@ class ManifestError(ConfigError):
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
     """``sweep.json`` of ``sweep_dir``, None when absent; :class:`ManifestError` naming the file when damaged."""
     try:
-        return read_json_object(sweep_dir / MANIFEST_FILE)
+        return read_sweep_record(sweep_dir)
     except RunStoreError as error:
         raise ManifestError(f"{error}: restore it, or move it away to start the sweep's record afresh (the run "
                             f"folders keep their results)") from None
@@ -156,7 +165,12 @@ def save_plan(sweep_dir: Path, plan: Mapping[str, Any]) -> None:
     untouched; :class:`Manifest` keeps it in later invocations."""
     data = read_manifest(sweep_dir) or {}
     data["plan"] = dict(plan)
-    atomic_write_json(sweep_dir / MANIFEST_FILE, data)
+    atomic_write_json(sweep_dir / SWEEP_FILE, data)
+
+
+def final_state(exit_code: int) -> str:
+    """The sweep's recorded state after an invocation that ended with ``exit_code``."""
+    return INTERRUPTED if exit_code > 128 else FAILED if exit_code else COMPLETED
 
 
 class Manifest:
@@ -185,6 +199,7 @@ class Manifest:
             **({"plan": previous["plan"]} if "plan" in previous else {}),  # a seed plan (sweeps.planning) stays
         }
         self._by_name = {entry["run"]: entry for entry in self.data["runs"]}
+        self._invocation: dict[str, Any] = {}
 
     def previous(self, name: str) -> dict[str, Any] | None:
         """The recorded entry of run ``name`` (None when the sweep never listed it)."""
@@ -204,8 +219,20 @@ class Manifest:
             self._by_name[name] = entry
         return entry
 
+    def begin_invocation(self, argv: Sequence[str]) -> None:
+        """Append this invocation's record: its argv and start (its end comes with :meth:`end_invocation`)."""
+        self._invocation = {"argv": list(argv), "start": utc_now(), "end": None, "exit_code": None}
+        self.data["invocations"].append(self._invocation)
+
+    def end_invocation(self, exit_code: int) -> None:
+        """Record the sweep's state after this invocation (:func:`final_state`) and the invocation's end and exit
+        code, and save."""
+        self.data["state"] = final_state(exit_code)
+        self._invocation.update(end=utc_now(), exit_code=exit_code)
+        self.save()
+
     def save(self) -> None:
         """Write sweep.json atomically, stamped ``updated`` now."""
         self.data["updated"] = utc_now()
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.sweep_dir / MANIFEST_FILE, self.data)
+        atomic_write_json(self.sweep_dir / SWEEP_FILE, self.data)

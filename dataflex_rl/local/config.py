@@ -22,7 +22,6 @@ from dataflex_rl.validation import (
     check_non_negative_int,
     check_number,
     check_seed,
-    check_unit_interval,
     to_plain,
 )
 

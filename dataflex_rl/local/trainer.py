@@ -251,7 +251,6 @@ class GRPOTrainer:
         Returns the update metrics and the per-token logit-gradient factor ``(N, R)`` from the first forward pass.
         """
         trainer = self.trainer
-        response_mask = batch.response_mask
         grad_factor = torch.zeros_like(old_log_probs)
         sums: dict[str, list[float]] = defaultdict(list)
         entropy_sum, entropy_count = 0.0, 0

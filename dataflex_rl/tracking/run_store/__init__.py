@@ -7,7 +7,8 @@ One module per reason to change; import the names from here:
 * :mod:`.jsonl`: the ``metrics.jsonl`` / ``histograms.jsonl`` lines: appended, read (:func:`read_jsonl`), repaired;
 * :mod:`.tables`: the parquet files compacted from them (:func:`metrics_table`, :data:`HISTOGRAM_SCHEMA`);
 * :mod:`.reader`: the reader API every other module reads a store through, never by file name
-  (:func:`read_status`, :func:`read_meta`, :func:`read_config`, :func:`read_metrics`, :func:`read_curve`,
+  (:func:`read_status`, :func:`read_meta`, :func:`read_config`, :func:`read_sweep_record` (a sweep folder's
+  ``sweep.json``), :func:`read_metrics`, :func:`read_curve`,
   :func:`final_value`, :func:`load_metrics`, :func:`load_histograms`, :func:`metrics_source`, :func:`is_run_store`);
 * :mod:`.fingerprint`: the config fingerprint and the resume policy (:func:`config_fingerprint`,
   :func:`check_resume`);
@@ -31,6 +32,7 @@ from dataflex_rl.tracking.run_store.files import (
     METRICS_PARQUET,
     RESERVE_FILE,
     STATUS_FILE,
+    SWEEP_FILE,
     RunStoreError,
     atomic_path,
     atomic_write_bytes,
@@ -63,6 +65,7 @@ from dataflex_rl.tracking.run_store.reader import (
     read_meta,
     read_metrics,
     read_status,
+    read_sweep_record,
 )
 from dataflex_rl.tracking.run_store.status import (
     COMPLETED,
@@ -99,6 +102,7 @@ __all__ = [
     "SHORT_TRACEBACK_CHARS",
     "STATES",
     "STATUS_FILE",
+    "SWEEP_FILE",
     "ConfigMismatchError",
     "RunLock",
     "RunLockedError",
@@ -126,6 +130,7 @@ __all__ = [
     "read_meta",
     "read_metrics",
     "read_status",
+    "read_sweep_record",
     "remove_stale_temporaries",
     "JsonlTail",
     "read_json_object",

@@ -33,6 +33,7 @@ LOG = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 META_FILE = "meta.json"
 STATUS_FILE = "status.json"
+SWEEP_FILE = "sweep.json"  # a sweep folder's record, beside its run folders (written by sweeps.manifest)
 METRICS_JSONL = "metrics.jsonl"
 METRICS_PARQUET = "metrics.parquet"
 HISTOGRAMS_JSONL = "histograms.jsonl"

@@ -26,6 +26,7 @@ from dataflex_rl.tracking.run_store.files import (
     METRICS_JSONL,
     METRICS_PARQUET,
     STATUS_FILE,
+    SWEEP_FILE,
     RunStoreError,
     read_json_object,
 )
@@ -55,6 +56,12 @@ def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``meta.json`` of a run (identity, fingerprint, versions, host, times); None when absent."""
     return read_json_object(pathlib.Path(run_dir) / META_FILE)
+
+
+def read_sweep_record(sweep_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``sweep.json`` of a sweep folder (its grid, runs and invocations); None when absent, :class:`RunStoreError`
+    naming the file when damaged."""
+    return read_json_object(pathlib.Path(sweep_dir) / SWEEP_FILE)
 
 
 def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

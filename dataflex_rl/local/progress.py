@@ -52,33 +52,35 @@ class Bar:
 
 
 @contextmanager
-def _logging_through(stream: object, original: object) -> Iterator[None]:
-    """Point the root logger's stream handlers that write to ``original`` at ``stream`` while open."""
-    moved = [handler for handler in logging.getLogger().handlers
-             if isinstance(handler, logging.StreamHandler) and handler.stream is original]
-    for handler in moved:
-        handler.setStream(stream)  # type: ignore[arg-type]
+def _logging_through(streams: dict[int, object]) -> Iterator[None]:
+    """Point the root logger's stream handlers at ``streams[id(their stream)]`` while open."""
+    moved = [(handler, handler.stream) for handler in logging.getLogger().handlers
+             if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams]
+    for handler, stream in moved:
+        handler.setStream(streams[id(stream)])  # type: ignore[arg-type]
     try:
         yield
     finally:
-        for handler in moved:
-            handler.setStream(original)  # type: ignore[arg-type]
+        for handler, stream in moved:
+            handler.setStream(stream)
 
 
 @contextmanager
 def progress_bar(total: int, desc: str, initial: int = 0) -> Iterator[Bar]:
-    """A bar over ``total`` steps (only counting without a terminal); logging prints above it while open."""
-    terminal = sys.stderr
-    if not terminal.isatty():
+    """A bar over ``total`` steps (only counting without a terminal); logging prints above it while open (the
+    console log handler writes to stdout, Hydra's format; stdout is redirected too when it is the terminal)."""
+    err, out = sys.stderr, sys.stdout
+    if not err.isatty():
         yield Bar(completed=initial)
         return
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), TextColumn("{task.fields[postfix]}"),
-                        console=Console(file=terminal, force_terminal=True), transient=True, redirect_stderr=True,
-                        redirect_stdout=False)
+                        console=Console(file=err, force_terminal=True, soft_wrap=True), transient=True,
+                        redirect_stderr=True, redirect_stdout=out.isatty())
     with progress:
         task = progress.add_task(desc, total=total, completed=initial, postfix="")
-        with _logging_through(sys.stderr, terminal):  # sys.stderr: rich's proxy while the bar is live
+        # sys.stderr (and sys.stdout) are rich's proxies while the bar is live
+        with _logging_through({id(err): sys.stderr, id(out): sys.stdout}):
             yield Bar(progress, task, completed=initial)
 
 

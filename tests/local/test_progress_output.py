@@ -6,6 +6,8 @@ import io
 import logging
 import sys
 
+import pytest
+
 from dataflex_rl.local.progress import progress_bar, show_latest
 
 
@@ -18,27 +20,33 @@ def test_postfix_keeps_the_last_finite_value_between_evaluations():
         assert bar.postfix == "reward=0.750, acc=0.500"
 
 
-def test_log_lines_go_through_the_bar_in_a_terminal(monkeypatch):
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
 
+
+@pytest.mark.parametrize("stream", ["stderr", "stdout"])
+def test_log_lines_go_through_the_bar_in_a_terminal(monkeypatch, stream):
+    """The console handler writes to stdout (Hydra's job logging) or stderr; either way a record logged while the bar
+    is open prints on its own line, whole (no wrap at the terminal's width), above the bar."""
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    root = logging.getLogger()  # where Hydra's job logging puts its console handler
-    handler = logging.StreamHandler(terminal)
+    monkeypatch.setattr(sys, "stdout", terminal)  # one terminal, as in a shell
+    root = logging.getLogger()  # where the job logging puts its console handler
+    handler = logging.StreamHandler(getattr(sys, stream))
     root.addHandler(handler)
+    message = "a log line " + "long " * 40
     try:
         with progress_bar(total=2, desc="SFT") as bar:
             assert handler.stream is not terminal  # it writes through the live display while the bar is open
-            logging.getLogger("dataflex_rl.test_progress").warning("a log line")
+            logging.getLogger("dataflex_rl.test_progress").warning(message)
             bar.update(1)
         assert handler.stream is terminal  # restored afterwards
     finally:
         root.removeHandler(handler)
     # the display erases the bar's line, prints the message on its own line, then redraws the bar below it
     output = terminal.getvalue()
-    assert "\r\x1b[2Ka log line\n" in output
+    assert "\r\x1b[2K" + message + "\n" in output
     assert output.index("a log line") < output.rindex("1/2")
 
 

@@ -42,25 +42,12 @@ class Override:
     typed: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
-    def key_element(self) -> str:
-        """The key as Hydra writes it: prefix, key and ``@package``."""
-        return f"{self.prefix}{self.key}" + (f"@{self.package}" if self.package else "")
-
-    @property
     def group(self) -> str:
         """The first part of the key (``trainer`` of ``trainer.lr``): the config block or group it changes."""
         return self.key.split(".", 1)[0]
 
-    def with_value(self, value: str) -> Override:
-        """This override with one ``value`` (a sweep's cell); its text rewritten to match."""
-        return dataclasses.replace(self, value=value, sweep=None, text=f"{self.key_element}={value}")
-
     def __str__(self) -> str:
-        if self.text:
-            return self.text
-        if self.value is None:
-            return self.key_element
-        return f"{self.key_element}={self.value}"
+        return self.text
 
 
 def parse_override(text: str, where: str | None = None) -> Override:

@@ -29,7 +29,7 @@ from sweeps.commands import (
     verl_environment,
     verl_prepare,
 )
-from sweeps.config import SweepConfig
+from sweeps.config import STEPS_KEYS, SweepConfig
 from sweeps.grid import RunSpec
 from sweeps.launchers import launcher_class
 
@@ -43,7 +43,6 @@ class Backend:
     name: str = ""
     # False: the backend manages its own threads, so the driver passes no thread count.
     sets_threads: bool = True
-    steps_key: str = "trainer.total_steps"  # the run config key of its RL steps
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                 threads: int | None) -> tuple[str, ...]:
@@ -77,7 +76,7 @@ class Backend:
         planned = [PlannedRun(spec=spec, command=self.command(config, spec, sweep, sweep_dir, threads),
                               env=self.environment(config, sweep, spec, threads), run_dir=sweep_dir / spec.name,
                               log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log",
-                              total_steps=planned_steps(config, self.steps_key)) for spec in specs]
+                              total_steps=planned_steps(config, STEPS_KEYS[self.name])) for spec in specs]
         self.validate(config, planned)
         return planned
 
@@ -116,7 +115,6 @@ class VerlBackend(Backend):
 
     name = "verl"
     sets_threads = False
-    steps_key = "trainer.total_training_steps"
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                 threads: int | None) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ from dataflex_rl.local.cli import CONFIG_FILE_FLAG, write_config_file
 from dataflex_rl.overrides import hydra_value, unknown_override_message
 from dataflex_rl.validation import ConfigError
 from dataflex_rl.verl.check import quiet_verl_import
-from sweeps.config import CONF_DIR, PRESET_DIR, SweepConfig, check_no_env_interpolation
+from sweeps.config import CONF_DIR, PRESET_DIR, STEPS_KEYS, SweepConfig, check_no_env_interpolation
 from sweeps.grid import PRESET_FACTOR, STANDARD_FACTORS, RunSpec, grid_description
 
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
@@ -137,8 +137,8 @@ def planned_steps(config: SweepConfig, key: str) -> int | None:
 # --- local backend -----------------------------------------------------------------------------------------------
 def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path, threads: int | None) -> list[str]:
     """The overrides of one local run, in the order the module doc gives (the grid's axes as ``axes=[...]``)."""
-    _check_steps_once(config, "trainer.total_steps")
-    overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
+    _check_steps_once(config, STEPS_KEYS["local"])
+    overrides = [f"{STEPS_KEYS['local']}={config.steps}"] if config.steps is not None else []
     overrides += [*map(str, config.common), *spec.overrides]
     if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
         overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
@@ -210,7 +210,7 @@ def local_runs(config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[st
     for (spec, overrides, run_dir), (resolved, train_config) in zip(entries, composed, strict=True):
         config_file = None if resolved is None else sweep_dir / LAUNCH_FOLDER / f"{spec.name}.yaml"
         arguments = list(overrides) if config_file is None else [CONFIG_FILE_FLAG, str(config_file)]
-        steps = planned_steps(config, "trainer.total_steps") if train_config is None \
+        steps = planned_steps(config, STEPS_KEYS["local"]) if train_config is None \
             else train_config.trainer.total_steps
         planned.append(PlannedRun(spec=spec, command=train_command(config, arguments), env=dict(env),
                                   run_dir=run_dir, log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log",
@@ -232,7 +232,7 @@ def common_config(config: SweepConfig) -> dict[str, Any]:
 
     from dataflex_rl.tracking.run_store import FINGERPRINT_IGNORED, flatten_config
 
-    overrides = [f"trainer.total_steps={config.steps}"] if config.steps is not None else []
+    overrides = [f"{STEPS_KEYS['local']}={config.steps}"] if config.steps is not None else []
     overrides += [*map(str, config.common), "run_dir=."]
     with quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         resolved = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=True)
@@ -274,7 +274,7 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
 
     experiment = resolve_experiment(config.verl_experiment)
     check_no_env_interpolation(f"verl_experiment = {str(experiment)!r}", experiment.read_text(encoding="utf-8"))
-    _check_steps_once(config, "trainer.total_training_steps")
+    _check_steps_once(config, STEPS_KEYS["verl"])
     dataflex = preset_overrides(spec.mechanism) if spec.mechanism else []
     axis_overrides = []
     for axis, override in spec.settings():
@@ -284,7 +284,7 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
             axis_overrides.append(str(override))
     extra = [f"seed={spec.seed}"]
     if config.steps is not None:
-        extra.append(f"trainer.total_training_steps={config.steps}")
+        extra.append(f"{STEPS_KEYS['verl']}={config.steps}")
     extra += [*map(str, config.common), *axis_overrides, f"trainer.experiment_name={spec.name}",
               f"trainer.default_local_dir={hydra_value(sweep_dir / spec.name / 'checkpoints')}",
               f"+dataflex_run.dir={hydra_value(sweep_dir / spec.name)}", f"+dataflex_run.sweep={hydra_value(sweep)}",

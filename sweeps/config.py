@@ -44,6 +44,8 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SWEEP_CONF_DIR = CONF_DIR / "sweeps"
 PRESET_DIR = CONF_DIR / "dataflex"
 BACKENDS = ("local", "verl")
+# The run config key that sets a run's RL steps, per backend (``steps=N`` writes it).
+STEPS_KEYS = {"local": "trainer.total_steps", "verl": "trainer.total_training_steps"}
 DEFAULT_LAUNCHER = "process"  # conf/sweeps/default.yaml's defaults list
 LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
 DEFAULT_ALPHA = (0.0, 0.5)
@@ -251,7 +253,7 @@ class SweepConfig:
         common, axes = parse_extra(self.extra)
         object.__setattr__(self, "common", common)
         object.__setattr__(self, "extra_axes", axes)
-        if self.steps is None and self.backend == "local" and not self.common_sets("trainer.total_steps"):
+        if self.steps is None and self.backend == "local" and not self.common_sets(STEPS_KEYS["local"]):
             object.__setattr__(self, "steps", self.local_steps)
 
     def _check_launcher(self) -> None:

@@ -14,7 +14,7 @@ One module per reason to change; import the names from here:
   :func:`check_resume`);
 * :mod:`.lock`: one writer per run (:class:`RunLock`);
 * :mod:`.status`: the run states (:data:`STATES`) and recording a failure on a full disk;
-* :mod:`.meta`: what ``meta.json`` holds;
+* :mod:`.meta`: what ``meta.json`` holds, the numeric environment included (:func:`numeric_environment`);
 * :mod:`.writer`: :class:`RunStore`, which writes a run.
 
 Layers, lowest first (each imports only those before it): ``files``; ``jsonl``, ``tables``, ``lock``, ``status``,
@@ -53,6 +53,7 @@ from dataflex_rl.tracking.run_store.fingerprint import (
 )
 from dataflex_rl.tracking.run_store.jsonl import JsonlTail, read_jsonl
 from dataflex_rl.tracking.run_store.lock import RunLock, RunLockedError
+from dataflex_rl.tracking.run_store.meta import numeric_environment
 from dataflex_rl.tracking.run_store.reader import (
     final_value,
     histogram_names,
@@ -124,6 +125,7 @@ __all__ = [
     "load_metrics",
     "metrics_source",
     "metrics_table",
+    "numeric_environment",
     "read_config",
     "read_curve",
     "read_jsonl",

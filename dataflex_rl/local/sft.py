@@ -19,19 +19,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from dataflex_rl.local.config import ModelConfig, SFTConfig, TaskConfig
 from dataflex_rl.local.model import build_model, load_model
 from dataflex_rl.local.progress import progress_bar
-from dataflex_rl.local.sequences import position_ids
+from dataflex_rl.local.decoder import supported
+from dataflex_rl.local.sequences import SequenceBatch, encode_prompts, response_token_outputs
 from dataflex_rl.local.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
 from dataflex_rl.tracking.run_store import file_mode
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # bump when the SFT recipe changes, so stale checkpoints are not reused
+CACHE_VERSION = 3  # bump when the SFT recipe changes, so stale checkpoints are not reused
 
 
 def sft_cache_key(model: ModelConfig, task: TaskConfig, sft: SFTConfig) -> str:
@@ -94,19 +95,21 @@ def _train_and_save(model_config: ModelConfig, sft: SFTConfig, task: Task, direc
 
 
 def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTConfig) -> float:
-    """Teacher-forced cross-entropy on ``<bos> prompt completion <eos>``, loss on completion tokens only."""
+    """Teacher-forced cross-entropy on ``<bos> prompt completion <eos>``, loss on completion tokens only.
+
+    The forward pass is the RL update's (:func:`~dataflex_rl.local.sequences.response_token_outputs`): packed, no
+    work on padded positions, the LM head only where a completion token is predicted (models the fast decoder
+    covers; the HF forward over the padded batch otherwise)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 20))
+    packed = supported(model) is None
     model.train()
     loss_value = float("nan")
     with progress_bar(total=sft.steps, desc="SFT") as bar:
         for step in range(sft.steps):
-            problems = task.train_problems(sft.batch_size, seed=sft_step_seed(sft.seed, step))
-            input_ids, attention_mask, labels = _sft_batch(tokenizer, problems)
-            logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                           position_ids=position_ids(attention_mask), use_cache=False).logits
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                   ignore_index=-100)
+            batch = sft_batch(tokenizer, task.train_problems(sft.batch_size, seed=sft_step_seed(sft.seed, step)))
+            log_probs = response_token_outputs(model, batch, temperature=1.0, packed=packed).log_probs
+            loss = -(log_probs * batch.response_mask).sum() / batch.response_mask.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -128,23 +131,20 @@ def sft_step_seed(seed: int, step: int) -> int:
     return -(seed * 1_000_003 + step) - 1
 
 
-def _sft_batch(tokenizer: Tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``(ids, mask, labels)``, labels -100 except on completion tokens and the final ``<eos>``."""
-    rows = []
-    for problem in problems:
-        prompt = [tokenizer.bos_token_id, *tokenizer.encode(problem.prompt)]
-        completion = [*tokenizer.encode(problem.completion), tokenizer.eos_token_id]
-        rows.append((prompt, completion))
-    length = max(len(prompt) + len(completion) for prompt, completion in rows)
-    ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    labels = torch.full((len(rows), length), -100, dtype=torch.long)
-    for row, (prompt, completion) in enumerate(rows):
-        tokens = torch.tensor(prompt + completion)
-        ids[row, : len(tokens)] = tokens
-        mask[row, : len(tokens)] = 1
-        labels[row, len(prompt) : len(tokens)] = torch.tensor(completion)
-    return ids, mask, labels
+def sft_batch(tokenizer: Tokenizer, problems) -> SequenceBatch:
+    """Solved problems as a :class:`SequenceBatch`: ``<bos>`` + prompt left-padded, completion + ``<eos>`` as the
+    response, right-padded (``response_mask`` 1 on the completion and its ``<eos>``)."""
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, [problem.prompt for problem in problems])
+    completions = [[*tokenizer.encode(problem.completion), tokenizer.eos_token_id] for problem in problems]
+    length = max(len(completion) for completion in completions)
+    responses = torch.full((len(completions), length), tokenizer.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((len(completions), length), dtype=torch.long)
+    for row, completion in enumerate(completions):
+        responses[row, : len(completion)] = torch.tensor(completion)
+        response_mask[row, : len(completion)] = 1
+    return SequenceBatch(input_ids=torch.cat([prompt_ids, responses], dim=1),
+                         attention_mask=torch.cat([prompt_mask, response_mask], dim=1), response_mask=response_mask,
+                         prompt_length=prompt_ids.shape[1], group_index=np.arange(len(completions)))
 
 
 @contextlib.contextmanager

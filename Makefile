@@ -14,6 +14,7 @@ STAMP := $(VENV)/.installed
 #> MECH      mechanism presets as an axis, e.g. ar,lopti,high_entropy,stapo,ar_sigmoid (conf/dataflex/; the baseline is added)
 #> ETA       eta values as an axis (presets whose actuator has an eta)
 #> STEPS     RL steps per run (default 120 on the local backend; the trainer's own 400 for a single make train)
+#> WARM_START per_seed (default: each seed's runs start from the SFT warm start of sft.seed = seed, so intervals include the warm start's draw) | shared (one warm start for every run)
 #> JOBS      runs at once (default: the core count)
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
 #> BACKEND   local (CPU trainer, default) | verl (GPUs; on a laptop with VERL_EXPERIMENT=verl_cpu_tiny)
@@ -23,6 +24,7 @@ STAMP := $(VENV)/.installed
 #> DRY_RUN   DRY_RUN=1 prints every command line and starts nothing
 #> EXTRA     training overrides for every run, e.g. EXTRA="task=knights_knaves trainer.lr=3e-4"
 #> ARGS      make train: Hydra overrides of one run
+#> RESULTS   make docs-results: write docs/results/<RESULTS>.md from runs/<SWEEP> and the docs blocks that show it
 EXPERIMENT ?=
 ALPHA ?=
 SEEDS ?=
@@ -37,6 +39,8 @@ ETA ?=
 EXTRA ?=
 DRY_RUN ?=
 SWEEP_ARGS ?=
+WARM_START ?=
+RESULTS ?=
 # Seeds planned for a target precision: make sweep TARGET_MDE=0.01 MAX_SEEDS=20 (SEEDS is the pilot)
 TARGET_MDE ?=
 MAX_SEEDS ?=
@@ -45,7 +49,7 @@ LR ?=
 
 .DEFAULT_GOAL := help
 
-.PHONY: help install test test-full bench sweep tune report notebook train clean
+.PHONY: help install test test-full bench sweep tune report docs-results notebook train clean
 
 help: ## List the targets and variables
 	@echo "Targets:"
@@ -79,7 +83,7 @@ bench: $(STAMP) ## Benchmarks: ratios measured side by side in one run
 # value ($(value): make expands nothing in it either), read by sweeps/make.py, which prints the command it runs and
 # execs it with the values as separate arguments. Keep this list equal to sweeps.make.VARIABLES.
 MAKE_VARIABLES := ALPHA SEEDS MECH ETA STEPS JOBS SWEEP BACKEND LAUNCHER SWEEP_ARGS DRY_RUN EXTRA TARGET_MDE \
-	MAX_SEEDS LR ARGS VERL_EXPERIMENT EXPERIMENT
+	MAX_SEEDS LR ARGS VERL_EXPERIMENT EXPERIMENT WARM_START RESULTS
 $(foreach name,$(MAKE_VARIABLES),$(eval export DATAFLEX_MAKE_$(name) := $$(value $(name))))
 unexport $(MAKE_VARIABLES)  # make would otherwise expand each one given on the command line into the environment
 
@@ -91,6 +95,9 @@ tune: $(STAMP) ## Optuna search over alpha, ~13 min (LR=1 adds trainer.lr; DRY_R
 
 report: $(STAMP) ## Write runs/<SWEEP>/report/ (tables and plots) for a finished sweep (default: the newest sweep)
 	$(PY) -m sweeps.make report
+
+docs-results: $(STAMP) ## Write docs/results/<RESULTS>.md from sweep SWEEP and update the docs blocks that show it
+	$(PY) -m sweeps.make docs-results
 
 notebook: $(STAMP) ## Open notebooks/alpha_sweep.ipynb in JupyterLab on the last sweep (or SWEEP=name)
 	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q -e '.[notebook]'

@@ -28,7 +28,7 @@ LONG_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "metric", "value")
 HISTOGRAM_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "name", "edges", "counts")
 RUN_COLUMNS: tuple[str, ...] = (
     *IDENTITY_COLUMNS, "state", "status_step", "error", "wall_time_s", "git_commit", "config_hash", "start_time",
-    "end_time", "path", "metrics_source", "included", "exclusion_reason",
+    "end_time", "environment", "warm_start", "warm_start_design", "warm_start_seed", "path", "metrics_source", "included", "exclusion_reason",
 )
 COMPLETED = run_store.COMPLETED
 RUN_STATES: tuple[str, ...] = run_store.STATES

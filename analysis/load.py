@@ -21,9 +21,11 @@ them, so one import gives ``load.SweepData``, ``load.factor_columns``, ...
 
 Run table (:attr:`SweepData.runs`), one row per run folder (plus one per ``sweep.json`` entry without a folder):
 identity columns as above, then ``state``, ``status_step``, ``error``, ``wall_time_s``, ``git_commit``,
-``config_hash``, ``start_time``, ``end_time``, ``path``, ``metrics_source`` (``parquet``, ``jsonl``, ``wandb`` or
-``none``), ``included`` (bool: its metrics are in the long table), ``exclusion_reason``, the factor columns and the
-resolved config flattened to ``config.<dotted.key>`` columns (lists and mappings as JSON text).
+``config_hash``, ``start_time``, ``end_time``, ``environment`` (the numeric environment as a label,
+:func:`environment_label`; null when ``meta.json`` records none, as in W&B runs), ``path``, ``metrics_source``
+(``parquet``, ``jsonl``, ``wandb`` or ``none``), ``included`` (bool: its metrics are in the long table),
+``exclusion_reason``, the factor columns and the resolved config flattened to ``config.<dotted.key>`` columns (lists
+and mappings as JSON text).
 
 A run whose ``status.json`` state is not ``completed`` is excluded (its metrics are not loaded) unless
 ``include_incomplete=True``; a run whose files cannot be read is always excluded. Nothing raises for one bad run.
@@ -72,7 +74,8 @@ __all__ = [
     "CATEGORY_COLUMNS", "COMPLETED", "DEFAULT_CACHE_DIR", "HISTOGRAM_COLUMNS", "IDENTITY_COLUMNS",
     "LONG_COLUMNS", "RUN_COLUMNS", "RUN_STATES", "SWEEP_DIR_ENV", "WANDB_IDENTITY_KEYS", "WANDB_STATES",
     "NoRunStoreError", "RunMetrics", "SeveralSweepsError", "check_one_sweep", "sweeps_under", "SweepData", "add_run_columns", "build_long_table", "describe_run",
-    "empty_histogram_table", "factor_columns", "find_run_dirs", "flatten_config", "load_histograms", "load_runs",
+    "ENVIRONMENT_PARTS", "ENVIRONMENT_SEPARATOR", "RESUMED_UNDER", "empty_histogram_table", "environment_label",
+    "environment_parts", "factor_columns", "find_run_dirs", "flatten_config", "load_histograms", "load_runs",
     "load_sweep", "load_wandb", "load_wandb_offline", "make_run_table", "parquet_safe", "read_histograms_file",
     "read_manifest", "read_metrics_jsonl", "read_metrics_parquet", "read_run_metrics", "resolve_sweep_dir",
     "write_parquet_atomic",
@@ -224,6 +227,49 @@ def _read_config(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+# --- the numeric environment ------------------------------------------------------------------------------------
+
+# A label's parts, in order, joined by the separator; a run resumed under another environment has the last part.
+ENVIRONMENT_PARTS: tuple[str, ...] = ("CPU kernels", "BLAS", "threads", "CPU", "resumed under")
+ENVIRONMENT_SEPARATOR = " · "
+RESUMED_UNDER = "resumed under "
+
+
+def environment_parts(environment: Mapping[str, Any]) -> list[str]:
+    """The first four :data:`ENVIRONMENT_PARTS` of one ``meta.json`` environment record (:mod:`run_store.meta`):
+    ``AVX2 (ATEN_CPU_CAPABILITY=avx2)``, ``mkl``, ``1 thread``, ``Intel(R) Xeon(R) Processor (x86_64)``."""
+    kernels = str(environment.get("cpu_capability") or "unknown kernels")
+    if environment.get("aten_cpu_capability") is not None:
+        kernels += f" (ATEN_CPU_CAPABILITY={environment['aten_cpu_capability']})"
+    threads = environment.get("threads")
+    cpu, machine = environment.get("cpu"), environment.get("machine")
+    return [kernels, str(environment.get("blas") or "unknown BLAS"),
+            f"{threads} thread{'' if threads == 1 else 's'}",
+            f"{cpu} ({machine})" if cpu and machine and cpu != machine else str(cpu or machine or "unknown CPU")]
+
+
+def environment_label(meta: Mapping[str, Any]) -> str | None:
+    """A run's numeric environment as one stable label, its :func:`environment_parts` joined by
+    :data:`ENVIRONMENT_SEPARATOR`, e.g. ``AVX512 · mkl · 1 thread · Intel(R) Xeon(R) Processor (x86_64)``; None when
+    ``meta.json`` records no environment.
+
+    A run resumed under another environment gets a last part naming what each resumed session changed, e.g.
+    ``resumed under AVX2 (ATEN_CPU_CAPABILITY=avx2); then AVX512``: its label differs from every unresumed run's, so
+    it never passes for a run of one environment."""
+    environment = meta.get("environment")
+    if not isinstance(environment, Mapping):
+        return None
+    parts = environment_parts(environment)
+    changed, previous = [], parts
+    for change in meta.get("environment_changes") or ():
+        current = environment_parts(change)
+        changed.append(", ".join(part for part, before in zip(current, previous, strict=True) if part != before))
+        previous = current
+    if changed:
+        parts.append(RESUMED_UNDER + "; then ".join(changed))
+    return ENVIRONMENT_SEPARATOR.join(parts)
+
+
 def _identity_columns(run_dir: Path, meta: Mapping[str, Any], entry: Mapping[str, Any],
                       config: Mapping[str, Any]) -> dict[str, Any]:
     """The identity columns of a run folder: each from ``meta.json``, else its ``sweep.json`` entry, else a fallback
@@ -282,6 +328,8 @@ def describe_run(
         "error": status.get("error"),
         "wall_time_s": as_float(meta.get("wall_time_s")),
         **{key: meta.get(key) for key in ("git_commit", "config_hash", "start_time", "end_time")},
+        "environment": environment_label(meta),
+        **warm_start_columns(meta.get("warm_start")),
         "path": str(run_dir),
         "metrics_source": source,
         "included": not problems,
@@ -292,6 +340,14 @@ def describe_run(
     # the identity columns already hold alpha, seed and the preset label; the other axes become factor columns
     row["factors"] = axis_factors(meta.get("axes"))
     return row
+
+
+def warm_start_columns(record: Any) -> dict[str, Any]:
+    """The run table's warm-start columns from ``meta.json``'s ``warm_start``: ``warm_start`` (the checkpoint the run
+    started from: runs with the same one share a warm start), ``warm_start_design`` and ``warm_start_seed``."""
+    record = record if isinstance(record, Mapping) else {}
+    return {"warm_start": record.get("checkpoint"), "warm_start_design": record.get("design"),
+            "warm_start_seed": as_seed(record.get("sft_seed"))}
 
 
 def add_run_columns(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:

@@ -45,6 +45,7 @@ from analysis.power import plan_section, power_section, variance_section
 from analysis.report_figures import Document, ReportOptions, figure_sections, where_groups_differ_section
 from analysis.statistics import DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL
 from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
+from analysis.warm_starts import design_sentence, warm_start_table
 from dataflex_rl import keys
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ def summary_columns(metric: str, final_window: int) -> tuple[str, str]:
 
 def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
                   metric: str = SUMMARY_METRIC) -> ComparisonTable | None:
-    """The sweep's headline table, one row per group: ``metric`` after SFT (each run's step-0 evaluation, of the
-    shared warm start), its final-window mean with interval (n) and the paired delta against the baseline. It heads
+    """The sweep's headline table, one row per group: ``metric`` after SFT (each run's step-0 evaluation of its
+    warm start; over seeds, the warm starts' spread under ``warm_start=per_seed``), its final-window mean with interval (n) and the paired delta against the baseline. It heads
     ``report.md`` and is what the sweep driver prints at the end, so the two never disagree. None when no included
     run logged ``metric``."""
     if metric not in set(data.metric_names):
@@ -96,7 +97,7 @@ def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
     table = comparison_table(aggregates, deltas=deltas, metrics=present, group_keys=group_keys, style=options.style,
                              minimize=minimize, maximize=maximize,
                              caption=f"{metric} after SFT and at the end of training, per group")
-    if after_title in table.best:  # the shared warm start has no best group
+    if after_title in table.best:  # the groups share their warm starts: none is best before RL
         table.best[after_title] = False
     return table
 
@@ -166,6 +167,8 @@ def _umask() -> int:
 
 def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) -> Path:
     """Every file of the report, into ``out_dir``; returns ``report.md``."""
+    from analysis.environment import ENVIRONMENT_NOTE, environment_table
+
     out_dir.mkdir(parents=True, exist_ok=True)
     document = Document(out_dir)
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
@@ -174,6 +177,9 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
     _warning_section(document, data)
     data.runs.to_csv(out_dir / "runs.csv", index=False)
     _runs_sections(document, data, group_keys, options)
+    environments = environment_table(data.runs)
+    document.add("## Environment", "", to_markdown_frame(environments) if len(environments) else "No included runs.",
+                 "", ENVIRONMENT_NOTE, "")
     table_metrics = _table_metrics(document, data, options)
     summaries = None
     if table_metrics:
@@ -252,7 +258,10 @@ def runs_without(data: SweepData, metric: str) -> list[str]:
 
 
 def _warning_section(document: Document, data: SweepData) -> None:
-    """What makes the comparisons weaker than they look: runs of different lengths, runs without a table metric."""
+    """What makes the comparisons weaker than they look: runs of different lengths, runs without a table metric, runs
+    from several numeric environments."""
+    from analysis.environment import mixed_environment_warning
+
     lines = []
     lengths = run_lengths(data)
     if len(set(lengths.values())) > 1:
@@ -269,6 +278,9 @@ def _warning_section(document: Document, data: SweepData) -> None:
         if missing:
             lines.append(f"- {len(missing)} included run(s) logged no finite `{metric}`, so they are left out of its "
                          f"n: {', '.join(missing)}.")
+    environments = mixed_environment_warning(data.runs)
+    if environments:
+        lines.append(f"- {environments}")
     if lines:
         document.add("## Warnings", "", *lines, "")
 
@@ -277,8 +289,12 @@ def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str
     """The summary table, the included runs per group and the excluded runs with their reasons."""
     headline = summary_table(data, options)
     if headline is not None:
-        document.add("## Summary", "", to_markdown(headline), "",
-                     "The sweep driver prints this same table at the end of a sweep.", "")
+        document.add("## Summary", "", to_markdown(headline), "", design_sentence(data), "",
+                     "The sweep driver prints this same table and sentence at the end of a sweep.", "")
+    warm_starts = warm_start_table(data)
+    if not warm_starts.empty:
+        document.add("## Warm starts", "", "Each warm start the included runs started from, with its evaluation "
+                     "after SFT (step 0, before any RL step):", "", to_markdown_frame(warm_starts), "")
     document.add("## Runs", "")
     overview = _runs_overview(data, group_keys)
     document.add(to_markdown_frame(overview) if not overview.empty else "No completed runs.", "")

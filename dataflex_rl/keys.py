@@ -17,6 +17,12 @@ ETA_KEY = f"{ACTUATOR_PARAMS_PREFIX}eta"
 # (conf/dataflex/baseline.yaml) is that run; the sweep driver adds it, the analysis compares with it.
 BASELINE_ALPHA = 0.0
 BASELINE_PRESET = "baseline"
+# A sweep's warm-start design (sweep key ``warm_start``): ``per_seed`` gives the runs of seed s the SFT warm start of
+# ``sft.seed = s`` (the same for every arm of that seed, so comparisons stay paired within a warm start; the intervals
+# over seeds then include the warm start's draw); ``shared`` gives every run the one warm start of the configured
+# ``sft.seed`` (a result then holds for that warm start only).
+WARM_START_DESIGNS = ("per_seed", "shared")
+WARM_START_SEED_KEY = "sft.seed"
 
 # --- mechanism (dataflex/...) -------------------------------------------------------------------------------
 ACTIVE = "dataflex/active"

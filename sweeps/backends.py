@@ -140,7 +140,7 @@ class VerlBackend(Backend):
     def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                     threads: int | None) -> list[PlannedRun]:
         """The experiment's prepare step (model, tokenizer, data), when it has one (:func:`verl_prepare`)."""
-        return verl_prepare(config, sweep_dir, threads)
+        return verl_prepare(config, specs, sweep_dir, threads)
 
 
 def backend_for(config: SweepConfig) -> Backend:

@@ -36,7 +36,7 @@ from dataflex_rl.overrides import hydra_value, unknown_override_message
 from dataflex_rl.validation import ConfigError
 from dataflex_rl.verl.check import quiet_verl_import
 from sweeps.config import CONF_DIR, PRESET_DIR, STEPS_KEYS, SweepConfig, check_no_env_interpolation
-from sweeps.grid import PRESET_FACTOR, STANDARD_FACTORS, RunSpec, grid_description
+from sweeps.grid import PRESET_FACTOR, STANDARD_FACTORS, RunSpec, grid_description, warm_start_overrides
 
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LOG_FOLDER = "logs"
@@ -109,7 +109,7 @@ class SweepPlan:
         if self.common_config is not None:
             grid["common_config"] = self.common_config
         return {"sweep": self.name, "backend": self.config.backend, "launcher": self.config.launcher,
-                "grid": grid, "steps": self.config.steps, "jobs": self.jobs,
+                "warm_start": self.config.warm_start, "grid": grid, "steps": self.config.steps, "jobs": self.jobs,
                 "threads": self.threads, "train_module": self.config.train_module}
 
 
@@ -142,7 +142,8 @@ def local_overrides(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: P
     overrides += [*map(str, config.common), *spec.overrides]
     if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
         overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
-    overrides += [f"run_dir={hydra_value(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}"]
+    overrides += [f"run_dir={hydra_value(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}",
+                  f"warm_start={config.warm_start}"]
     if threads is not None:
         overrides.append(f"threads={threads}")
     return overrides
@@ -219,8 +220,9 @@ def local_runs(config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[st
     return planned, [train_config for _, train_config in composed]
 
 
-# Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them).
-RUN_PLACE_KEYS = ("run_dir", "sweep", "run_name", "seed", "axes", "mode", "threads", "mechanism_label")
+# Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them;
+# sft.seed too under warm_start=per_seed, where it follows the seed).
+RUN_PLACE_KEYS = ("run_dir", "sweep", "run_name", "seed", "axes", "mode", "threads", "mechanism_label", "warm_start")
 
 
 def common_config(config: SweepConfig) -> dict[str, Any]:
@@ -293,8 +295,9 @@ def verl_command(config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path
         extra.append(f"+dataflex_run.mechanism_label={spec.mechanism}")
     if spec.axis_keys:
         extra.append(f"+dataflex_run.axes=[{','.join(spec.axis_keys)}]")
+    extra.append(f"+dataflex_run.warm_start={config.warm_start}")
     if verl_prepare_block(config) is not None:
-        extra.append(f"prepared={hydra_value(sweep_dir / PREPARED_FOLDER)}")
+        extra.append(f"prepared={hydra_value(prepared_folder(sweep_dir, spec))}")
     try:
         return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
     except ConfigError as error:
@@ -309,19 +312,33 @@ def verl_prepare_block(config: SweepConfig) -> Any:
     return load_experiment(config.verl_experiment).get("prepare")
 
 
-def verl_prepare(config: SweepConfig, sweep_dir: Path, threads: int | None) -> list[PlannedRun]:
-    """The experiment's prepare step as the sweep's one warm start, into ``<sweep>/verl_prepared`` (a no-op when
-    that folder was prepared from the same inputs, refused when from others); none without a ``prepare`` block."""
+def prepared_folder(sweep_dir: Path, spec: RunSpec) -> Path:
+    """Where a verl run's model and data are prepared: ``<sweep>/verl_prepared/shared``, or with a warm start of its
+    own (``warm_start=per_seed``) ``<sweep>/verl_prepared/sft-seed<s>``."""
+    variant = "shared" if spec.warm_start_seed is None else f"sft-seed{spec.warm_start_seed}"
+    return sweep_dir / PREPARED_FOLDER / variant
+
+
+def verl_prepare(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                 threads: int | None) -> list[PlannedRun]:
+    """The experiment's prepare step as the sweep's warm starts, one per prepared folder the runs read
+    (:func:`prepared_folder`: one, or one per seed under ``warm_start=per_seed``, each with its ``sft.seed``); a
+    folder prepared from the same inputs is kept, from others refused. None without a ``prepare`` block."""
     block = verl_prepare_block(config)
     if block is None:
         return []
     sweep_dir = sweep_dir.resolve()
     prepare = OmegaConf.to_container(block, resolve=True)
-    command = (sys.executable, "-m", "dataflex_rl.verl.cpu.prepare", "--out", str(sweep_dir / PREPARED_FOLDER),
-               "--train-size", str(prepare["train_size"]), "--test-size", str(prepare["test_size"]),
-               *[str(item) for item in prepare.get("overrides") or []])
-    return [PlannedRun(spec=RunSpec(name="verl-prepare"), command=command, env=thread_environment(threads),
-                       run_dir=sweep_dir / PREPARED_FOLDER, log_path=sweep_dir / LOG_FOLDER / "verl-prepare.log")]
+    variants = {prepared_folder(sweep_dir, spec): spec.warm_start_overrides for spec in specs}
+    planned = []
+    for folder, warm_start_overrides in variants.items():
+        command = (sys.executable, "-m", "dataflex_rl.verl.cpu.prepare", "--out", str(folder),
+                   "--train-size", str(prepare["train_size"]), "--test-size", str(prepare["test_size"]),
+                   *[str(item) for item in prepare.get("overrides") or []], *warm_start_overrides)
+        name = "verl-prepare" if len(variants) == 1 else f"verl-prepare-{folder.name}"
+        planned.append(PlannedRun(spec=RunSpec(name=name), command=command, env=thread_environment(threads),
+                                  run_dir=folder, log_path=sweep_dir / LOG_FOLDER / f"{name}.log"))
+    return planned
 
 
 def validate_verl(config: SweepConfig, planned: Sequence[PlannedRun]) -> None:
@@ -369,19 +386,22 @@ def check_gpu_available(config: SweepConfig) -> None:
 # --- local warm starts ---------------------------------------------------------------------------------------
 def local_warm_starts(config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                       threads: int | None) -> list[PlannedRun]:
-    """One ``mode=sft`` command per distinct set of SFT-relevant axis values (usually one); none when off, or when
-    the cache already holds the checkpoint."""
+    """One ``mode=sft`` command per distinct warm start: per set of SFT-relevant axis values and, under
+    ``warm_start=per_seed``, per seed (``sft-seed1``, ...; ``sft`` for the one shared warm start); none when off,
+    and none for a checkpoint the cache already holds."""
     if not config.sft_warm_start:
         return []
     sweep_dir = sweep_dir.resolve()
-    variants = list(dict.fromkeys(tuple(str(override) for axis, override in spec.settings()
-                                        if axis.name not in STANDARD_FACTORS and override.group in SFT_CACHE_GROUPS)
-                                  for spec in specs))
+    variants = list(dict.fromkeys((tuple(str(override) for axis, override in spec.settings()
+                                         if axis.name not in STANDARD_FACTORS and override.group in SFT_CACHE_GROUPS),
+                                   spec.warm_start_seed) for spec in specs))
+    axis_variants = list(dict.fromkeys(axis_overrides for axis_overrides, _ in variants))
     entries = []
-    for index, axis_overrides in enumerate(variants):
-        name = "sft" if len(variants) == 1 else f"sft-{index}"
-        entries.append((RunSpec(name=name), sft_overrides(config, axis_overrides, sweep_dir, threads),
-                        sweep_dir / SFT_FOLDER))
+    for axis_overrides, seed in variants:
+        name = "-".join(["sft", *([str(axis_variants.index(axis_overrides))] if len(axis_variants) > 1 else []),
+                         *([f"seed{seed}"] if seed is not None else [])])
+        entries.append((RunSpec(name=name), sft_overrides(config, [*axis_overrides, *warm_start_overrides(seed)],
+                                                          sweep_dir, threads), sweep_dir / SFT_FOLDER))
     planned, train_configs = local_runs(config, entries, sweep_dir, thread_environment(threads))
     if config.validate:
         planned = [run for run, train_config in zip(planned, train_configs, strict=True)

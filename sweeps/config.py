@@ -26,7 +26,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.keys import ALPHA_KEY, BASELINE_ALPHA, BASELINE_PRESET, check_metric_key
+from dataflex_rl.keys import (
+    ALPHA_KEY,
+    BASELINE_ALPHA,
+    BASELINE_PRESET,
+    WARM_START_DESIGNS,
+    WARM_START_SEED_KEY,
+    check_metric_key,
+)
 from dataflex_rl.overrides import Override, hydra_value, parse_override
 from dataflex_rl.validation import (
     SEED_MODULUS,
@@ -110,6 +117,7 @@ MANAGED_KEYS = {
     "threads": "use threads=N (or jobs=N: threads = cores // jobs)",
     "mechanism_label": "use mechanisms=<preset>,... (the label follows the preset)",
     "axes": "the driver records the grid's axes itself",
+    "warm_start": "use the sweep key warm_start=per_seed|shared (the driver records it in each run)",
     ALPHA_KEY: "use alpha=0.0,0.5",
 }
 
@@ -181,6 +189,7 @@ class SweepConfig:
     dry_run: bool = False
     report: bool = True
     sft_warm_start: bool = True
+    warm_start: str = "per_seed"
     validate: bool = True
     train_module: str = "dataflex_rl.train"
     verl_experiment: str = "verl_kk_3b"
@@ -201,6 +210,8 @@ class SweepConfig:
                                   f"named experiment is a local-backend setting; verl runs take verl_experiment=")
         self._resolve_defaults()
         check_choice("backend", self.backend, BACKENDS)
+        check_choice("warm_start", self.warm_start, WARM_START_DESIGNS)
+        self._check_warm_start_seed()
         self._check_launcher()
         if not self.seeds:
             raise ConfigError("seeds = [] is not allowed: give at least one seed, e.g. seeds=1,2")
@@ -255,6 +266,19 @@ class SweepConfig:
         object.__setattr__(self, "extra_axes", axes)
         if self.steps is None and self.backend == "local" and not self.common_sets(STEPS_KEYS["local"]):
             object.__setattr__(self, "steps", self.local_steps)
+
+    def _check_warm_start_seed(self) -> None:
+        """``warm_start=per_seed`` sets each run's ``sft.seed`` from its seed: an ``extra`` that sets it too is
+        refused, naming the way to fix one warm start."""
+        if self.warm_start != "per_seed":
+            return
+        given = [str(item) for item in self.common if item.key == WARM_START_SEED_KEY]
+        given += [f"{axis.key}={','.join(map(str, axis.values))}" for axis in self.extra_axes
+                  if axis.name == WARM_START_SEED_KEY]
+        if given:
+            raise ConfigError(f"extra = {given[0]!r} is not allowed with warm_start=per_seed: each seed's runs start "
+                              f"from the warm start of {WARM_START_SEED_KEY} = the run's seed; give "
+                              f"warm_start=shared to start every run from the warm start of one {WARM_START_SEED_KEY}")
 
     def _check_launcher(self) -> None:
         """The launcher must be registered; its settings default to the launcher's own."""
@@ -403,6 +427,8 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
             values[key] = _parse_bool(key, raw[key])
     if raw.get("name") is not None:
         values["name"] = str(raw["name"])
+    if raw.get("warm_start") is not None:
+        values["warm_start"] = str(raw["warm_start"])
     return SweepConfig(**values)
 
 

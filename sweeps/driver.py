@@ -127,7 +127,10 @@ class SweepSession:
         if not self.plan.warm_starts:
             return True
         names = ", ".join(run.name for run in self.plan.warm_starts)
-        print(f"warm start {names} (once, shared by every run)", flush=True)
+        shared_by = ("every run of its seed" if self.plan.config.warm_start == "per_seed"
+                     else "every run")
+        print(f"warm start {names} (once each, shared by {shared_by}; warm_start={self.plan.config.warm_start})",
+              flush=True)
         states = self.runner.run_all(self.plan.warm_starts, warm_start=True)
         failed = [name for name, state in states.items() if state != "completed"]
         if failed:

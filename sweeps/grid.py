@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dataflex_rl.keys import ACTUATOR_PARAMS_PREFIX, ALPHA_KEY, ETA_KEY
+from dataflex_rl.keys import ACTUATOR_PARAMS_PREFIX, ALPHA_KEY, ETA_KEY, WARM_START_SEED_KEY
 from dataflex_rl.overrides import Override
 from dataflex_rl.tracking.identity import factor_labels, run_label
 from dataflex_rl.validation import ConfigError
@@ -46,6 +46,7 @@ class RunSpec:
     factors: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     axes: tuple[Axis, ...] = ()
     axis_keys: tuple[str, ...] = ()
+    warm_start_seed: int | None = None  # sft.seed of the run's own warm start (warm_start=per_seed), else None
 
     @property
     def seed(self) -> int:
@@ -83,14 +84,32 @@ class RunSpec:
         return pairs
 
     @property
+    def warm_start_overrides(self) -> tuple[str, ...]:
+        """``sft.seed=<s>`` for a run with a warm start of its own (``warm_start=per_seed``), else nothing."""
+        return warm_start_overrides(self.warm_start_seed)
+
+    @property
     def overrides(self) -> tuple[str, ...]:
-        """The cell's own train overrides, as text (``dataflex=ar mechanism_label=ar ++...alpha=0.5 seed=1``)."""
-        return tuple(str(override) for _, override in self.settings())
+        """The cell's own train overrides, as text (``dataflex=ar mechanism_label=ar ++...alpha=0.5 seed=1``, then
+        the warm start's ``sft.seed=1`` under ``warm_start=per_seed``)."""
+        return (*(str(override) for _, override in self.settings()), *self.warm_start_overrides)
 
     def describe(self) -> dict[str, object]:
         """The cell as sweep.json stores it."""
         return {"alpha": self.alpha, "seed": self.seed, "mechanism_label": self.mechanism, "eta": self.eta,
-                "axes": self.extra_factors}
+                "axes": self.extra_factors, "warm_start_seed": self.warm_start_seed}
+
+
+def warm_start_seed(design: str, seed: int) -> int | None:
+    """The ``sft.seed`` of a run of ``seed`` under the sweep's warm-start ``design``: the seed itself for
+    ``per_seed`` (every arm of a seed shares it; seeds differ), None for ``shared`` (the configured ``sft.seed``)."""
+    return seed if design == "per_seed" else None
+
+
+def warm_start_overrides(warm_start_seed: int | None) -> tuple[str, ...]:
+    """The overrides that give a run (or an SFT command) the warm start of ``warm_start_seed``: ``sft.seed=<s>``, or
+    nothing for the shared warm start (``None``)."""
+    return () if warm_start_seed is None else (f"{WARM_START_SEED_KEY}={warm_start_seed}",)
 
 
 def preset_has_param(preset: str, name: str) -> bool:
@@ -151,7 +170,8 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
             # Launch order: seeds innermost, then the grid's order; the label lists alpha and seed first.
             ordered = {name: factors[name] for name in ("alpha", "seed") if name in factors} | factors
             specs.append(RunSpec(name=run_label(ordered, labels), factors=factors, axes=tuple(applying),
-                                 axis_keys=axis_keys))
+                                 axis_keys=axis_keys,
+                                 warm_start_seed=warm_start_seed(config.warm_start, factors["seed"])))
     _check_names(config, [spec.name for spec in specs])
     return specs
 
@@ -182,6 +202,6 @@ def default_name(config: SweepConfig, prefix: str | None = None) -> str:
     prefix = prefix or config.experiment or "sweep"
     identity = {"backend": config.backend, "alpha": list(config.alphas), "seeds": list(config.seeds),
                 "mechanisms": list(config.mechanisms), "eta": list(config.eta), "extra": list(config.extra),
-                "steps": config.steps, "train_module": config.train_module}
+                "steps": config.steps, "train_module": config.train_module, "warm_start": config.warm_start}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
     return f"{prefix}-{digest}"

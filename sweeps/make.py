@@ -26,16 +26,18 @@ from dataflex_rl.validation import ConfigError
 ENV_PREFIX = "DATAFLEX_MAKE_"
 # Every variable the Makefile exports (its ``MAKE_VARIABLES`` line names the same ones; a test checks they agree).
 VARIABLES = ("ALPHA", "SEEDS", "MECH", "ETA", "STEPS", "JOBS", "SWEEP", "BACKEND", "LAUNCHER", "SWEEP_ARGS",
-             "DRY_RUN", "EXTRA", "TARGET_MDE", "MAX_SEEDS", "LR", "ARGS", "VERL_EXPERIMENT", "EXPERIMENT")
+             "DRY_RUN", "EXTRA", "TARGET_MDE", "MAX_SEEDS", "LR", "ARGS", "VERL_EXPERIMENT", "EXPERIMENT", "WARM_START",
+             "RESULTS")
 # make sweep: variable -> driver key (conf/sweeps/default.yaml), in the order they are passed.
 SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"), ("LAUNCHER", "launcher"),
               ("JOBS", "jobs"), ("STEPS", "steps"), ("SWEEP", "name"), ("MECH", "mechanisms"), ("ETA", "eta"),
-              ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"), ("VERL_EXPERIMENT", "verl_experiment"))
+              ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"), ("VERL_EXPERIMENT", "verl_experiment"),
+              ("WARM_START", "warm_start"))
 # make tune: variable -> key of conf/sweeps/optuna.yaml.
 TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("LAUNCHER", "launcher"))
 SWITCH_ON = ("1", "true", "yes", "on")
 SWITCH_OFF = ("", "0", "false", "no", "off")
-TARGETS = ("sweep", "tune", "report", "train", "notebook-dir")
+TARGETS = ("sweep", "tune", "report", "docs-results", "train", "notebook-dir")
 EXIT_REFUSED = 2
 
 
@@ -119,6 +121,11 @@ def command(target: str, values: Mapping[str, str]) -> list[str]:
         return [python, "-m", "sweeps.tune", *tune_argv(values)]
     if target == "report":
         return [python, "-m", "analysis.report", sweep_folder(values)]
+    if target == "docs-results":
+        if not values["SWEEP"] or not values["RESULTS"]:
+            raise ConfigError(f"SWEEP = {values['SWEEP']!r}, RESULTS = {values['RESULTS']!r} are not allowed: "
+                              f"make docs-results needs both, e.g. make docs-results SWEEP=<name> RESULTS=default")
+        return [python, "-m", "analysis.results", sweep_folder(values), "--name", values["RESULTS"]]
     if target == "train":
         return [python, "-m", "dataflex_rl.train", *split_words("ARGS", values["ARGS"])]
     raise ConfigError(f"target = {target!r} is not allowed; allowed targets: {', '.join(TARGETS)}")

@@ -2,7 +2,8 @@
 
 Layout::
 
-    {"sweep": name, "backend": "local", "launcher": "process", "created": iso, "updated": iso,
+    {"sweep": name, "backend": "local", "launcher": "process", "warm_start": "per_seed" | "shared",
+     "created": iso, "updated": iso,
      "state": "running" | "completed" | "failed" | "interrupted",
      "grid": {"alpha": [...], "seed": [...], "mechanism": [...], "eta": [...], "axes": {...},
               "common_overrides": [...]},
@@ -18,7 +19,8 @@ Layout::
 
 Runs of an earlier invocation that are not in the current grid stay in ``runs`` untouched.
 
-A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps`` and the resolved train
+A sweep name stands for one set of settings: its ``backend``, ``train_module``, ``steps``, ``warm_start`` (the
+warm-start design: growing a sweep keeps it) and the resolved train
 config its common overrides give (``grid.common_config``, flattened, without the keys that cannot change a run's
 numbers; the text of ``grid.common_overrides`` where the record has no resolved config), hashed into
 ``fingerprint``. Running the name again with other settings is refused
@@ -51,7 +53,7 @@ from dataflex_rl.tracking.run_store import (
 
 RUN_STATES = STATES
 # Header fields that fix a sweep's numbers besides its axes (and the common overrides in ``grid``).
-SETTING_FIELDS = ("backend", "train_module", "steps")
+SETTING_FIELDS = ("backend", "train_module", "steps", "warm_start")
 
 
 class SweepMismatchError(ConfigError):

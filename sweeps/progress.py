@@ -376,8 +376,10 @@ def print_group_summary(sweep_dir: Path, console: Any) -> None:
         from analysis.load import load_sweep
         from analysis.report import summary_table
         from analysis.tables import to_rich
+        from analysis.warm_starts import design_sentence
 
-        summary = summary_table(load_sweep(sweep_dir, histograms=False))
+        data = load_sweep(sweep_dir, histograms=False)
+        summary = summary_table(data)
     except Exception as error:  # noqa: BLE001  (a summary problem must not hide the runs' states)
         console.print(f"summary table skipped: {type(error).__name__}: {error}", highlight=False)
         return
@@ -387,6 +389,7 @@ def print_group_summary(sweep_dir: Path, console: Any) -> None:
             wide = console.options.update_width(1000)
             console.width = max(console.width, console.measure(rendered, options=wide).maximum)
         console.print(rendered)
+        console.print(design_sentence(data), highlight=False)
 
 
 def write_report(sweep_dir: Path) -> tuple[bool, str]:

@@ -201,6 +201,7 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
     from dataflex_rl.local.sft import warm_start
     from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tracking import RunIdentity, build_loggers
+    from dataflex_rl.tracking.identity import warm_start_record
 
     run_dir = store.run_dir
     mechanism = build_mechanism(config.dataflex)
@@ -225,6 +226,8 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
             "task": config.task.name,
             "parameters": count_parameters(model),
             "sft_checkpoint": str(sft_dir) if sft_dir else None,
+            "warm_start": warm_start_record(config.warm_start, str(sft_dir) if sft_dir else None,
+                                            config.sft.seed),
             "resumed_from_step": start_step,
         })
         store.set_status("running", step=start_step)

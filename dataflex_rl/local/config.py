@@ -209,6 +209,7 @@ class TrainConfig:
     mode: str = "train"
     axes: tuple[str, ...] = ()
     experiment: str | None = None
+    warm_start: str | None = None  # the sweep's warm-start design (per_seed | shared); None outside a sweep
 
     @property
     def alpha(self) -> float | None:
@@ -217,7 +218,7 @@ class TrainConfig:
 
 
 TOP_LEVEL_KEYS = ("run_dir", "seed", "dataflex", "model", "task", "sft", "trainer", "stats", "logger", "sweep",
-                  "run_name", "threads", "mechanism_label", "mode", "axes", "experiment", "hydra")
+                  "run_name", "threads", "mechanism_label", "mode", "axes", "experiment", "warm_start", "hydra")
 MODES = ("train", "sft")
 
 
@@ -272,7 +273,15 @@ def parse_train_config(cfg: Any) -> TrainConfig:
         mode=mode,
         axes=_check_axes(raw.get("axes")),
         experiment=raw.get("experiment"),
+        warm_start=_check_warm_start(raw.get("warm_start")),
     )
+
+
+def _check_warm_start(design: Any) -> str | None:
+    """The sweep's warm-start design (``per_seed`` | ``shared``), or None for a run outside a sweep."""
+    from dataflex_rl.keys import WARM_START_DESIGNS
+
+    return None if design is None else check_choice("warm_start", design, WARM_START_DESIGNS)
 
 
 def _check_task(name: str, params: dict[str, Any]) -> Any:

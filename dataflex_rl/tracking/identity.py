@@ -26,6 +26,13 @@ from dataflex_rl.keys import ALPHA_KEY, ETA_KEY
 from dataflex_rl.validation import to_plain
 
 CONFIG_HASH_LENGTH = 12
+def warm_start_record(design: str | None, checkpoint: str | None, sft_seed: int | None = None) -> dict[str, Any]:
+    """``meta.json``'s ``warm_start``: the sweep's design (``per_seed`` | ``shared``; None outside a sweep), the
+    checkpoint the run started from (the SFT cache folder, or the model path a verl run loads; its identity: runs
+    with the same one share a warm start) and the SFT seed that drew it, where known."""
+    return {"design": design, "checkpoint": checkpoint, "sft_seed": sft_seed}
+
+
 # Short factor names of the axes every ablation uses; any other axis is named by its config key (``trainer.lr``).
 AXIS_NAMES = {ALPHA_KEY: "alpha", ETA_KEY: "eta"}
 SEED_AXIS = "seed"

@@ -12,6 +12,7 @@ without ``dataflex_run.dir`` no run store is written)::
 
     +dataflex_run.dir=runs/<sweep>/<run>  +dataflex_run.sweep=<sweep>  +dataflex_run.name=<run>
     +dataflex_run.mechanism_label=<preset>  +dataflex_run.seed=<seed>  +dataflex_run.axes=[<swept config keys>]
+    +dataflex_run.warm_start=<per_seed | shared>
 
 ``sweep`` defaults to ``trainer.project_name``, ``name`` to the folder's name, ``seed`` to ``data.seed``,
 ``mechanism_label`` to the mechanism; ``axes`` (the grid's axes, recorded with their values in ``meta.json``) to none.
@@ -35,13 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.validation import ConfigError, check_keys, to_plain
+from dataflex_rl.validation import ConfigError, check_choice, check_keys, to_plain
 from dataflex_rl.metrics import Histogram
 from dataflex_rl.tracking import RunIdentity, RunStore, config_hash
+from dataflex_rl.tracking.identity import warm_start_record
 
 BACKEND = "verl"
 RUN_BLOCK = "dataflex_run"
-RUN_KEYS = ("dir", "sweep", "name", "mechanism_label", "seed", "axes")
+RUN_KEYS = ("dir", "sweep", "name", "mechanism_label", "seed", "axes", "warm_start")
 # verl's validation accuracy of one data source (the K&K reward returns an accuracy, verl averages it).
 VAL_ACC_PREFIX, VAL_ACC_SUFFIX = "val-core/", "/acc/mean@1"
 # The environment variables through which verl's wandb.init takes a run's group, job type and tags.
@@ -58,6 +60,7 @@ class RunPlace:
     mechanism_label: str
     seed: int
     axes: tuple[str, ...] = ()
+    warm_start: str | None = None  # the sweep's warm-start design (per_seed | shared)
 
 
 def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
@@ -82,7 +85,12 @@ def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
         mechanism_label=str(block.get("mechanism_label") or mechanism),
         seed=int(seed),
         axes=tuple(str(key) for key in block.get("axes") or ()),
+        warm_start=_check_warm_start(block.get("warm_start")),
     )
+
+
+def _check_warm_start(design: Any) -> str | None:
+    return None if design is None else check_choice(f"{RUN_BLOCK}.warm_start", design, keys.WARM_START_DESIGNS)
 
 
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -158,8 +166,10 @@ class VerlRunRecord:
     def start(self, global_step: int) -> None:
         """Meta, config and status ``running``; on a resume at ``global_step`` > 0 the lines after it are dropped
         (verl restarts from its checkpoint), on a fresh start every earlier line is."""
+        model_path = ((self.config.get("actor_rollout_ref") or {}).get("model") or {}).get("path")
         self.store.write_meta(self.identity, extra={
             "mechanism_label": self.place.mechanism_label, "resumed_from_step": global_step,
+            "warm_start": warm_start_record(self.place.warm_start, None if model_path is None else str(model_path)),
         })
         self.store.set_status("running", step=global_step)
         if global_step:

@@ -38,5 +38,5 @@ def test_a_launched_run_and_its_warm_start_are_composed_once_by_the_driver_and_n
     assert entry["command"] == [sys.executable, "-m", "tests.counted_train", "--config-file", str(launch)]
     assert " ".join(entry["overrides"]) == run_compositions[0]  # what the run is, on record
     assert read_config(sweep_dir / "a0.5-s1") == read_config_file(launch)  # the run store records the driver's config
-    assert (sweep_dir / "launch" / "sft.yaml").is_file()
+    assert (sweep_dir / "launch" / "sft-seed1.yaml").is_file()
     assert "# composed from: " in (sweep_dir / "logs" / "a0.5-s1.log").read_text()

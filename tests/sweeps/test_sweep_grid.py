@@ -47,7 +47,7 @@ def test_default_grid_adds_the_baseline_first_and_names_runs():
     config = config_of("alpha=0.25,0.5", "seeds=1,2")
     specs = expand_grid(config)
     assert [spec.name for spec in specs] == ["a0.0-s1", "a0.0-s2", "a0.25-s1", "a0.25-s2", "a0.5-s1", "a0.5-s2"]
-    assert specs[2].overrides == ("++dataflex.actuator.params.alpha=0.25", "seed=1")
+    assert specs[2].overrides == ("++dataflex.actuator.params.alpha=0.25", "seed=1", "sft.seed=1")
     no_baseline = expand_grid(config_of("alpha=0.25,0.5", "seeds=1", "add_baseline=false"))
     assert [spec.alpha for spec in no_baseline] == [0.25, 0.5]
     # 0 and 0.0 are one value: no duplicate baseline.
@@ -60,7 +60,7 @@ def test_an_actuator_parameters_axis_multiplies_only_the_presets_that_have_it():
                                   "extra=[dataflex.actuator.params.rho=0.1,0.4]"))
     assert [spec.name for spec in specs] == ["s1-baseline", "s1-high_entropy-rho0.1", "s1-high_entropy-rho0.4"]
     assert "dataflex.actuator.params.rho=0.1" not in specs[0].overrides
-    assert specs[1].overrides[-2:] == ("dataflex.actuator.params.rho=0.1", "seed=1")
+    assert specs[1].overrides[-3:] == ("dataflex.actuator.params.rho=0.1", "seed=1", "sft.seed=1")
     assert specs[0].axis_keys == ("mechanism_label", "dataflex.actuator.params.rho", "seed")
     # A parameter the actuator has without the preset setting it (Lopti's split) is an axis of that preset too.
     split = expand_grid(config_of("mechanisms=lopti", "seeds=1", "extra=[+dataflex.actuator.params.split=threshold,"
@@ -76,7 +76,7 @@ def test_extra_axes_mechanisms_and_eta_multiply_the_grid():
     first = specs[0]
     assert first.name == "a0.5-s1-baseline-lr0.0001-task-arithmetic"
     assert first.overrides == ("dataflex=baseline", "mechanism_label=baseline", "++dataflex.actuator.params.alpha=0.5",
-                               "trainer.lr=0.0001", "task=arithmetic", "seed=1")
+                               "trainer.lr=0.0001", "task=arithmetic", "seed=1", "sft.seed=1")
     assert [str(item) for item in parse_extra(config.extra)[0]] == ["trainer.kl_coef=0.0"]
     # eta multiplies only the presets whose actuator has an eta.
     mixed = expand_grid(config_of("alpha=0.5", "add_baseline=false", "seeds=1", "mechanisms=ar,lopti",
@@ -84,7 +84,7 @@ def test_extra_axes_mechanisms_and_eta_multiply_the_grid():
     assert [spec.name for spec in mixed] == ["a0.5-s1-ar", "a0.5-s1-lopti-eta0.25", "a0.5-s1-lopti-eta0.75"]
     eta = expand_grid(config_of("alpha=[]", "seeds=1", "eta=0.1,0.5"))
     assert [spec.name for spec in eta] == ["s1-eta0.1", "s1-eta0.5"]
-    assert eta[0].overrides == ("++dataflex.actuator.params.eta=0.1", "seed=1")
+    assert eta[0].overrides == ("++dataflex.actuator.params.eta=0.1", "seed=1", "sft.seed=1")
 
 
 @pytest.mark.parametrize(("argv", "named"), [
@@ -136,18 +136,21 @@ def test_commands_carry_threads_run_dir_and_identity(tmp_path):
     command = runs[1].command
     assert command[1:3] == ("-m", "dataflex_rl.train")
     assert command[3:] == ("trainer.total_steps=7", "trainer.val_every=1", "++dataflex.actuator.params.alpha=0.5",
-                           "seed=3", "axes=[dataflex.actuator.params.alpha,seed]",
-                           f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3", "threads=1")
+                           "seed=3", "sft.seed=3", "axes=[dataflex.actuator.params.alpha,seed]",
+                           f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3",
+                           "warm_start=per_seed", "threads=1")
     assert runs[1].env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     assert runs[1].log_path == (tmp_path / "demo" / "logs" / "a0.5-s3.log").resolve()
 
 
 def test_one_warm_start_unless_an_axis_changes_the_sft_inputs(tmp_path):
-    config = config_of("alpha=0.5", "seeds=1,2", "validate=false", "extra=[trainer.lr=1e-4,1e-3]")
+    config = config_of("alpha=0.5", "seeds=1,2", "validate=false", "extra=[trainer.lr=1e-4,1e-3]",
+                       "warm_start=shared")
     assert len(plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)) == 1
     warm = plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)[0]
     assert "mode=sft" in warm.command and "threads=2" in warm.command
-    config = config_of("alpha=0.5", "seeds=1", "validate=false", "extra=[task=arithmetic,knights_knaves]")
+    config = config_of("alpha=0.5", "seeds=1", "validate=false", "extra=[task=arithmetic,knights_knaves]",
+                       "warm_start=shared")
     warm_starts = plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)
     assert [w.command[3:5] for w in warm_starts] == [("task=arithmetic", "mode=sft"),
                                                      ("task=knights_knaves", "mode=sft")]
@@ -332,7 +335,7 @@ def test_extra_is_read_once_per_sweep_and_the_runs_are_planned_from_typed_axes(t
     runs = plan_runs(config, specs, "typed", tmp_path / "typed", threads=1)
     warm = plan_warm_starts(config, specs, tmp_path / "typed", threads=1)
     assert parsed == []
-    assert len(runs) == 8 and {run.total_steps for run in runs} == {3} and len(warm) == 1
+    assert len(runs) == 8 and {run.total_steps for run in runs} == {3} and len(warm) == 2  # one per seed
     assert runs[-1].spec.factors == {"alpha": 0.5, "trainer.lr": "0.0003", "seed": 2}
-    assert runs[-1].command[-8:-4] == ("++dataflex.actuator.params.alpha=0.5", "trainer.lr=0.0003", "seed=2",
-                                       "axes=[dataflex.actuator.params.alpha,trainer.lr,seed]")
+    assert runs[-1].command[-10:-5] == ("++dataflex.actuator.params.alpha=0.5", "trainer.lr=0.0003", "seed=2",
+                                        "sft.seed=2", "axes=[dataflex.actuator.params.alpha,trainer.lr,seed]")

@@ -92,7 +92,7 @@ def test_verl_cpu_experiment_plans_its_prepare_step_and_cpu_environment_without_
                  "dry_run=true", f"root={tmp_path / 'runs'}", "name=cpu"])
     assert code == 0
     lines = capsys.readouterr().out.splitlines()
-    prepared = (tmp_path / "runs" / "cpu" / "verl_prepared").resolve()
+    prepared = (tmp_path / "runs" / "cpu" / "verl_prepared" / "sft-seed1").resolve()  # seed 1's warm start
     [prepare] = [line for line in lines if "dataflex_rl.verl.cpu.prepare" in line]
     assert f"--out {prepared}" in prepare and "model.architecture=llama" in prepare
     runs = [line for line in lines if "verl.trainer.main_ppo" in line]

@@ -37,7 +37,7 @@ def test_sweep_completes_both_runs_then_skips_them(tmp_path, sft_cache, capsys):
     assert list(runs) == ["a0.0-s1", "a0.5-s1"]  # the alpha = 0 baseline was added
     for name, entry in runs.items():
         assert (entry["state"], entry["exit_code"], entry["attempts"]) == ("completed", 0, 1)
-        assert entry["overrides"][-2:] == [f"run_name={name}", "threads=1"]  # 2 cores / 2 jobs
+        assert entry["overrides"][-3:] == [f"run_name={name}", "warm_start=per_seed", "threads=1"]  # 2 cores / 2 jobs
         assert entry["env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         run_dir = sweep_dir / name
         assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
@@ -177,6 +177,6 @@ def test_dry_run_prints_every_command_line_and_starts_nothing(tmp_path, capsys):
     output = capsys.readouterr().out
     for name in ("a0.0-s1", "a0.0-s2", "a0.25-s1", "a0.25-s2"):
         assert f"run_dir={tmp_path / 'runs' / 'dry' / name}" in output
-    assert output.count("-m dataflex_rl.train") == 5  # 4 runs + the warm start
+    assert output.count("-m dataflex_rl.train") == 6  # 4 runs + a warm start per seed
     assert "OMP_NUM_THREADS=1" in output and "mode=sft" in output
     assert not (tmp_path / "runs").exists()

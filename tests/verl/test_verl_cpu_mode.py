@@ -197,7 +197,10 @@ def test_a_two_run_verl_sweep_on_the_cpu_gives_a_report(tmp_path, monkeypatch):
     for run in ("a0.0-s1", "a0.5-s1"):
         assert read_status(tmp_path / "runs" / "cpu" / run)["state"] == "completed"
         assert math.isfinite(load_metrics(tmp_path / "runs" / "cpu" / run)[keys.VAL_ACCURACY].iloc[-1])
-    assert os.path.isdir(tmp_path / "runs" / "cpu" / "verl_prepared" / "model")
+    assert os.path.isdir(tmp_path / "runs" / "cpu" / "verl_prepared" / "sft-seed1" / "model")
+    meta = read_meta(tmp_path / "runs" / "cpu" / "a0.5-s1")
+    assert meta["warm_start"]["design"] == "per_seed"
+    assert meta["warm_start"]["checkpoint"].endswith("verl_prepared/sft-seed1/model")
 
 
 @pytest.mark.slow

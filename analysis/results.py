@@ -1,0 +1,167 @@
+"""Results files: the tables the docs show, written from a sweep by one command, and the docs kept equal to them.
+
+    python -m analysis.results runs/<sweep> --name <name>      (make docs-results SWEEP=<sweep> RESULTS=<name>)
+
+writes ``docs/results/<name>.md`` from the sweep's run stores: a comment naming the command, the sweep and the
+commit; the report's summary table (:func:`analysis.report.summary_table`); the mechanism's time-averaged figures per
+group (the share of the logit-gradient norm from tokens with pi < 0.5, the gradient norm before clipping, the share
+of updates that clipping rescaled) with paired deltas; the design sentence (:func:`analysis.warm_starts.design_sentence`:
+which sources of variation the intervals include); and the machine (each numeric environment the runs came from,
+torch's version). It then rewrites, in ``README.md`` and ``docs/**/*.md``, every block between
+``<!-- results: <name> -->`` and ``<!-- /results -->`` with the file's text, so the docs show exactly what the
+command wrote. ``python -m analysis.results --check`` (and a fast test) fails when a block differs from its file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.aggregate import aggregate_runs, default_baseline, default_group_keys, paired_differences, run_summaries
+from analysis.load import SweepData, add_run_columns, load_sweep
+from analysis.report import summary_table
+from analysis.tables import comparison_table, to_markdown
+from analysis.warm_starts import design_sentence
+from dataflex_rl import keys
+from dataflex_rl.tracking import run_store
+from dataflex_rl.tracking.run_store import atomic_write_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "docs" / "results"
+# The mechanism's figures a results file gives per group (time-averaged over each run's steps, then over seeds).
+MECHANISM_METRICS = (keys.GRAD_LOW_PROB_SHARE, keys.GRAD_NORM, keys.GRAD_CLIP_FRAC)
+_BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.DOTALL)
+_NAME = re.compile(r"[\w.-]+")
+
+
+def mechanism_table(data: SweepData) -> str | None:
+    """The :data:`MECHANISM_METRICS` the runs logged, each run's time average (AUC / step span), mean and interval
+    over seeds per group, with paired deltas against the baseline, as Markdown; None when none was logged."""
+    metrics = [metric for metric in MECHANISM_METRICS if metric in set(data.metric_names)]
+    if not metrics:
+        return None
+    group_keys = tuple(default_group_keys(data.included_runs))
+    long = data.metrics
+    extra_keys = [key for key in group_keys if key not in long.columns]
+    if extra_keys:
+        long = add_run_columns(long, data.runs, extra_keys)
+    summaries = run_summaries(long, metrics=metrics)
+    aggregates = aggregate_runs(summaries, value="auc", group_keys=group_keys)
+    baseline = default_baseline(summaries, group_keys)
+    deltas = None if baseline is None else paired_differences(summaries, value="auc", group_keys=group_keys,
+                                                              baseline=baseline)
+    table = comparison_table(aggregates, deltas=deltas, metrics=metrics, group_keys=group_keys,
+                             caption="the mechanism, time-averaged over training")
+    return to_markdown(table)
+
+
+def machine_lines(data: SweepData) -> list[str]:
+    """Where the numbers came from: each numeric environment with its run count, and torch's version."""
+    included = data.included_runs
+    environments = included["environment"].fillna("unknown").astype(str).value_counts()
+    lines = [f"- numeric environment: `{label}` ({count} run{'s' if count > 1 else ''})"
+             for label, count in environments.items()]
+    versions = {(run_store.read_meta(path) or {}).get("versions", {}).get("torch") for path in included["path"]}
+    lines.append(f"- torch {', '.join(sorted(str(version) for version in versions))}")
+    return lines
+
+
+def results_text(data: SweepData, name: str, sweep_dir: Path) -> str:
+    """The whole results file (see the module doc)."""
+    included = data.included_runs
+    commits = sorted({str(commit)[:7] for commit in included["git_commit"].dropna()})
+    parts = [f"<!-- {name}: written by `make docs-results SWEEP={sweep_dir.name} RESULTS={name}` from "
+             f"{len(included)} runs of sweep {sweep_dir.name} (commit {', '.join(commits) or 'unknown'}); do not edit "
+             f"by hand -->", ""]
+    headline = summary_table(data)
+    if headline is None:
+        raise ValueError(f"sweep {sweep_dir} has no included run that logged {keys.VAL_ACCURACY}: nothing to write")
+    parts += [to_markdown(headline), "", design_sentence(data), ""]
+    mechanism = mechanism_table(data)
+    if mechanism is not None:
+        parts += [mechanism, ""]
+    parts += ["Measured on:", "", *machine_lines(data), ""]
+    return "\n".join(parts)
+
+
+def doc_files(root: Path = REPO) -> list[Path]:
+    """The Markdown files that may embed results: ``README.md`` and ``docs/**/*.md`` (the results files aside)."""
+    return [root / "README.md", *sorted(path for path in (root / "docs").rglob("*.md")
+                                        if RESULTS_DIR not in path.parents)]
+
+
+def embedded_blocks(text: str) -> Iterator[tuple[str, str]]:
+    """``(name, body)`` of every results block of a Markdown text."""
+    for match in _BLOCK.finditer(text):
+        yield match["name"], match["body"]
+
+
+def sync_docs(name: str, body: str, root: Path = REPO) -> list[Path]:
+    """Replace every ``name`` block's body in the docs with ``body``; the files changed."""
+    changed = []
+    for path in doc_files(root):
+        text = path.read_text(encoding="utf-8")
+        updated = _BLOCK.sub(lambda match: match.group(0) if match["name"] != name
+                             else f"{match.group(1)}{body}{match.group(4)}", text)
+        if updated != text:
+            atomic_write_bytes(path, updated.encode("utf-8"))
+            changed.append(path)
+    return changed
+
+
+def stale_blocks(root: Path = REPO) -> list[str]:
+    """Every docs block that differs from its results file (or names none), as ``<doc>: <name> (<why>)``."""
+    problems = []
+    for path in doc_files(root):
+        for name, body in embedded_blocks(path.read_text(encoding="utf-8")):
+            results = root / "docs" / "results" / f"{name}.md"
+            if not results.is_file():
+                problems.append(f"{path.relative_to(root)}: {name} (no {results.relative_to(root)})")
+            elif results.read_text(encoding="utf-8") != body:
+                problems.append(f"{path.relative_to(root)}: {name} (differs from {results.relative_to(root)}; "
+                                f"run make docs-results or copy the file into the block)")
+    return problems
+
+
+def write_results(sweep_dir: Path, name: str, root: Path = REPO) -> tuple[Path, list[Path]]:
+    """Write ``docs/results/<name>.md`` from the sweep and sync the docs' blocks; (the file, the docs changed)."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"RESULTS = {name!r} is not allowed: a results name is letters, digits, '.', '_', '-'")
+    text = results_text(load_sweep(sweep_dir, histograms=False), name, sweep_dir)
+    path = root / "docs" / "results" / f"{name}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return path, sync_docs(name, text, root)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write a results file and sync the docs (exit 0), or ``--check`` them (exit 1 naming each stale block)."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.results", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", nargs="?", type=Path, help="the sweep folder (runs/<sweep>)")
+    parser.add_argument("--name", help="the results file's name: docs/results/<name>.md")
+    parser.add_argument("--check", action="store_true", help="only check the docs' blocks against their files")
+    options = parser.parse_args(argv)
+    if options.check:
+        problems = stale_blocks()
+        for problem in problems:
+            print(f"stale: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    if options.sweep_dir is None or not options.name:
+        parser.error("give a sweep folder and --name (or --check)")
+    try:
+        path, changed = write_results(options.sweep_dir, options.name)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"results: {path}" + (f"; docs updated: {', '.join(str(p.relative_to(REPO)) for p in changed)}"
+                                if changed else "; no docs block names it yet"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""What a sweep's intervals cover: its warm-start design, the warm starts' spread and the sources of variation.
+
+Every run starts from an SFT warm start, itself a random draw. Under ``warm_start=per_seed`` (the sweep default) the
+runs of seed s share the warm start of ``sft.seed = s``: the n seeds are n independent (warm start, RL seed) draws,
+paired within a warm start, so the intervals over seeds cover the recipe. Under ``warm_start=shared`` every run
+starts from one warm start and the intervals cover the RL seed only: the answer is for that warm start. Neither
+covers the choice of evaluation items (every run is scored on the same held-out problems, so that noise is shared
+and cancels in paired deltas). ``docs/analysis.md`` ("Warm starts") has the measured coverage of both designs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.frames import SweepData
+from dataflex_rl import keys
+
+
+def warm_start_design(data: SweepData) -> str | None:
+    """The sweep's design (``per_seed`` | ``shared``): ``sweep.json``'s, else the one its runs recorded; None when
+    neither says (runs outside a sweep) or the runs recorded several."""
+    recorded = (data.manifest or {}).get("warm_start")
+    if recorded:
+        return str(recorded)
+    designs = set(data.included_runs.get("warm_start_design", pd.Series(dtype=object)).dropna())
+    return designs.pop() if len(designs) == 1 else None
+
+
+def warm_start_table(data: SweepData, metric: str = keys.VAL_ACCURACY) -> pd.DataFrame:
+    """One row per warm start of the included runs: its SFT seed, checkpoint (folder name), how many runs and seeds
+    started from it, and ``metric`` at step 0 (its evaluation after SFT, before any RL step: the same for every run
+    of the warm start under greedy evaluation; their mean otherwise). Empty when no run recorded its warm start."""
+    runs = data.included_runs
+    if "warm_start" not in runs or runs["warm_start"].isna().all():
+        return pd.DataFrame()
+    runs = runs.assign(warm_start=runs["warm_start"].fillna("(none)").astype(str))
+    rows = data.metrics
+    at_start = rows[(rows["metric"].astype(str) == metric).to_numpy() & (rows["step"] == 0).to_numpy()]
+    start_values = at_start.groupby(at_start["run"].astype(str), observed=True)["value"].mean()
+    table = []
+    for checkpoint, group in runs.groupby("warm_start", sort=False):
+        values = start_values.reindex(group["run"].astype(str)).dropna()
+        seeds = sorted(int(seed) for seed in group["seed"].dropna())
+        sft_seeds = group["warm_start_seed"].dropna()
+        table.append({"warm start": checkpoint.rstrip("/").rsplit("/", 1)[-1],
+                      "sft.seed": int(sft_seeds.iloc[0]) if len(sft_seeds) else None,
+                      "runs": len(group), "seeds": ", ".join(map(str, dict.fromkeys(seeds))),
+                      f"{metric} after SFT": float(values.mean()) if len(values) else np.nan})
+    return pd.DataFrame(table).sort_values("sft.seed", na_position="last", ignore_index=True)
+
+
+def _spread(values: pd.Series) -> str:
+    values = values.dropna()
+    if len(values) == 0:
+        return ""
+    if len(values) == 1:
+        return f"{values.iloc[0]:.3f}"
+    return f"{values.min():.3f} to {values.max():.3f}, SD {values.std(ddof=1):.3f}"
+
+
+def _evaluation_items(data: SweepData) -> str:
+    sizes = set(data.included_runs.get("config.trainer.val_size", pd.Series(dtype=object)).dropna())
+    return f"the same {int(sizes.pop())} held-out problems" if len(sizes) == 1 else "the same held-out problems"
+
+
+def design_sentence(data: SweepData, metric: str = keys.VAL_ACCURACY) -> str:
+    """The design the sweep used and the sources of variation its intervals include (RL seed, warm start) and
+    leave out (evaluation items), with the warm starts' spread of ``metric`` after SFT."""
+    design = warm_start_design(data)
+    table = warm_start_table(data, metric)
+    count = len(table)
+    spread = _spread(table[f"{metric} after SFT"]) if count else ""
+    after = f"; {metric} after SFT {spread}" if spread else ""
+    items = (f"They leave out the choice of evaluation items: every run is scored on {_evaluation_items(data)}, "
+             "a noise that is shared and cancels in the paired deltas.")
+    if design == "per_seed":
+        return (f"Design: each seed its own SFT warm start (warm_start=per_seed: {count} warm start(s), sft.seed = "
+                f"the seed, the same for every arm of a seed{after}). The intervals over seeds include the RL "
+                f"seed and the warm start's draw: they answer for the recipe. {items}")
+    if design == "shared":
+        seeds = table["sft.seed"].dropna() if count else pd.Series(dtype=float)
+        which = f"sft.seed = {int(seeds.iloc[0])}" if len(seeds) == 1 else f"{count} warm start(s)"
+        return (f"Design: one SFT warm start shared by every run (warm_start=shared: {which}{after}). The "
+                f"intervals include the RL seed only, so the result holds for this warm start only; another SFT "
+                f"draw moves the starting point (warm_start=per_seed answers for the recipe). {items}")
+    return (f"Design: not recorded (runs outside a sweep; {count} warm start(s){after}). The intervals include "
+            f"the variation between the runs' seeds as they were run. {items}")

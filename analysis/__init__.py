@@ -6,9 +6,11 @@ loaders of :mod:`analysis.wandb_runs` and :mod:`analysis.wandb_offline`, into th
 :mod:`analysis.bootstrap` and :mod:`analysis.groups`), :mod:`analysis.curves` (sample-efficiency curves, and where in
 training two groups differ: per-step paired differences against the baseline with a simultaneous band),
 :mod:`analysis.power` (the report's power sections), :mod:`analysis.tables`, :mod:`analysis.plots`,
-:mod:`analysis.report` (``python -m analysis.report runs/<sweep>``), :mod:`analysis.export` and
-:mod:`analysis.synthetic` (synthetic run stores with a known truth, for tests and benchmarks). Nothing here imports
-torch or a backend.
+:mod:`analysis.report` (``python -m analysis.report runs/<sweep>``) with :mod:`analysis.warm_starts` (what the
+intervals cover) and :mod:`analysis.environment` (the runs' numeric environments), :mod:`analysis.results` (the docs'
+results files, ``make docs-results``), :mod:`analysis.export` and :mod:`analysis.synthetic` (synthetic run stores with
+a known truth, for tests and benchmarks; writing one imports torch, as the run store records its numeric
+environment). Nothing here imports a backend.
 
 For notebooks, the curve comparisons are also reachable from the package itself, loaded on first use
 (``from analysis import curve_differences``): :func:`~analysis.curves.curve_differences`,

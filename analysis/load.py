@@ -22,7 +22,8 @@ them, so one import gives ``load.SweepData``, ``load.factor_columns``, ...
 Run table (:attr:`SweepData.runs`), one row per run folder (plus one per ``sweep.json`` entry without a folder):
 identity columns as above, then ``state``, ``status_step``, ``error``, ``wall_time_s``, ``git_commit``,
 ``config_hash``, ``start_time``, ``end_time``, ``environment`` (the numeric environment as a label,
-:func:`environment_label`; null when ``meta.json`` records none, as in W&B runs), ``path``, ``metrics_source``
+:func:`environment_label`; null when ``meta.json`` records none, as in W&B runs), ``warm_start``,
+``warm_start_design``, ``warm_start_seed`` (:func:`warm_start_columns`), ``path``, ``metrics_source``
 (``parquet``, ``jsonl``, ``wandb`` or ``none``), ``included`` (bool: its metrics are in the long table),
 ``exclusion_reason``, the factor columns and the resolved config flattened to ``config.<dotted.key>`` columns (lists
 and mappings as JSON text).

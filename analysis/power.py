@@ -112,8 +112,8 @@ def variance_section(add: Add, summaries: pd.DataFrame, runs: pd.DataFrame, metr
         return
     add(f"Each group's between-seed variance of `{metric}` (final-window mean) split into evaluation noise, the "
         "binomial variance p(1-p)/N of an accuracy p measured on N validation items, and training noise, the rest "
-        f"(floored at 0). Evaluation noise should be at most {EVAL_SHARE_TARGET:.0%} of the between-seed variance.",
-        "")
+        "(floored at 0): the RL seed's, and with a warm start per seed the warm start's draw too. Evaluation noise "
+        f"should be at most {EVAL_SHARE_TARGET:.0%} of the between-seed variance.", "")
     shown = table.copy()
     for column in ("mean", "between_seed_sd", "eval_sd", "training_sd"):
         shown[column] = [f"{value:.4f}" for value in shown[column]]

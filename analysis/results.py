@@ -4,8 +4,9 @@
 
 writes ``docs/results/<name>.md`` from the sweep's run stores: a comment naming the command, the sweep and the
 commit; the report's summary table (:func:`analysis.report.summary_table`); the mechanism's time-averaged figures per
-group (the share of the logit-gradient norm from tokens with pi < 0.5, the gradient norm before clipping, the share
-of updates that clipping rescaled) with paired deltas; the design sentence (:func:`analysis.warm_starts.design_sentence`:
+group (:data:`MECHANISM_METRICS`: the share of the logit-gradient norm from tokens with pi < 0.5, the gradient norm
+before clipping, the share of updates that clipping rescaled, the share of confident tokens with a negative advantage
+that the update moved down) with paired deltas; the design sentence (:func:`analysis.warm_starts.design_sentence`:
 which sources of variation the intervals include); and the machine (each numeric environment the runs came from,
 torch's version). It then rewrites, in ``README.md`` and ``docs/**/*.md``, every block between
 ``<!-- results: <name> -->`` and ``<!-- /results -->`` with the file's text, so the docs show exactly what the
@@ -33,8 +34,11 @@ from dataflex_rl.tracking.run_store import atomic_write_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "docs" / "results"
-# The mechanism's figures a results file gives per group (time-averaged over each run's steps, then over seeds).
-MECHANISM_METRICS = (keys.GRAD_LOW_PROB_SHARE, keys.GRAD_NORM, keys.GRAD_CLIP_FRAC)
+# The mechanism's figures a results file gives per group (time-averaged over each run's steps, then over seeds): the
+# logit-gradient share of tokens with pi < 0.5, the gradient norm before clipping, the share of clipped updates, and
+# the share of confident tokens (pi >= 0.75) with a negative advantage whose pi the update lowered (the paper's "why").
+MECHANISM_METRICS = (keys.GRAD_LOW_PROB_SHARE, keys.GRAD_NORM, keys.GRAD_CLIP_FRAC,
+                     keys.prob_change("neg", keys.bucket_label(0.75, 1.0), "correct_share"))
 _BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.DOTALL)
 _NAME = re.compile(r"[\w.-]+")
 
@@ -61,13 +65,21 @@ def mechanism_table(data: SweepData) -> str | None:
 
 
 def machine_lines(data: SweepData) -> list[str]:
-    """Where the numbers came from: each numeric environment with its run count, and torch's version."""
+    """Where and how long: each numeric environment with its run count, torch's version, and the sweep's wall time
+    (its invocations in ``sweep.json``, warm starts included) with the runs it ran at once."""
     included = data.included_runs
     environments = included["environment"].fillna("unknown").astype(str).value_counts()
     lines = [f"- numeric environment: `{label}` ({count} run{'s' if count > 1 else ''})"
              for label, count in environments.items()]
     versions = {(run_store.read_meta(path) or {}).get("versions", {}).get("torch") for path in included["path"]}
     lines.append(f"- torch {', '.join(sorted(str(version) for version in versions))}")
+    manifest = data.manifest or {}
+    seconds = sum((pd.Timestamp(item["end"]) - pd.Timestamp(item["start"])).total_seconds()
+                  for item in manifest.get("invocations", []) if item.get("start") and item.get("end"))
+    if seconds:
+        lines.append(f"- the sweep's wall time: {int(seconds // 60)} min {int(seconds % 60)} s over "
+                     f"{len(manifest['invocations'])} invocation(s), {manifest.get('jobs')} run(s) at once, "
+                     f"{manifest.get('threads')} thread(s) each")
     return lines
 
 
@@ -84,7 +96,8 @@ def results_text(data: SweepData, name: str, sweep_dir: Path) -> str:
     parts += [to_markdown(headline), "", design_sentence(data), ""]
     mechanism = mechanism_table(data)
     if mechanism is not None:
-        parts += [mechanism, ""]
+        parts += ["The mechanism, each run's time average over its steps (mean over seeds, paired Δ):", "",
+                  mechanism, ""]
     parts += ["Measured on:", "", *machine_lines(data), ""]
     return "\n".join(parts)
 

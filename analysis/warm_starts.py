@@ -32,9 +32,11 @@ def warm_start_table(data: SweepData, metric: str = keys.VAL_ACCURACY) -> pd.Dat
     started from it, and ``metric`` at step 0 (its evaluation after SFT, before any RL step: the same for every run
     of the warm start under greedy evaluation; their mean otherwise). Empty when no run recorded its warm start."""
     runs = data.included_runs
-    if "warm_start" not in runs or runs["warm_start"].isna().all():
+    if "warm_start_design" not in runs or runs[["warm_start", "warm_start_design"]].isna().all(axis=None):
         return pd.DataFrame()
-    runs = runs.assign(warm_start=runs["warm_start"].fillna("(none)").astype(str))
+    # without SFT (sft.steps=0) a run starts from the model as built from sft.seed: that is its warm start
+    built = "model as built, sft.seed=" + runs["warm_start_seed"].astype("Int64").astype(str)
+    runs = runs.assign(warm_start=runs["warm_start"].where(runs["warm_start"].notna(), built).astype(str))
     rows = data.metrics
     at_start = rows[(rows["metric"].astype(str) == metric).to_numpy() & (rows["step"] == 0).to_numpy()]
     start_values = at_start.groupby(at_start["run"].astype(str), observed=True)["value"].mean()
@@ -70,19 +72,21 @@ def design_sentence(data: SweepData, metric: str = keys.VAL_ACCURACY) -> str:
     design = warm_start_design(data)
     table = warm_start_table(data, metric)
     count = len(table)
+    counted = f"{count} warm start{'' if count == 1 else 's'}"
     spread = _spread(table[f"{metric} after SFT"]) if count else ""
     after = f"; {metric} after SFT {spread}" if spread else ""
     items = (f"They leave out the choice of evaluation items: every run is scored on {_evaluation_items(data)}, "
              "a noise that is shared and cancels in the paired deltas.")
     if design == "per_seed":
-        return (f"Design: each seed its own SFT warm start (warm_start=per_seed: {count} warm start(s), sft.seed = "
+        return (f"Design: each seed its own SFT warm start (warm_start=per_seed: {counted}, sft.seed = "
                 f"the seed, the same for every arm of a seed{after}). The intervals over seeds include the RL "
                 f"seed and the warm start's draw: they answer for the recipe. {items}")
     if design == "shared":
         seeds = table["sft.seed"].dropna() if count else pd.Series(dtype=float)
-        which = f"sft.seed = {int(seeds.iloc[0])}" if len(seeds) == 1 else f"{count} warm start(s)"
+        which = f"sft.seed = {int(seeds.iloc[0])}" if len(seeds) == 1 else counted
         return (f"Design: one SFT warm start shared by every run (warm_start=shared: {which}{after}). The "
                 f"intervals include the RL seed only, so the result holds for this warm start only; another SFT "
                 f"draw moves the starting point (warm_start=per_seed answers for the recipe). {items}")
-    return (f"Design: not recorded (runs outside a sweep; {count} warm start(s){after}). The intervals include "
-            f"the variation between the runs' seeds as they were run. {items}")
+    recorded = f"{counted}{after}" if count else "the runs record no warm start"
+    return (f"Design: not recorded ({recorded}). The intervals include the variation between the runs' seeds as "
+            f"they were run. {items}")

@@ -220,8 +220,7 @@ def local_runs(config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[st
     return planned, [train_config for _, train_config in composed]
 
 
-# Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them;
-# sft.seed too under warm_start=per_seed, where it follows the seed).
+# Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them).
 RUN_PLACE_KEYS = ("run_dir", "sweep", "run_name", "seed", "axes", "mode", "threads", "mechanism_label", "warm_start")
 
 

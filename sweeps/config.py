@@ -56,8 +56,8 @@ STEPS_KEYS = {"local": "trainer.total_steps", "verl": "trainer.total_training_st
 DEFAULT_LAUNCHER = "process"  # conf/sweeps/default.yaml's defaults list
 LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
 DEFAULT_ALPHA = (0.0, 0.5)
-# The default sweep: 2 alphas x 8 seeds x 120 RL steps takes about 10 minutes on 2 cores and its report states what
-# it can detect (measured: a difference of 0.006 in final val/accuracy; README, "What it answers").
+# The default sweep: 2 alphas x 8 seeds (a warm start each) x 120 RL steps takes about 11 minutes on 2 cores after
+# .venv, and its report states what it can detect (docs/results/default.md: the MDE of the final val/accuracy).
 DEFAULT_SEEDS = tuple(range(1, 9))
 DEFAULT_LOCAL_STEPS = 120
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

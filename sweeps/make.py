@@ -34,7 +34,8 @@ SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds
               ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"), ("VERL_EXPERIMENT", "verl_experiment"),
               ("WARM_START", "warm_start"))
 # make tune: variable -> key of conf/sweeps/optuna.yaml.
-TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("LAUNCHER", "launcher"))
+TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("LAUNCHER", "launcher"),
+             ("WARM_START", "warm_start"))
 SWITCH_ON = ("1", "true", "yes", "on")
 SWITCH_OFF = ("", "0", "false", "no", "off")
 TARGETS = ("sweep", "tune", "report", "docs-results", "train", "notebook-dir")

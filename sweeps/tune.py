@@ -36,7 +36,7 @@ from sweeps.backends import plan_runs, plan_warm_starts
 from sweeps.commands import PlannedRun, SweepPlan
 from sweeps.config import Axis, SweepConfig
 from sweeps.driver import SessionRefused, SweepSession, concurrency, warm_start_threads
-from sweeps.grid import RunSpec, default_name
+from sweeps.grid import RunSpec, default_name, warm_start_seed
 from sweeps.launchers import Job
 from sweeps.planning import describe_estimate, estimate_seconds, final_window_mean, run_shape
 from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SweepRunner
@@ -192,7 +192,8 @@ def trial_specs(tune: TuneConfig, params: Mapping[str, Any], label: str) -> list
     for seed in tune.sweep.seeds:
         run_axes = (*axes, Axis("seed", "seed", (seed,)))
         specs.append(RunSpec(name=f"{label}-s{seed}", factors={axis.name: axis.values[0] for axis in run_axes},
-                             axes=run_axes, axis_keys=tuple(axis.key for axis in run_axes)))
+                             axes=run_axes, axis_keys=tuple(axis.key for axis in run_axes),
+                             warm_start_seed=warm_start_seed(tune.sweep.warm_start, seed)))
     return specs
 
 
@@ -356,7 +357,7 @@ def study_header(tune: TuneConfig, plan: SweepPlan) -> dict[str, Any]:
     """The study's sweep.json header: the search instead of a grid."""
     config = tune.sweep
     return {"sweep": plan.name, "backend": config.backend, "launcher": config.launcher,
-            "study": {"storage": study_storage(plan), "n_trials": tune.n_trials, "metric": tune.metric,
+            "warm_start": config.warm_start, "study": {"storage": study_storage(plan), "n_trials": tune.n_trials, "metric": tune.metric,
                       "direction": tune.direction, "search": [dataclasses.asdict(p) for p in tune.search]},
             "jobs": plan.jobs, "threads": plan.threads, "train_module": config.train_module}
 

@@ -29,7 +29,7 @@ from dataflex_rl.local.decoder import supported
 from dataflex_rl.local.sequences import SequenceBatch, encode_prompts, response_token_outputs
 from dataflex_rl.local.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
-from dataflex_rl.tracking.run_store import file_mode
+from dataflex_rl.tracking.run_store import file_mode, numeric_environment
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # bump when the SFT recipe changes, so stale checkpoints are not reused
@@ -37,9 +37,11 @@ CACHE_VERSION = 3  # bump when the SFT recipe changes, so stale checkpoints are 
 
 def sft_cache_key(model: ModelConfig, task: TaskConfig, sft: SFTConfig) -> str:
     """16 hex digits of sha256 over what the warm start depends on: model, task, SFT settings (not
-    ``cache_dir``) and :data:`CACHE_VERSION`."""
+    ``cache_dir``), :data:`CACHE_VERSION` and torch's CPU kernel set (``ATEN_CPU_CAPABILITY`` changes the numbers:
+    a warm start trained under AVX512 kernels is not reused under AVX2)."""
     payload = {
         "version": CACHE_VERSION,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "model": dataclasses.asdict(model),
         "task": {"name": task.name, "params": dict(task.params)},
         "sft": {key: value for key, value in dataclasses.asdict(sft).items() if key != "cache_dir"},
@@ -85,7 +87,8 @@ def _train_and_save(model_config: ModelConfig, sft: SFTConfig, task: Task, direc
     temporary.mkdir(parents=True)
     model.save_pretrained(str(temporary))
     tokenizer.save_pretrained(temporary)
-    summary = {"final_loss": final_loss, "steps": sft.steps, "seconds": time.perf_counter() - start}
+    summary = {"final_loss": final_loss, "steps": sft.steps, "seconds": time.perf_counter() - start,
+               "environment": numeric_environment()}
     (temporary / "done.json").write_text(json.dumps(summary))
     for path in temporary.iterdir():  # safetensors writes 0600 files: make the shared cache readable as umask allows
         os.chmod(path, file_mode())
@@ -108,14 +111,8 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTCo
     with progress_bar(total=sft.steps, desc="SFT") as bar:
         for step in range(sft.steps):
             batch = sft_batch(tokenizer, task.train_problems(sft.batch_size, seed=sft_step_seed(sft.seed, step)))
-            log_probs = response_token_outputs(model, batch, temperature=1.0, packed=packed).log_probs
-            loss = -(log_probs * batch.response_mask).sum() / batch.response_mask.sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            loss_value = sft_step(model, optimizer, batch, packed)
             schedule.step()
-            loss_value = loss.item()
             # every 5% (the sweep's live view reads these lines from the warm start's log)
             if (step + 1) % max(1, sft.steps // 20) == 0 or step + 1 == sft.steps:
                 log.info("SFT step %d/%d: loss %.4f", step + 1, sft.steps, loss_value)
@@ -123,6 +120,18 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTCo
             bar.set_postfix(loss=f"{loss_value:.3f}")
     model.eval()
     return loss_value
+
+
+def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: SequenceBatch, packed: bool) -> float:
+    """One optimiser step on the mean negative log-likelihood of the batch's response tokens (gradient norm clipped
+    at 1); returns the loss. ``packed``: the packed forward pass, else the HF forward over the padded batch."""
+    log_probs = response_token_outputs(model, batch, temperature=1.0, packed=packed).log_probs
+    loss = -(log_probs * batch.response_mask).sum() / batch.response_mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
 
 
 def sft_step_seed(seed: int, step: int) -> int:

@@ -121,7 +121,7 @@ def test_a_short_real_per_seed_sweep_records_each_warm_start_and_reports_its_des
     assert records["a0.0-s1"]["checkpoint"] == records["a0.5-s1"]["checkpoint"] != records["a0.0-s2"]["checkpoint"]
     assert all(Path(record["checkpoint"], "done.json").is_file() for record in records.values())
     report = (sweep_dir / "report" / "report.md").read_text()
-    assert "Design: each seed its own SFT warm start (warm_start=per_seed: 2 warm start(s)" in report
+    assert "Design: each seed its own SFT warm start (warm_start=per_seed: 2 warm starts" in report
     assert "include the RL seed and the warm start's draw" in report
     warm_start_section = report.split("## Warm starts", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in warm_start_section.splitlines() if line.startswith("|")][2:]

@@ -29,7 +29,9 @@ identity columns as above, then ``state``, ``status_step``, ``error``, ``wall_ti
 and mappings as JSON text).
 
 A run whose ``status.json`` state is not ``completed`` is excluded (its metrics are not loaded) unless
-``include_incomplete=True``; a run whose files cannot be read is always excluded. Nothing raises for one bad run.
+``include_incomplete=True``; a run whose record fails the run store's check (:func:`run_store.verify_run`: a
+symbolic link, a file missing or unreadable, a ``config.yaml`` or ``meta.json`` changed after the run) or whose
+metrics cannot be read is always excluded, the reasons in ``exclusion_reason``. Nothing raises for one bad run.
 """
 
 from __future__ import annotations
@@ -174,7 +176,8 @@ def _sorted_unique(steps: np.ndarray, names: tuple[str, ...], values: np.ndarray
 def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
     """Run folders (folders holding ``meta.json``) under ``root``, sorted by path; ``root`` itself if it is one.
 
-    The search does not descend into a run folder, nor into ``checkpoints``, ``wandb`` or ``report`` folders.
+    The search does not descend into a run folder, nor into ``checkpoints``, ``wandb`` or ``report`` folders. A
+    symbolic link to a run folder is listed, not followed (the loader excludes it, :func:`describe_run`).
     """
     root = Path(root)
     if not root.is_dir():
@@ -188,6 +191,9 @@ def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
             folders.clear()
             continue
         folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+        # a link to a run folder is listed (the loader excludes it, naming the link), never followed
+        links = [Path(current) / f for f in folders if (Path(current) / f).is_symlink()]
+        found += [link for link in links if run_store.is_run_store(link)]
     return sorted(found)
 
 
@@ -206,17 +212,14 @@ def _manifest_entries(manifest: Mapping[str, Any] | None) -> dict[str, dict[str,
     return {str(e["run"]): dict(e) for e in manifest["runs"] if isinstance(e, Mapping) and "run" in e}
 
 
-def _read_part(read: Any, run_dir: Path, name: str, problems: list[str]) -> dict[str, Any]:
-    """``read(run_dir)`` (a run store reader of ``name``), ``{}`` when missing or unreadable, which is appended to
-    ``problems``."""
+def _read_part(read: Any, run_dir: Path, name: str) -> dict[str, Any]:
+    """``read(run_dir)`` (a run store reader of ``name``), ``{}`` when missing or unreadable (the run store's check,
+    :func:`run_store.verify_run`, names the problem)."""
     try:
-        payload = read(run_dir) or {}
+        return read(run_dir) or {}
     except (OSError, ValueError) as exc:
-        problems.append(f"unreadable {name} ({exc})")
+        logger.debug("unreadable %s: %s", name, exc)
         return {}
-    if not payload:
-        problems.append(f"no {name}")
-    return payload
 
 
 def _read_config(run_dir: Path) -> dict[str, Any]:
@@ -298,25 +301,29 @@ def describe_run(
 ) -> dict[str, Any]:
     """One run-table row (see module doc) from a run folder's ``meta.json``, ``status.json`` and ``config.yaml``.
 
-    ``included`` is True when the run completed and has a metrics file; the loaders may still flip it. ``loadable``
-    (dropped by the loaders) says whether the files can be read whatever the state. ``manifest_entries``:
+    ``included`` is True when the run completed, its record passes the run store's check
+    (:func:`run_store.verify_run`) and it has a metrics file; the loaders may still flip it. ``loadable`` (dropped by
+    the loaders) says whether the record passes and the files can be read, whatever the state. ``manifest_entries``:
     ``sweep.json`` entries by run name, filling identity fields ``meta.json`` lacks. Never raises for a damaged
     folder: the problem goes into ``exclusion_reason``. ``factors`` holds the recorded axes beyond the identity
     columns (the loaders turn them into columns).
     """
     run_dir = Path(run_dir)
     entries = manifest_entries or {}
-    problems: list[str] = []
-    meta = _read_part(run_store.read_meta, run_dir, "meta.json", problems)
-    meta_readable = not problems
-    status = _read_part(run_store.read_status, run_dir, "status.json", problems)
-    config = _read_config(run_dir)
-    # sweep.json names runs by run name; the folder is normally named the same
+    # The run store's check of the record (a real folder, status.json, config.yaml as meta.json recorded it): a run
+    # that fails it is excluded, with its reasons. A link is not read through: its identity is its own name.
+    problems = run_store.verify_run(run_dir)
+    linked = run_dir.is_symlink()
+    meta = {} if linked else _read_part(run_store.read_meta, run_dir, "meta.json")
+    meta_readable = bool(meta)
+    status = {} if linked else _read_part(run_store.read_status, run_dir, "status.json")
+    config = {} if linked else _read_config(run_dir)
     entry = dict(entries.get(str(meta.get("run")), entries.get(run_dir.name, {})))
     state = status.get("state") or entry.get("state") or "unknown"
-    source = run_store.metrics_source(run_dir) or "none"
-    # A run is loadable when its files can be read; only its state may still keep it out of the aggregates.
-    loadable = meta_readable and source != "none"
+    source = "none" if linked else run_store.metrics_source(run_dir) or "none"
+    # A run is loadable when its record passes the check and its files can be read; only its state may still keep
+    # it out of the aggregates.
+    loadable = meta_readable and source != "none" and not problems
     if state != COMPLETED:
         error = _first_line(status.get("error"))
         problems.insert(0, f"state {state}" + (f": {error}" if error else ""))

@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -129,33 +130,45 @@ def _is_report_folder(folder: Path) -> bool:
                for entry in folder.iterdir())
 
 
+def report_lock(out_dir: str | os.PathLike[str]) -> Any:
+    """The lock of the report folder ``out_dir`` (``filelock``, on ``.<name>.lock`` beside it): one report writer
+    at a time; another waits for it."""
+    import filelock
+
+    out_dir = Path(out_dir)
+    return filelock.FileLock(out_dir.parent / f".{out_dir.name}.lock", thread_local=False)
+
+
 def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: ReportOptions = ReportOptions()) -> Path:
     """Write the report of already loaded sweep data into ``out_dir``; return the path of ``report.md``.
 
     The report is written into a hidden folder beside ``out_dir`` and swapped in when complete, so a report stopped
     half way (a kill, a full disk) leaves the previous report whole and no empty figure beside it. An ``out_dir``
-    holding files a report does not write is written in place instead (nothing of it is removed)."""
+    holding files a report does not write is written in place instead (nothing of it is removed). Two reports of
+    one folder take turns (:func:`report_lock`); a staging folder is removed as stale only under the lock, when its
+    writer is gone."""
     import shutil
     import tempfile
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if out_dir.is_dir() and not _is_report_folder(out_dir):
-        return _write_report_files(data, out_dir, options)
-    for stale in out_dir.parent.glob(f".{out_dir.name}.*.partial"):  # left by a report that was killed
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-    try:
-        _write_report_files(data, staging, options)
-        staging.chmod(0o777 & ~_umask())
-        previous = out_dir.parent / f".{out_dir.name}.{staging.name.split('.')[-2]}.old.partial"
-        if out_dir.exists():
-            os.replace(out_dir, previous)
-        os.replace(staging, out_dir)
-        shutil.rmtree(previous, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with report_lock(out_dir):
+        if out_dir.is_dir() and not _is_report_folder(out_dir):
+            return _write_report_files(data, out_dir, options)
+        for stale in out_dir.parent.glob(f".{out_dir.name}.*.partial"):  # left by a report that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+        try:
+            _write_report_files(data, staging, options)
+            staging.chmod(0o777 & ~_umask())
+            previous = out_dir.parent / f".{out_dir.name}.{staging.name.split('.')[-2]}.old.partial"
+            if out_dir.exists():
+                os.replace(out_dir, previous)
+            os.replace(staging, out_dir)
+            shutil.rmtree(previous, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return out_dir / "report.md"
 
 

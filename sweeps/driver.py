@@ -6,11 +6,11 @@ print the summary table and write the report. The scheduling loop is :class:`swe
 stop signals are described there.
 
 A :class:`SweepSession` is one invocation over one sweep folder, shared by the grid driver and the Optuna search:
-build the launcher, take the folder's lock (a second driver on the same folder is refused), open ``sweep.json``
-(refused when its recorded settings differ), append this invocation's record (argv, start, end, exit code), run the
-shared warm starts once, turn a stop signal into the exit code ``128 + signal`` and, on a normal exit, record the
-sweep's state and the invocation's end. Nothing is written when the session is refused (:class:`SessionRefused`,
-exit status 2)::
+refuse a folder that holds a run store (a run's folder, not a sweep's), build the launcher, take the folder's lock
+(a second driver on the same folder is refused), open ``sweep.json`` (refused when its recorded settings differ),
+append this invocation's record (argv, start, end, exit code), run the shared warm starts once, turn a stop signal
+into the exit code ``128 + signal`` and, on a normal exit, record the sweep's state and the invocation's end.
+Nothing is written when the session is refused (:class:`SessionRefused`, exit status 2)::
 
     with SweepSession(plan, argv) as session:
         session.run(lambda runner: ...)   # returns an exit status; SweepStopped -> 128 + signal
@@ -44,6 +44,20 @@ class SessionRefused(Exception):
     """The session could not start and nothing was started; ``str()`` is the message to print after "error: "."""
 
 
+
+
+def check_not_a_run_store(sweep_dir: Path, kind: str = "sweep") -> None:
+    """Refuse (:class:`SessionRefused`, before anything is written) a sweep folder that holds a run store at its
+    top: the sweep would write its runs, record and tables into one run's folder."""
+    from dataflex_rl.tracking.run_store import run_record_files
+
+    found = run_record_files(sweep_dir)
+    if found:
+        raise SessionRefused(
+            f"{kind} refused, nothing was started: {sweep_dir} holds a run store ({', '.join(found)}: one run's "
+            f"folder, as python -m dataflex_rl.train writes it), not a {kind} folder; a {kind} keeps one run folder "
+            f"per run inside its own folder: give the {kind} another name ("
+            f"{'make sweep SWEEP=<new name>, ' if kind == 'sweep' else ''}name=<new name>), or move the run away")
 
 
 class SweepSession:
@@ -83,6 +97,7 @@ class SweepSession:
 
     def __enter__(self) -> Self:
         plan = self.plan
+        check_not_a_run_store(plan.sweep_dir, self.kind)
         try:
             self.launcher = build_launcher(plan.config, plan.sweep_dir, plan.name, plan.jobs)
         except ConfigError as error:

@@ -3,14 +3,17 @@
 :class:`SweepRunner` launches planned runs through a launcher, at most ``jobs`` at once, keeping ``sweep.json``
 current, for a :class:`sweeps.commands.SweepPlan`.
 
-Resume: a run whose ``status.json`` says ``completed`` is skipped; any other is launched again with the same
-command, and the trainer resumes it from its last checkpoint. SIGINT/SIGTERM to the driver stop it cleanly: each
+Resume: a run whose ``status.json`` says ``completed`` and whose record passes the run store's check
+(:func:`~dataflex_rl.tracking.run_store.verify_run`) is skipped; a deleted run folder is pending again; a run whose
+record claims completion but fails the check is refused, naming the run, the reasons and what to do; any other is
+launched again with the same command, and the trainer resumes it from its last checkpoint. SIGINT/SIGTERM to the driver stop it cleanly: each
 running run gets SIGTERM (it marks itself interrupted and keeps its checkpoint), SIGKILL after ``grace_s``; a second
 signal skips the grace period.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -96,19 +99,44 @@ def _last_logged_step(store: Any) -> int | None:
         return None
 
 
-def unreadable_record(run_dir: Path) -> str | None:
-    """Why a run folder's record cannot be trusted as a completed run (a damaged ``status.json`` or ``meta.json``),
-    or None when both read (or the run never started)."""
-    from dataflex_rl.tracking import run_store
+def record_state(run_dir: Path, backend: str, previous: dict[str, Any]) -> tuple[bool, list[str]]:
+    """``(completed, reasons)`` of a planned run's folder: whether it counts as completed, and why its record cannot
+    be trusted (the run store's :func:`~dataflex_rl.tracking.run_store.verify_run`) when it claims or may claim to
+    be completed (its ``status.json`` or ``sweep.json`` entry says so, or its status cannot be read).
 
-    if not run_dir.is_dir():
-        return None
-    for read in (run_store.read_status, run_store.read_meta):
-        try:
-            read(run_dir)
-        except (OSError, ValueError) as error:
-            return str(error)
-    return None
+    No folder: not completed (deleted, or never started), whatever ``sweep.json`` says. A verl run whose folder holds
+    no run store at all (verl wrote only its checkpoints there): ``sweep.json``'s completed state with exit code 0
+    decides. A run that is not completed by any account is resumed by its trainer, which checks its record itself.
+    """
+    from dataflex_rl.tracking import run_store
+    from dataflex_rl.tracking.run_store.verify import VERL_BACKEND
+
+    if not os.path.lexists(run_dir):
+        return False, []
+    recorded_completed = previous.get("state") == "completed" and previous.get("exit_code") == 0
+    if (backend == VERL_BACKEND and run_dir.is_dir() and not run_dir.is_symlink()
+            and not run_store.run_record_files(run_dir)):
+        return recorded_completed, []
+    reasons = run_store.verify_run(run_dir)
+    if run_dir.is_symlink() or not run_dir.is_dir():
+        return False, reasons
+    status = read_status(run_dir)
+    if not reasons:
+        return (status or {}).get("state") == "completed", []
+    unreadable_status = status is None and run_store.STATUS_FILE in run_store.run_record_files(run_dir)
+    claims = (unreadable_status or (status or {}).get("state") == "completed"
+              or previous.get("state") == "completed")
+    return False, reasons if claims else []
+
+
+def untrusted_message(name: str, run_dir: Path, reasons: list[str]) -> str:
+    """What the sweep says of a run whose record cannot be trusted: the run, the reasons, what to do."""
+    if run_dir.is_symlink():
+        action = (f"put the run's own folder at {run_dir} (replace the link), or remove the link (what it points to "
+                  f"stays) to run it again")
+    else:
+        action = (f"restore what was changed, or move {run_dir} away (keep it if you need it) to run it again")
+    return f"run {name} is not counted as completed, its record cannot be trusted: {'; '.join(reasons)}; {action}"
 
 
 def describe_exit(outcome: Outcome) -> str | None:
@@ -178,18 +206,16 @@ class SweepRunner:
         return self.manifest.entry(run.name, {**base, **fields}, warm_start=warm_start)
 
     def pending_runs(self, runs: Sequence[PlannedRun]) -> list[PlannedRun]:
-        """Runs to launch: all but the completed ones (run store says so; without a run store, as verl runs are,
-        sweep.json does). Refuses runs still alive from an earlier invocation."""
-        to_launch = []
+        """Runs to launch: all but the completed ones (:func:`record_state`). Refuses (:class:`ConfigError`, before
+        sweep.json is written) runs whose record claims completion but cannot be trusted, naming each with its
+        reasons, and runs still alive from an earlier invocation."""
+        to_launch, untrusted = [], []
         for run in runs:
             previous = self.manifest.previous(run.name) or {}
-            status = read_status(run.run_dir)
-            damaged = unreadable_record(run.run_dir)
-            if damaged is not None:  # sweep.json's "completed" is not the run store's word: run it again
-                self.say(f"run {run.name} is not counted as completed: {damaged}")
-            completed = damaged is None and (
-                status.get("state") == "completed" if status is not None
-                else previous.get("state") == "completed" and previous.get("exit_code") == 0)
+            completed, reasons = record_state(run.run_dir, self.plan.config.backend, previous)
+            if reasons:
+                untrusted.append(untrusted_message(run.name, run.run_dir, reasons))
+                continue
             if completed:
                 self._entry(run, state="completed", exit_code=previous.get("exit_code", 0),
                             error=None)
@@ -202,10 +228,13 @@ class SweepRunner:
             if holder is not None:
                 raise ConfigError(f"run {run.name}: {holder} (started outside this sweep's driver); the sweep "
                                   f"leaves its run store to that process: resume the sweep after it ends")
-            if previous.get("state") == "running":
+            to_launch.append(run)
+        if untrusted:
+            raise ConfigError("sweep refused, nothing was started: " + "\n  ".join(untrusted))
+        for run in to_launch:
+            if (self.manifest.previous(run.name) or {}).get("state") == "running":
                 mark_run_store(run.run_dir, "interrupted", "its sweep driver ended before the run did")
             self._entry(run, state="pending", exit_code=None, error=None)
-            to_launch.append(run)
         self.manifest.save()
         return to_launch
 

@@ -288,3 +288,59 @@ def test_mechanism_label_from_meta_manifest_or_config(tmp_path: Path) -> None:
         {"run": name, "mechanism_label": None, "state": "completed"} for name in ("from-meta", "from-config", "plain")]}))
     labels = load.load_sweep(sweep).runs.set_index("run")["mechanism_label"]
     assert labels.to_dict() == {"from-config": "ar", "from-meta": "lopti", "plain": "reweight"}
+
+
+def _edit_run(run_dir: Path, file: str, change: dict[str, Any]) -> None:
+    """A hand edit of a run's ``config.yaml`` (``change``: top-level sections updated) or ``meta.json``."""
+    import yaml
+
+    path = run_dir / file
+    if file == "config.yaml":
+        config = yaml.safe_load(path.read_text())
+        for section, values in change.items():
+            config[section] = {**config[section], **values}
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    else:
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+
+
+@pytest.mark.parametrize(("file", "change", "reason"), [
+    ("config.yaml", {"trainer": {"lr": 0.5}}, "config.yaml is not the config the run recorded (its fingerprint is "),
+    ("meta.json", {"alpha": 0.9, "seed": 2},
+     "meta.json says alpha 0.9, config.yaml says 0.5; meta.json says seed 2, config.yaml says 1"),
+])
+def test_a_hand_edited_run_is_excluded_with_the_reason(complete_sweep: Path, file: str, change: dict[str, Any],
+                                                       reason: str) -> None:
+    """edit runs/<sweep>/<run>/config.yaml (trainer.lr) or meta.json (alpha 0.9, seed 2), then make report"""
+    name = f"{complete_sweep.name}-a0.5-s1"
+    _edit_run(complete_sweep / name, file, change)
+    edited = (complete_sweep / name / file).read_bytes()
+    data = load.load_sweep(complete_sweep)
+    runs = data.runs.set_index("run")
+    assert not runs.loc[name, "included"] and reason in runs.loc[name, "exclusion_reason"]
+    assert runs["included"].sum() == 8 and name not in set(data.metrics["run"].astype(str))
+    assert 0.9 not in set(data.metrics["alpha"])  # the edited identity never forms a group
+    assert (complete_sweep / name / file).read_bytes() == edited
+
+
+@pytest.mark.parametrize("target", ["other-run", "moved-away"])
+def test_a_run_folder_that_is_a_link_is_listed_and_excluded(complete_sweep: Path, tmp_path: Path,
+                                                            target: str) -> None:
+    """ln -s <a run folder> runs/<sweep>/<run> (another run's, or the run itself moved away), then make report"""
+    name = f"{complete_sweep.name}-a0.5-s1"
+    link = complete_sweep / name
+    if target == "moved-away":
+        pointed = link.rename(tmp_path / "elsewhere")
+    else:
+        import shutil
+
+        shutil.rmtree(link)
+        pointed = complete_sweep / f"{complete_sweep.name}-a0-s1"
+    link.symlink_to(pointed, target_is_directory=True)
+    assert link in load.find_run_dirs(complete_sweep)
+    data = load.load_sweep(complete_sweep)
+    runs = data.runs.set_index("run")
+    assert not runs.loc[name, "included"]
+    assert f"the run folder is a symbolic link (to {pointed})" in runs.loc[name, "exclusion_reason"]
+    assert runs.loc[name, "alpha"] == 0.5 and runs.loc[name, "seed"] == 1  # its sweep.json entry, not the target's
+    assert runs["included"].sum() == 8 and link.is_symlink() and (pointed / "meta.json").is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -165,7 +166,7 @@ def test_a_killed_report_leaves_the_previous_one_whole(tmp_path: Path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         report.main([str(sweep), *FAST])
     assert {path.name: path.read_bytes() for path in (sweep / "report").iterdir()} == before
-    assert [path.name for path in sweep.iterdir() if path.name.startswith(".report")] == []
+    assert [path.name for path in sweep.iterdir() if path.name.endswith(".partial")] == []
 
 
 def test_a_completed_run_with_damaged_metrics_is_excluded_and_named(tmp_path: Path) -> None:
@@ -189,3 +190,40 @@ def test_the_report_warns_of_runs_of_other_lengths_and_runs_without_the_metric(t
     assert "**Runs of different lengths are compared**: 9 steps: a0.0-s1, a0.5-s2; 19 steps: a0.0-s2; 39 steps: " \
            "a0.5-s1." in text
     assert "1 included run(s) logged no finite `val/accuracy`, so they are left out of its n: a0.5-s2." in text
+
+
+def test_two_reports_of_one_sweep_at_once_take_turns(tmp_path: Path, monkeypatch) -> None:
+    """make report SWEEP=s & make report SWEEP=s (two at the same time)"""
+    import threading
+
+    sweep = tmp_path / "s"
+    _small_sweep(sweep)
+    data = report.load_sweep(sweep)
+    first_writing, results = threading.Event(), {}
+    original = report_figures.plots.save_figure
+
+    def slow_first(figure, stem):  # the first report is writing its figures when the second one starts
+        if not first_writing.is_set():
+            first_writing.set()
+            time.sleep(1.0)
+        return original(figure, stem)
+
+    monkeypatch.setattr(report_figures.plots, "save_figure", slow_first)
+
+    def write(name: str) -> None:
+        try:
+            results[name] = report.write_report(data, sweep / "report", report.ReportOptions(n_bootstrap=200))
+        except Exception as error:  # noqa: BLE001 - the test reports what each writer met
+            results[name] = error
+
+    first = threading.Thread(target=write, args=("first",))
+    first.start()
+    assert first_writing.wait(30)
+    second = threading.Thread(target=write, args=("second",))
+    second.start()
+    first.join(120)
+    second.join(120)
+    assert results == {"first": sweep / "report" / "report.md", "second": sweep / "report" / "report.md"}
+    text = (sweep / "report" / "report.md").read_text()
+    assert "Could not draw" not in text and "FileNotFoundError" not in text
+    assert [path.name for path in sweep.iterdir() if path.name.endswith(".partial")] == []

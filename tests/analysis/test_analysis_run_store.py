@@ -11,6 +11,7 @@ import pytest
 from analysis import load, report
 from analysis.synthetic import write_fake_run
 from dataflex_rl.tracking import RunStore, run_store
+from dataflex_rl.tracking.identity import config_hash
 
 from tests.tracking.identities import make_identity
 
@@ -41,8 +42,9 @@ def test_a_fake_run_is_a_run_store_its_readers_accept(tmp_path: Path) -> None:
 def test_a_run_written_by_the_store_loads_with_its_identity_and_curves(tmp_path: Path) -> None:
     run_dir = tmp_path / "sweep1" / "a0.5-s1"
     store = RunStore(run_dir)
-    store.write_config({"seed": 1, "trainer": {"lr": 0.1}})
-    store.write_meta(make_identity())
+    config = {"seed": 1, "trainer": {"lr": 0.1}}
+    store.write_config(config)
+    store.write_meta(make_identity(config_hash=config_hash(config)))  # the identity of the config it recorded
     store.set_status("running", step=0)
     for step in range(3):
         store.log_metrics(step, {"val/accuracy": 0.1 * step, "grad_norm/by_prob/low": 1.0 + step})

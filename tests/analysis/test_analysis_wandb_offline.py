@@ -14,6 +14,7 @@ from analysis.load import factor_columns, load_sweep, load_wandb, load_wandb_off
 from analysis.wandb_offline import history_tables, offline_state
 from dataflex_rl import keys
 from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers, wandb_run_id
+from dataflex_rl.tracking.identity import config_hash
 from dataflex_rl.tracking.wandb_offline import read_run, records
 
 from tests.tracking import wandb_records
@@ -24,14 +25,16 @@ def log_run(run_dir, alpha: float, seed: int, lr: float | None = None) -> RunIde
     ``trainer.lr`` grid (its identity records the axes) and its score is ``alpha * (1 + 1000 lr) + step / 10``."""
     axes = {"alpha": alpha, "trainer.lr": lr, "seed": seed} if lr is not None else {}
     run = f"a{alpha:g}-s{seed}" + (f"-lr{lr:g}" if lr is not None else "")
+    resolved = {"trainer": {"lr": lr if lr is not None else 0.01}}
     identity = RunIdentity(sweep="wsweep", run=run, backend="local", mechanism="reweight",
-                           alpha=alpha, seed=seed, config_hash="0123456789ab", git_commit=None, axes=axes)
+                           alpha=alpha, seed=seed, config_hash=config_hash(resolved), git_commit=None, axes=axes)
     config = {"hist_every": 1, "console_every": 100, "wandb": {"mode": "offline", "project": "p", "entity": None,
                                                                  "tags": []}}
     store = RunStore(run_dir)
+    store.write_config(resolved)  # the run's record: its identity is its config's
     store.write_meta(identity)
     effect = 1 + 1000 * lr if lr is not None else 1
-    with build_loggers(config, store, identity, {"trainer": {"lr": lr if lr is not None else 0.01}}) as loggers:
+    with build_loggers(config, store, identity, resolved) as loggers:
         for step in range(3):
             loggers.log_metrics(step, {keys.SCORE_MEAN: alpha * effect + step / 10, keys.VAL_ACCURACY: seed / 10})
         loggers.log_histogram(2, keys.HIST_WEIGHT, np.array([0.0, 1.0, 2.0]), np.array([5, 7]))

@@ -7,8 +7,9 @@ prints ``SFT step i/n`` for ``sft.steps=n`` (same pace) and exits 0. The same ``
 the last logged step; a completed run exits 0 at once. SIGTERM marks the run interrupted (exit 130).
 ``SCRIPTED_TRAIN_FAIL=<run name>`` makes that run fail (exit 1, status failed). ``SCRIPTED_TRAIN_NOISE=<sd>`` adds
 ``sd * z`` to ``val/accuracy``, ``z`` a standard normal fixed by (alpha, seed), so seed-paired differences vary.
-A ``trainer.lr`` axis adds ``100 * lr`` to ``val/accuracy``. ``meta.json`` records the ``axes=[...]`` the driver
-passes, with the run's own values of those keys (as the real trainer reads them from its config).
+A ``trainer.lr`` axis adds ``100 * lr`` to ``val/accuracy``. ``config.yaml`` is the run's config and ``meta.json``
+its identity computed from it, as the real trainer records them: the ``axes=[...]`` the driver passes, with the
+run's own values of those keys.
 
 Its settings come as the real trainer's do: overrides (``key=value``; a key not given takes the stand-in's own
 default), or ``--config-file PATH``, the resolved config the driver composed (every key of ``conf/train.yaml``).
@@ -37,25 +38,26 @@ def _value(text: str) -> object:
     return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
 
 
-def _axes(options: dict[str, object]) -> dict[str, object]:
-    return {axis_name(key): options.get(key) for key in options.get("axes") or []}
-
-
-def _options(argv: list[str]) -> dict[str, object]:
-    """The run's settings by dotted key: the flattened ``--config-file`` config, else the overrides (typed)."""
+def _config(argv: list[str]) -> dict[str, object]:
+    """The run's config: the ``--config-file`` config, else the overrides (typed) nested by their dotted keys."""
     if argv[:1] == [CONFIG_FILE_FLAG]:
-        return flatten_config(read_config_file(argv[1]))
-    options: dict[str, object] = {}
+        return read_config_file(argv[1])
+    config: dict[str, object] = {}
     for argument in argv:
         key, _, value = argument.partition("=")
-        options[key.lstrip("+")] = _value(value)
-    if "axes" in options:
-        options["axes"] = [key for key in str(options["axes"]).strip("[]").split(",") if key]
-    return options
+        *parents, last = key.lstrip("+").split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = ([item for item in value.strip("[]").split(",") if item] if key.lstrip("+") == "axes"
+                      else _value(value))
+    return config
 
 
 def main(argv: list[str]) -> int:
-    options = _options(argv)
+    config = _config(argv)
+    options = flatten_config(config)
+    options["axes"] = config.get("axes") or []
     if options.get("mode") == "sft":
         cache = Path(str(options.get("sft.cache_dir", ".cache/sft")))
         cache.mkdir(parents=True, exist_ok=True)
@@ -77,9 +79,12 @@ def main(argv: list[str]) -> int:
     seed = int(options.get("seed", 1))
     total = int(options.get("trainer.total_steps", 3))
     name = str(options.get("run_name") or run_dir.name)
-    axes = _axes(options)
-    store.write_meta(RunIdentity(sweep=str(options.get("sweep") or "scripted"), run=name, backend="local",
-                                 mechanism="reweight", alpha=alpha, seed=seed, config_hash="scripted", axes=axes))
+    store.write_config(config)
+    identity = RunIdentity.for_config(config, sweep=str(options.get("sweep") or "scripted"), run=name,
+                                      backend="local", mechanism="reweight", alpha=alpha, seed=seed,
+                                      axis_keys=options["axes"])
+    axes = dict(identity.axes)
+    store.write_meta(identity)
     step = store.last_logged_step() or 0
 
     def stop(signum, frame):

@@ -159,9 +159,12 @@ def test_a_completed_run_with_a_damaged_record_is_not_counted_as_completed(tmp_p
     sweep_dir = tmp_path / "runs" / "c1"
     assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1")) == 0
     (sweep_dir / "a0.5-s1" / damaged).write_text('{"state": "compl')
+    before = (sweep_dir / "sweep.json").read_text()
     capsys.readouterr()
-    main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1"))
-    output = capsys.readouterr().out
-    assert "(1 already completed)" in output
-    assert f"run a0.5-s1 is not counted as completed: {sweep_dir / 'a0.5-s1' / damaged}" in output
-    assert runs_by_name(sweep_dir)["a0.5-s1"]["attempts"] == 2
+    assert main(scripted_argv(tmp_path, "alpha=0.5", "seeds=1")) == 2
+    error = capsys.readouterr().err
+    assert ("sweep refused, nothing was started: run a0.5-s1 is not counted as completed, its record cannot be "
+            f"trusted: unreadable {damaged} ({sweep_dir / 'a0.5-s1' / damaged}") in error
+    assert f"move {sweep_dir / 'a0.5-s1'} away" in error
+    assert (sweep_dir / "sweep.json").read_text() == before  # nothing was started or recorded
+    assert (sweep_dir / "a0.5-s1" / damaged).read_text() == '{"state": "compl'

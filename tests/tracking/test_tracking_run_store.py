@@ -351,3 +351,67 @@ class TestConfigMetaStatus:
         assert store.read_status()["state"] == "running" and store.read_status()["step"] == 4
         assert not (tmp_path / "config.yaml").exists()
         assert temp_files(tmp_path) == []
+
+
+class TestVerifyRun:
+    """``run_store.verify_run``: the one check of a run's record that the sweep driver and the analysis call."""
+
+    CONFIG = {"seed": 1, "axes": ["dataflex.actuator.params.alpha", "trainer.lr", "seed"],
+              "dataflex": {"actuator": {"params": {"alpha": 0.5}}}, "trainer": {"lr": 1e-4, "total_steps": 3}}
+
+    def written(self, run_dir):
+        """A completed run as the local trainer records it: identity computed from its config."""
+        store = RunStore(run_dir)
+        store.write_config(self.CONFIG)
+        store.write_meta(RunIdentity.for_config(self.CONFIG, sweep="s", run=run_dir.name, backend="local",
+                                                mechanism="reweight", alpha=0.5, seed=1,
+                                                axis_keys=self.CONFIG["axes"]))
+        store.close("completed")
+        return run_dir
+
+    def test_a_run_as_written_passes(self, tmp_path):
+        run_dir = self.written(tmp_path / "r")
+        assert run_store_module.verify_run(run_dir) == []
+        assert run_store_module.config_identity(self.CONFIG, "local") == {
+            "config_hash": run_store_module.read_meta(run_dir)["config_hash"], "alpha": 0.5, "seed": 1,
+            "axes": {"alpha": 0.5, "trainer.lr": 1e-4, "seed": 1}}
+
+    def test_each_way_a_record_fails_is_named(self, tmp_path):
+        """rm / ln -s / edit config.yaml or meta.json of a completed run folder, then read it"""
+        verify = run_store_module.verify_run
+        assert verify(tmp_path / "absent") == ["no run folder"]
+        run_dir = self.written(tmp_path / "r")
+        link = tmp_path / "link"
+        link.symlink_to(run_dir, target_is_directory=True)
+        assert verify(link) == [f"the run folder is a symbolic link (to {run_dir}), not the run's own folder"]
+        (tmp_path / "file").write_text("")
+        assert verify(tmp_path / "file") == ["the run folder is not a folder"]
+
+        config_text = (run_dir / "config.yaml").read_text()
+        (run_dir / "config.yaml").write_text(config_text.replace("0.0001", "0.5"))
+        reasons = verify(run_dir)
+        assert len(reasons) == 3 and reasons[0].startswith("config.yaml is not the config the run recorded")
+        assert reasons[1].startswith("meta.json's config_hash ")
+        assert reasons[2] == "meta.json's axes differ from config.yaml's (trainer.lr 0.0001 vs 0.5)"
+        (run_dir / "config.yaml").write_text(config_text)
+
+        meta_text = (run_dir / "meta.json").read_text()
+        meta = json.loads(meta_text)
+        (run_dir / "meta.json").write_text(json.dumps({**meta, "alpha": 0.9, "seed": 2,
+                                                       "axes": {**meta["axes"], "alpha": 0.9}}))
+        assert verify(run_dir) == ["meta.json says alpha 0.9, config.yaml says 0.5",
+                                   "meta.json says seed 2, config.yaml says 1",
+                                   "meta.json's axes differ from config.yaml's (alpha 0.9 vs 0.5)"]
+        (run_dir / "meta.json").write_text(meta_text)
+        assert verify(run_dir) == []
+
+        (run_dir / "status.json").unlink()
+        assert verify(run_dir) == ["no status.json"]
+
+    def test_a_verl_run_reads_its_seed_and_axes_from_its_run_block(self):
+        config = {"data": {"seed": 7}, "dataflex": {"actuator": {"params": {"alpha": 0.25}}},
+                  "dataflex_run": {"seed": 3, "axes": ["dataflex.actuator.params.alpha", "seed"]}, "seed": 99}
+        identity = run_store_module.config_identity(config, "verl")
+        assert (identity["alpha"], identity["seed"], identity["axes"]) == (0.25, 3, {"alpha": 0.25, "seed": 3})
+        del config["dataflex_run"]
+        assert run_store_module.config_identity(config, "verl")["seed"] == 7

@@ -9,16 +9,18 @@ One module per reason to change; import the names from here:
 * :mod:`.reader`: the reader API every other module reads a store through, never by file name
   (:func:`read_status`, :func:`read_meta`, :func:`read_config`, :func:`read_sweep_record` (a sweep folder's
   ``sweep.json``), :func:`read_metrics`, :func:`read_curve`,
-  :func:`final_value`, :func:`load_metrics`, :func:`load_histograms`, :func:`metrics_source`, :func:`is_run_store`);
+  :func:`final_value`, :func:`load_metrics`, :func:`load_histograms`, :func:`metrics_source`, :func:`is_run_store`, :func:`is_sweep_folder`, :func:`run_record_files`);
 * :mod:`.fingerprint`: the config fingerprint and the resume policy (:func:`config_fingerprint`,
   :func:`check_resume`);
 * :mod:`.lock`: one writer per run (:class:`RunLock`);
 * :mod:`.status`: the run states (:data:`STATES`) and recording a failure on a full disk;
 * :mod:`.meta`: what ``meta.json`` holds, the numeric environment included (:func:`numeric_environment`);
-* :mod:`.writer`: :class:`RunStore`, which writes a run.
+* :mod:`.writer`: :class:`RunStore`, which writes a run;
+* :mod:`.verify`: whether a run folder's record can be trusted (:func:`verify_run`), the check the sweep driver and
+  the analysis call before believing a run.
 
 Layers, lowest first (each imports only those before it): ``files``; ``jsonl``, ``tables``, ``lock``, ``status``,
-``meta``; ``reader``; ``fingerprint``; ``writer``.
+``meta``; ``reader``; ``fingerprint``; ``writer``, ``verify``.
 """
 
 from dataflex_rl.tracking.run_store.files import (
@@ -58,6 +60,7 @@ from dataflex_rl.tracking.run_store.reader import (
     final_value,
     histogram_names,
     is_run_store,
+    is_sweep_folder,
     load_histograms,
     load_metrics,
     metrics_source,
@@ -67,6 +70,7 @@ from dataflex_rl.tracking.run_store.reader import (
     read_metrics,
     read_status,
     read_sweep_record,
+    run_record_files,
 )
 from dataflex_rl.tracking.run_store.status import (
     COMPLETED,
@@ -79,6 +83,7 @@ from dataflex_rl.tracking.run_store.status import (
     STATES,
 )
 from dataflex_rl.tracking.run_store.tables import HISTOGRAM_SCHEMA, histograms_table, metrics_table
+from dataflex_rl.tracking.run_store.verify import config_identity, identity_differences, verify_run
 from dataflex_rl.tracking.run_store.writer import RunStore
 
 __all__ = [
@@ -115,12 +120,15 @@ __all__ = [
     "check_resume",
     "config_differences",
     "config_fingerprint",
+    "config_identity",
     "file_mode",
     "final_value",
     "flatten_config",
     "histogram_names",
     "histograms_table",
+    "identity_differences",
     "is_run_store",
+    "is_sweep_folder",
     "load_histograms",
     "load_metrics",
     "metrics_source",
@@ -134,7 +142,9 @@ __all__ = [
     "read_status",
     "read_sweep_record",
     "remove_stale_temporaries",
+    "run_record_files",
     "JsonlTail",
     "read_json_object",
     "utc_now",
+    "verify_run",
 ]

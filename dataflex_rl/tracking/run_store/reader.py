@@ -44,6 +44,17 @@ def is_run_store(path: str | os.PathLike[str]) -> bool:
     return (pathlib.Path(path) / META_FILE).is_file()
 
 
+def is_sweep_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a sweep folder (it holds ``sweep.json``, the sweep driver's record of its runs)."""
+    return (pathlib.Path(path) / SWEEP_FILE).is_file()
+
+
+def run_record_files(path: str | os.PathLike[str]) -> list[str]:
+    """The files at the top of ``path`` that only a run folder holds (``meta.json``, ``status.json``), those
+    present: a folder holding any of them is a run's, not a sweep's."""
+    return [name for name in (META_FILE, STATUS_FILE) if (pathlib.Path(path) / name).is_file()]
+
+
 def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``status.json`` of a run: ``{"state", "step", "updated", "error", "traceback"}``; None before the run started.
 

@@ -9,6 +9,17 @@ from __future__ import annotations
 
 import re
 
+# The scalar metric keys, declared by :func:`metric_key` below: the vocabulary of ``plan_metric=`` and the study's
+# ``metric=``. Config keys (the first section) and key prefixes are plain strings and never in it.
+_METRIC_KEYS: set[str] = set()
+
+
+def metric_key(key: str) -> str:
+    """Declare ``key`` a fixed scalar metric key the local backend logs; returns it."""
+    _METRIC_KEYS.add(key)
+    return key
+
+
 # --- config keys of the actuator parameters swept by name (sweep axes, run identity, W&B, analysis) -------------
 ACTUATOR_PARAMS_PREFIX = "dataflex.actuator.params."
 ALPHA_KEY = f"{ACTUATOR_PARAMS_PREFIX}alpha"
@@ -25,19 +36,19 @@ WARM_START_DESIGNS = ("per_seed", "shared")
 WARM_START_SEED_KEY = "sft.seed"
 
 # --- mechanism (dataflex/...) -------------------------------------------------------------------------------
-ACTIVE = "dataflex/active"
+ACTIVE = metric_key("dataflex/active")
 WEIGHT_PREFIX = "dataflex/weight"
 WEIGHT_STATS = ("mean", "std", "min", "max", "p05", "p50", "p95")
-WEIGHT_KEYS = tuple(f"{WEIGHT_PREFIX}/{stat}" for stat in WEIGHT_STATS)
-TOKEN_PROB_MEAN = "dataflex/token_prob/mean"
-TOKEN_PROB_LOW_FRAC = "dataflex/token_prob/low_frac"
-VALID_TOKENS = "dataflex/valid_tokens"
+WEIGHT_KEYS = tuple(metric_key(f"{WEIGHT_PREFIX}/{stat}") for stat in WEIGHT_STATS)
+TOKEN_PROB_MEAN = metric_key("dataflex/token_prob/mean")
+TOKEN_PROB_LOW_FRAC = metric_key("dataflex/token_prob/low_frac")
+VALID_TOKENS = metric_key("dataflex/valid_tokens")
 # Share of valid tokens whose weight is above 0, while active (1.0 for AR; below 1 for the masking rules).
-KEPT_TOKEN_FRAC = "dataflex/kept_token_frac"
+KEPT_TOKEN_FRAC = metric_key("dataflex/kept_token_frac")
 # Lopti (mechanism ``isolate``): share of valid tokens with pi < |eta| (the low-probability group), while active.
-LOPTI_LOW_TOKEN_FRAC = "dataflex/lopti/low_token_frac"
+LOPTI_LOW_TOKEN_FRAC = metric_key("dataflex/lopti/low_token_frac")
 # Lopti: the probability threshold of the split (|eta|, or the |eta|-quantile of pi with split: quantile).
-LOPTI_THRESHOLD = "dataflex/lopti/threshold"
+LOPTI_THRESHOLD = metric_key("dataflex/lopti/threshold")
 
 # Histogram names (run store ``histograms.parquet`` column ``name``; W&B key is the same string).
 HIST_WEIGHT = "dataflex/hist/weight"
@@ -45,27 +56,27 @@ HIST_TOKEN_PROB = "dataflex/hist/token_prob"
 HIST_ENTROPY = "dataflex/hist/entropy"  # the old policy's per-token entropy (nats), when the batch has it
 
 # --- rollout / reward / advantage (verl names) -------------------------------------------------------------
-SCORE_MEAN = "critic/score/mean"
-SCORE_MAX = "critic/score/max"
-SCORE_MIN = "critic/score/min"
-ADV_MEAN = "critic/advantages/mean"
-ADV_MAX = "critic/advantages/max"
-ADV_MIN = "critic/advantages/min"
-RESPONSE_LENGTH_MEAN = "response_length/mean"
-TRAIN_ACCURACY = "train/accuracy"
+SCORE_MEAN = metric_key("critic/score/mean")
+SCORE_MAX = metric_key("critic/score/max")
+SCORE_MIN = metric_key("critic/score/min")
+ADV_MEAN = metric_key("critic/advantages/mean")
+ADV_MAX = metric_key("critic/advantages/max")
+ADV_MIN = metric_key("critic/advantages/min")
+RESPONSE_LENGTH_MEAN = metric_key("response_length/mean")
+TRAIN_ACCURACY = metric_key("train/accuracy")
 
 # --- actor update (verl names) -----------------------------------------------------------------------------
-PG_LOSS = "actor/pg_loss"
-GRAD_NORM = "actor/grad_norm"  # before clipping
-GRAD_NORM_CLIPPED = "actor/grad_norm_clipped"  # after clipping
-GRAD_CLIP_FRAC = "actor/grad_clip_frac"  # share of optimiser steps where clipping rescaled the gradient
-SKIPPED_UPDATE_FRAC = "actor/skipped_update_frac"  # share of optimiser steps skipped for a non-finite gradient
-PG_CLIPFRAC = "actor/pg_clipfrac"
-PPO_KL = "actor/ppo_kl"
-ENTROPY = "actor/entropy"
-KL_LOSS = "actor/kl_loss"
-LR = "actor/lr"
-UPDATE_STAGES = "actor/update_stages"  # policy updates per step: 1, or the number of a staged mechanism's stages
+PG_LOSS = metric_key("actor/pg_loss")
+GRAD_NORM = metric_key("actor/grad_norm")  # before clipping
+GRAD_NORM_CLIPPED = metric_key("actor/grad_norm_clipped")  # after clipping
+GRAD_CLIP_FRAC = metric_key("actor/grad_clip_frac")  # share of optimiser steps where clipping rescaled the gradient
+SKIPPED_UPDATE_FRAC = metric_key("actor/skipped_update_frac")  # share of optimiser steps skipped for a non-finite gradient
+PG_CLIPFRAC = metric_key("actor/pg_clipfrac")
+PPO_KL = metric_key("actor/ppo_kl")
+ENTROPY = metric_key("actor/entropy")
+KL_LOSS = metric_key("actor/kl_loss")
+LR = metric_key("actor/lr")
+UPDATE_STAGES = metric_key("actor/update_stages")  # policy updates per step: 1, or the number of a staged mechanism's stages
 
 
 def stage_metric(stage: int, key: str) -> str:
@@ -77,16 +88,16 @@ def stage_metric(stage: int, key: str) -> str:
     return f"actor/stage{stage}/{key.removeprefix('actor/')}"
 
 # --- timing (verl names) -----------------------------------------------------------------------------------
-TIMING_GEN = "timing_s/gen"
-TIMING_UPDATE = "timing_s/update"
-TIMING_STEP = "timing_s/step"
-TIMING_MECHANISM = "timing_s/mechanism"
-TIMING_LOG = "timing_s/log"  # logging of the previous step
-TIMING_EXACT_GRAD = "timing_s/exact_grad"  # exact per-bucket gradient norms (every stats.exact_every steps)
-TIMING_PROB_CHANGE = "timing_s/prob_change"  # the updated policy's forward pass (every stats.prob_change_every steps)
+TIMING_GEN = metric_key("timing_s/gen")
+TIMING_UPDATE = metric_key("timing_s/update")
+TIMING_STEP = metric_key("timing_s/step")
+TIMING_MECHANISM = metric_key("timing_s/mechanism")
+TIMING_LOG = metric_key("timing_s/log")  # logging of the previous step
+TIMING_EXACT_GRAD = metric_key("timing_s/exact_grad")  # exact per-bucket gradient norms (every stats.exact_every steps)
+TIMING_PROB_CHANGE = metric_key("timing_s/prob_change")  # the updated policy's forward pass (every stats.prob_change_every steps)
 
 # --- validation --------------------------------------------------------------------------------------------
-VAL_ACCURACY = "val/accuracy"
+VAL_ACCURACY = metric_key("val/accuracy")
 
 
 def val_accuracy_by_difficulty(difficulty: int) -> str:
@@ -114,13 +125,13 @@ def grad_by_prob(label: str, stat: str) -> str:
     return f"{GRAD_BY_PROB_PREFIX}/{label}/{stat}"
 
 
-GRAD_LOW_PROB_SHARE = f"{GRAD_BY_PROB_PREFIX}/low_prob_share"  # share of the logit-gradient norm from pi < 0.5
+GRAD_LOW_PROB_SHARE = metric_key(f"{GRAD_BY_PROB_PREFIX}/low_prob_share")  # share of the logit-gradient norm from pi < 0.5
 
 # --- how one update moved each token's probability (prob_change/...) ------------------------------------------
 PROB_CHANGE_PREFIX = "prob_change"
 ADVANTAGE_SIGNS = ("pos", "neg")  # tokens with a positive / negative advantage (0: neither)
 # Over every valid token with a non-zero advantage: the share whose probability moved in its advantage's direction.
-PROB_CHANGE_CORRECT_SHARE = f"{PROB_CHANGE_PREFIX}/correct_share"
+PROB_CHANGE_CORRECT_SHARE = metric_key(f"{PROB_CHANGE_PREFIX}/correct_share")
 
 
 def prob_change(sign: str, label: str, stat: str) -> str:
@@ -142,15 +153,11 @@ METRIC_PATTERNS = (
     (re.compile(re.escape(GRAD_BY_PROB_PREFIX) + r"/\d\.\d\d-\d\.\d\d/\w+"), f"{GRAD_BY_PROB_PREFIX}/<bucket>/<stat>"),
     (re.compile(PROB_CHANGE_PREFIX + r"/(pos|neg)/\d\.\d\d-\d\.\d\d/\w+"), f"{PROB_CHANGE_PREFIX}/<sign>/<bucket>/<stat>"),
 )
-_NOT_SCALARS = {"WEIGHT_PREFIX", "GRAD_BY_PROB_PREFIX", "PROB_CHANGE_PREFIX", "HIST_WEIGHT", "HIST_TOKEN_PROB",
-                "HIST_ENTROPY"}
 
 
 def scalar_keys() -> tuple[str, ...]:
-    """Every fixed scalar metric key of this module (the string constants and ``WEIGHT_KEYS``), sorted."""
-    fixed = {value for name, value in globals().items()
-             if name.isupper() and isinstance(value, str) and name not in _NOT_SCALARS}
-    return tuple(sorted(fixed | set(WEIGHT_KEYS)))
+    """Every fixed scalar metric key of this module (those declared with :func:`metric_key`), sorted."""
+    return tuple(sorted(_METRIC_KEYS))
 
 
 def is_metric_key(key: str) -> bool:

@@ -22,13 +22,16 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from dataflex_rl.local.cli import check_experiment_choice
 from dataflex_rl.overrides import Override, hydra_value, parse_override, split_assignment, unknown_override_message
 from dataflex_rl.validation import ConfigError
 from sweeps.config import (
     DEFAULT_LAUNCHER,
     LIST_KEYS,
     SWEEP_CONF_DIR,
+    available_experiments,
     check_no_env_interpolation,
+    check_no_underflow,
     check_sweep_name,
     foreign_settings_message,
     parse_sweep_config,
@@ -122,6 +125,8 @@ def check_override_syntax(given: str, item: str) -> Override | None:
     check_no_env_interpolation(f"{bare} = {value!r}", given)  # before Hydra or OmegaConf resolve it
     if value is None:
         return None  # Hydra's own message for a deletion (~key) or a bare word
+    if bare != "extra":  # extra's overrides are checked one by one (sweeps.config.parse_extra)
+        check_no_underflow(f"{bare} = {value!r}", value)
     try:
         override = parse_override(item, where=f"{bare} = {value!r}")
     except ConfigError as error:
@@ -146,10 +151,13 @@ def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     overrides = normalize_argv(argv)
     parsed = [check_override_syntax(given, item) for given, item in zip(argv, overrides, strict=True)]
     check_launcher_overrides([item for item in parsed if item is not None])
+    for item in parsed:  # a group choice is a file name: refused before Hydra reads it as a path
+        if item is not None:
+            check_experiment_choice(item, available_experiments())
     with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
         try:
             return compose(config_name=config_name, overrides=overrides)
-        except (HydraException, OmegaConfBaseException) as error:
+        except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: a group set to null
             unknown = unknown_override_message(
                 error, overrides, lambda others: compose(config_name=config_name, overrides=others))
             if unknown:

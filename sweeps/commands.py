@@ -22,6 +22,7 @@ backend does); W&B's group comes from ``WANDB_RUN_GROUP``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shlex
 import sys
@@ -164,9 +165,57 @@ def train_command(config: SweepConfig, arguments: Sequence[str]) -> tuple[str, .
     return (sys.executable, "-m", config.train_module, *arguments)
 
 
+class TrainComposer:
+    """``conf/train.yaml`` composed with many override lists, as Hydra's compose would, at the cost of one
+    composition per distinct set of config-group choices (``dataflex=ar``, ``task=...``, ``experiment=kk``: the
+    defaults list) rather than one per list: the runs of a sweep differ in values (seed, alpha, run_dir), so planning
+    n runs is n copies of a few composed configs. Each list's value overrides are applied to a copy of its groups'
+    config by Hydra's own step for them (``ConfigLoaderImpl._apply_overrides_to_config``, which Hydra runs after
+    composing the defaults list), so the result equals ``compose(overrides)``. Use inside
+    ``initialize_config_dir(CONF_DIR)``."""
+
+    def __init__(self) -> None:
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        self.parser = OverridesParser.create()
+        self.repository = GlobalHydra.instance().config_loader().repository
+        self.bases: dict[tuple[str, ...], Any] = {}
+        self.parsed: dict[str, Any] = {}
+
+    def _parse(self, text: str) -> Any:
+        """Hydra's reading of one override, once per text (the common overrides recur in every run)."""
+        if text not in self.parsed:
+            self.parsed[text] = self.parser.parse_overrides([text])[0]
+        return self.parsed[text]
+
+    def _is_value(self, override: Any) -> bool:
+        """Whether Hydra applies ``override`` to the composed config (a value), not to the defaults list (a group
+        choice, a sweep or a ``hydra`` setting: these stay part of the composition)."""
+        if override.is_sweep_override() or override.is_hydra_override():
+            return False
+        return isinstance(override.value(), dict) or not self.repository.group_exists(override.key_or_group)
+
+    def __call__(self, overrides: Sequence[str]) -> Any:
+        """The composed config (a ``DictConfig``, as ``compose`` returns it: no ``hydra`` block) of ``overrides``."""
+        from hydra import compose
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        parsed = [self._parse(text) for text in overrides]
+        values = [override for override in parsed if self._is_value(override)]
+        groups = tuple(override.input_line for override in parsed if not self._is_value(override))
+        base = self.bases.get(groups)
+        if base is None:
+            base = self.bases[groups] = compose(config_name="train", overrides=list(groups))
+        config = copy.deepcopy(base)
+        ConfigLoaderImpl._apply_overrides_to_config(values, config)
+        return config
+
+
 def compose_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[dict[str, Any], Any]]:
     """Compose ``conf/train.yaml`` with each (run name, overrides), resolve it and validate it; raise at the first
-    bad one (a :class:`ConfigError` naming the run).
+    bad one (a :class:`ConfigError` naming the run). One composition per distinct set of group choices
+    (:class:`TrainComposer`), not one per run.
 
     Returns each run's ``(resolved config, TrainConfig)``, in order: the resolved config is what the run store
     records as ``config.yaml`` and what the run's command reads."""
@@ -178,11 +227,10 @@ def compose_local(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[t
 
     composed = []
     with quiet_verl_import(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        composer = TrainComposer()
         for name, overrides in override_lists:
             try:
-                resolved = OmegaConf.to_container(compose(config_name="train", overrides=list(overrides)),
-                                                  resolve=True)
-                resolved.pop("hydra", None)
+                resolved = OmegaConf.to_container(composer(overrides), resolve=True)
                 composed.append((resolved, parse_train_config(resolved)))
             except ConfigError as error:
                 raise ConfigError(f"run {name}: {error}") from None

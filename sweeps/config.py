@@ -34,6 +34,7 @@ from dataflex_rl.keys import (
     WARM_START_SEED_KEY,
     check_metric_key,
 )
+from dataflex_rl.local.cli import EXPERIMENT_GROUP, check_experiment_choice, run_experiments
 from dataflex_rl.overrides import Override, hydra_value, parse_override
 from dataflex_rl.validation import (
     SEED_MODULUS,
@@ -60,6 +61,8 @@ DEFAULT_ALPHA = (0.0, 0.5)
 # .venv, and its report states what it can detect (docs/results/default.md: the MDE of the final val/accuracy).
 DEFAULT_SEEDS = tuple(range(1, 9))
 DEFAULT_LOCAL_STEPS = 120
+# A seed plan (target_mde) never runs more seeds than this unless max_seeds says otherwise.
+DEFAULT_MAX_SEEDS = 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # A sweep name is a folder name and W&B's run group: at most this many characters (folders allow 255 bytes, and the
 # sweep's run folders and lock files live inside it).
@@ -103,8 +106,8 @@ def available_presets() -> list[str]:
 def available_experiments() -> list[str]:
     """Names of the named experiments: a run setting ``conf/experiment/<name>.yaml`` with its sweep
     ``conf/sweeps/experiment/<name>.yaml`` (both, or it is not one)."""
-    runs = {path.stem for path in (CONF_DIR / "experiment").glob("*.yaml")}
-    return sorted(runs & {path.stem for path in (SWEEP_CONF_DIR / "experiment").glob("*.yaml")})
+    sweeps = {path.stem for path in (SWEEP_CONF_DIR / EXPERIMENT_GROUP).glob("*.yaml")}
+    return [name for name in run_experiments() if name in sweeps]
 
 
 # Keys the driver sets for every run; giving them in ``extra`` would fight the grid or the run store layout.
@@ -147,7 +150,9 @@ def parse_extra(extra: Sequence[str]) -> tuple[tuple[Override, ...], tuple[Axis,
     axes: list[Axis] = []
     for item in extra:
         check_no_env_interpolation(f"extra = {item!r}", item)
+        check_no_underflow(f"extra = {item!r}", item)
         override = parse_override(item, where=f"extra = {item!r}")
+        check_experiment_choice(override, run_experiments())
         if override.key in MANAGED_KEYS:
             raise ConfigError(f"extra = {item!r} is not allowed: {override.key} is set by the sweep driver; "
                               f"{MANAGED_KEYS[override.key]}")
@@ -180,7 +185,7 @@ class SweepConfig:
     steps: int | None = None
     local_steps: int | None = DEFAULT_LOCAL_STEPS
     target_mde: float | None = None
-    max_seeds: int = 20
+    max_seeds: int | None = None  # with target_mde: DEFAULT_MAX_SEEDS when None; without it, must stay None
     plan_metric: str = "val/accuracy"
     backend: str = "local"
     launcher: str = DEFAULT_LAUNCHER
@@ -219,8 +224,13 @@ class SweepConfig:
             check_int_at_least("steps", self.steps, 1)
         if self.local_steps is not None:
             check_int_at_least("local_steps", self.local_steps, 1)
-        check_int_at_least("max_seeds", self.max_seeds, 2)
+        if self.target_mde is None and self.max_seeds is not None:
+            raise ConfigError(f"max_seeds = {self.max_seeds!r} is not allowed without target_mde: max_seeds caps the "
+                              f"seeds a plan adds, and only target_mde makes a plan; give target_mde=<difference to "
+                              f"detect> too (make sweep TARGET_MDE=0.01 MAX_SEEDS={self.max_seeds}), or leave "
+                              f"max_seeds out")
         if self.target_mde is not None:
+            check_int_at_least("max_seeds", self.max_seeds, 2)
             check_number("target_mde", self.target_mde, minimum=0.0, exclusive=True)
             if len(self.seeds) < 2:
                 raise ConfigError(f"seeds = {list(self.seeds)} is not allowed with target_mde: the pilot needs at "
@@ -252,8 +262,11 @@ class SweepConfig:
         - the ``baseline`` preset joins a mechanism axis (the unweighted GRPO run is always compared);
         - a named ``experiment`` is the first common override of every run (``experiment=<name>``);
         - ``steps`` unset on the local backend: ``local_steps``, unless ``extra`` sets ``trainer.total_steps`` (the
-          trainer's own 400 steps make a sweep too long for a laptop).
+          trainer's own 400 steps make a sweep too long for a laptop);
+        - ``max_seeds`` unset with a ``target_mde``: :data:`DEFAULT_MAX_SEEDS`.
         """
+        if self.target_mde is not None and self.max_seeds is None:
+            object.__setattr__(self, "max_seeds", DEFAULT_MAX_SEEDS)
         if self.experiment is not None and f"experiment={self.experiment}" not in self.extra:
             object.__setattr__(self, "extra", (f"experiment={self.experiment}", *self.extra))
         if self.alpha is None:
@@ -400,7 +413,7 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
 
     ``allowed_extra_keys``: top-level keys that a caller (the Optuna driver) reads itself and that are ignored here.
     """
-    raw = to_plain(cfg)
+    raw = resolve_sweep_config(cfg)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"sweep config = {raw!r} is not allowed: it must be a mapping")
     raw = {key: value for key, value in raw.items() if key not in allowed_extra_keys}
@@ -430,6 +443,49 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     if raw.get("warm_start") is not None:
         values["warm_start"] = str(raw["warm_start"])
     return SweepConfig(**values)
+
+
+def resolve_sweep_config(cfg: Any) -> Any:
+    """The composed sweep config as plain containers, interpolations resolved; an interpolation that does not
+    resolve (``${trainer.total_steps}`` names no sweep key, ``${oc.decode:...}`` of a bad value) is a
+    :class:`ConfigError` naming the key, its value as given and OmegaConf's reason."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return to_plain(cfg)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "sweep config"
+        value = _unresolved(OmegaConf.to_container(cfg, resolve=False), key)
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f"{key} = {value!r} is not allowed: its interpolation cannot be resolved ({reason}); "
+                          f"the sweep driver resolves ${{...}} against its own keys (conf/sweeps/), not a run's "
+                          f"config: give the value itself") from None
+
+
+def _unresolved(raw: Any, key: str) -> Any:
+    """The value at ``key`` (``extra[0]``, ``slurm.partition``) of an unresolved plain config (None when absent)."""
+    node = raw
+    for part in re.findall(r"[^.\[\]]+", key):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return node
+
+
+# A decimal number as text (``1e-400``, ``-0.5``, ``.25``), for the underflow check of command-line values.
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+
+
+def check_no_underflow(where: str, text: str) -> None:
+    """Refuse a number written in ``text`` (an override's value, outside quotes) that is not zero but that a float
+    cannot hold: ``1e-400`` reads as 0.0, which would silently turn, say, an alpha into the baseline's."""
+    for token in re.split(r"[\s,\[\](){}:=]+", _QUOTED.sub(" ", text)):
+        if _NUMBER.fullmatch(token) and float(token) == 0.0 and re.search(r"[1-9]", token.split("e")[0].split("E")[0]):
+            raise ConfigError(f"{where} is not allowed: {token} is not 0 but below the smallest float (about "
+                              f"5e-324), so it would be read as 0.0; write 0 for zero, or a number a float holds")
 
 
 _ENV_INTERPOLATION = re.compile(r"\$\{\s*oc\.env\s*:")

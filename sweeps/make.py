@@ -34,8 +34,22 @@ SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds
               ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"), ("VERL_EXPERIMENT", "verl_experiment"),
               ("WARM_START", "warm_start"))
 # make tune: variable -> key of conf/sweeps/optuna.yaml.
-TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("LAUNCHER", "launcher"),
-             ("WARM_START", "warm_start"))
+TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("BACKEND", "backend"),
+             ("LAUNCHER", "launcher"), ("VERL_EXPERIMENT", "verl_experiment"), ("WARM_START", "warm_start"))
+# make tune: the variables of make sweep a study has no use for, each with what to do instead (refused when given).
+TUNE_REFUSED = {
+    "ALPHA": "make tune searches alpha itself (conf/sweeps/optuna.yaml search:); confirm a value with make sweep "
+             "ALPHA=<best>",
+    "MECH": "make tune searches alpha itself, on one preset; pick it with EXTRA=\"dataflex=<preset>\"",
+    "ETA": "make tune searches alpha itself, with no eta axis; set an eta with "
+           "EXTRA=\"dataflex.actuator.params.eta=<value>\"",
+    "EXPERIMENT": "a named experiment's grid sweeps presets, which a study does not; tune alpha on the experiment's "
+                  "runs with EXTRA=\"experiment=<name>\"",
+    "TARGET_MDE": "make tune runs a fixed number of seeds per trial (SEEDS), it plans none",
+    "MAX_SEEDS": "make tune runs a fixed number of seeds per trial (SEEDS), it plans none",
+    "ARGS": "ARGS is for make train",
+    "RESULTS": "RESULTS is for make docs-results",
+}
 SWITCH_ON = ("1", "true", "yes", "on")
 SWITCH_OFF = ("", "0", "false", "no", "off")
 TARGETS = ("sweep", "tune", "report", "docs-results", "train", "notebook-dir")
@@ -84,7 +98,11 @@ def sweep_argv(values: Mapping[str, str]) -> list[str]:
 
 
 def tune_argv(values: Mapping[str, str]) -> list[str]:
-    """The arguments of ``python -m sweeps.tune`` for ``make tune``."""
+    """The arguments of ``python -m sweeps.tune`` for ``make tune``; a variable the study has no use for
+    (:data:`TUNE_REFUSED`) is refused, naming it."""
+    for name, reason in TUNE_REFUSED.items():
+        if values[name].strip():
+            raise ConfigError(f"make tune: {name} = {values[name]!r} is not allowed: {reason}")
     argv = _key_values(values, TUNE_KEYS)
     if switch("LR", values["LR"]):
         argv.append("tune_lr=true")

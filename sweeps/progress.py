@@ -164,6 +164,7 @@ class SweepView:
     active: dict[str, ActiveRun] = field(default_factory=dict)
     done: int = 0
     failed: int = 0
+    interrupted: int = 0
     walls: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -223,6 +224,8 @@ class SweepView:
                 self.walls.append(self.clock() - run.started)
             elif state == "failed":
                 self.failed += 1
+            elif state == "interrupted":
+                self.interrupted += 1
         if self.progress is not None and run.task is not None:
             self.progress.remove_task(run.task)
         self._update_overall()
@@ -242,9 +245,12 @@ class SweepView:
 
     # text
     def counts(self, done: bool = True) -> str:
-        """``2/6 done, 2 running, 0 failed, ETA 3m10s`` (without the first part when ``done`` is False)."""
+        """``2/6 done, 2 running, 0 failed, ETA 3m10s`` (without the first part when ``done`` is False; ``, 1
+        interrupted`` after the failed ones once a run was stopped)."""
         running = sum(not run.warm_start for run in self.active.values())
         text = (f"{self.done}/{self.total} done, " if done else "") + f"{running} running, {self.failed} failed"
+        if self.interrupted:
+            text += f", {self.interrupted} interrupted"
         eta = self.eta_seconds()
         if eta is not None and self._at_the_end():
             text += ", finishing"
@@ -263,7 +269,7 @@ class SweepView:
         if not per_run:
             return None
         wall = statistics.fmean(per_run)
-        queued = max(0, self.total - self.done - self.failed - len(runs))
+        queued = max(0, self.total - self.ended - len(runs))
         if not runs and not queued:
             return None
         # a run with steps logged has (1 - fraction) of a run left; one without, the mean wall less its age
@@ -271,10 +277,15 @@ class SweepView:
                    for run in runs)
         return (left + queued * wall) / max(1, min(self.jobs, max(1, queued + len(runs))))
 
+    @property
+    def ended(self) -> int:
+        """Runs that will not run again in this invocation: done, failed or interrupted."""
+        return self.done + self.failed + self.interrupted
+
     def _at_the_end(self) -> bool:
         """No run left to start and every active one has logged its last step (it is writing its files)."""
         runs = [run for run in self.active.values() if not run.warm_start]
-        queued = self.total - self.done - self.failed - len(runs)
+        queued = self.total - self.ended - len(runs)
         return queued <= 0 and all(run.fraction == 1.0 for run in runs)
 
     def _run_info(self, run: ActiveRun) -> str:
@@ -321,6 +332,27 @@ def run_store_alpha(run_dir: Path) -> float | None:
         return None
 
 
+ENDED_STATES = ("completed", "failed", "interrupted")
+
+
+def run_state(run_dir: Path, recorded: str) -> str:
+    """A run's state for the closing table: ``recorded`` (sweep.json's) when it says how the run ended, else the
+    run store's own (``interrupted at step 15``: a driver stopped hard, by a second Ctrl-C, never recorded the end
+    of the runs it stopped, while each run's status.json did)."""
+    if recorded in ENDED_STATES:
+        return recorded
+    from dataflex_rl.tracking.run_store import read_status
+
+    try:
+        status = read_status(run_dir) or {}
+    except (OSError, ValueError):
+        return recorded
+    state = status.get("state")
+    if state not in ENDED_STATES:
+        return recorded
+    return f"{state} at step {status['step']}" if status.get("step") is not None else state
+
+
 def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> None:
     """Two rich tables: each run's state and wall time, then the report's own per-group summary
     (:func:`analysis.report.summary_table`: accuracy after SFT, final-window mean and interval, paired delta), so the
@@ -348,12 +380,12 @@ def print_summary(plan: SweepPlan, manifest: Manifest, console: Any = None) -> N
     for run in plan.runs:
         entry = manifest.previous(run.name) or {}
         spec: RunSpec = run.spec
-        state = entry.get("state", "pending")
+        state = run_state(run.run_dir, entry.get("state", "pending"))
         wall = entry.get("wall_time_s")
         alpha = spec.alpha if spec.alpha is not None else run_store_alpha(run.run_dir)  # a preset's own alpha
         table.add_row(run.name, "" if alpha is None else f"{alpha:g}", str(spec.seed),
                       *[getter(spec) for _, getter in extra_columns],
-                      f"[{colours.get(state, 'white')}]{state}[/]",
+                      f"[{colours.get(state.split()[0], 'white')}]{state}[/]",
                       "-" if not wall else f"{wall:.1f} s")
     console.print(table)
     console.print(f"{plan.jobs} run(s) at once, {thread_note(plan)}", highlight=False)

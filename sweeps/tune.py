@@ -122,6 +122,9 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
     if sweep.extra_axes:
         raise ConfigError(f"extra = {list(sweep.extra)!r} is not allowed: a study has no grid axes; list the "
                           f"parameter under search: instead")
+    if sweep.target_mde is not None:
+        raise ConfigError(f"target_mde = {sweep.target_mde!r} is not allowed in a study: a study runs the given seeds "
+                          f"per trial and plans none; plan seeds with python -m sweeps target_mde=...")
     search = []
     items = list(raw.get("search") or [])
     enqueue_items = [dict(item) for item in raw.get("enqueue") or []]

@@ -31,7 +31,7 @@ import hydra
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from dataflex_rl.overrides import unknown_override_message
+from dataflex_rl.overrides import Override, override_key, parse_override, unknown_override_message
 from dataflex_rl.validation import ConfigError
 
 log = logging.getLogger("dataflex_rl.train")  # the public command's name, as train.log has always shown it
@@ -79,9 +79,9 @@ def run(cfg: DictConfig | dict[str, Any]) -> int:
 
 def _admit(resolved: dict[str, Any]) -> tuple[Any, Any]:
     """``(TrainConfig, the run's lock held)`` (no lock for ``mode=sft``): the one validation of a run's config,
-    then the refusals that touch nothing. Raises :class:`ConfigError`: a bad value, a config that differs from the
-    one recorded in ``run_dir`` (checked before the lock, so a refused resume leaves every file as it was), a run
-    being written by another process."""
+    then the refusals that touch nothing. Raises :class:`ConfigError`: a bad value, a ``run_dir`` that is a sweep
+    folder, a config that differs from the one recorded in ``run_dir`` (checked before the lock, so a refused resume
+    leaves every file as it was), a run being written by another process."""
     from dataflex_rl.local.config import parse_train_config
     from dataflex_rl.tracking.run_store import RunLock, RunStoreError, check_resume
 
@@ -92,12 +92,31 @@ def _admit(resolved: dict[str, Any]) -> tuple[Any, Any]:
     if config.mode == "sft":
         return config, None
     run_dir = Path(config.run_dir)
+    _check_not_a_sweep(run_dir)
     if run_dir.is_dir():
         try:
             check_resume(run_dir, resolved)
         except RunStoreError as error:  # a damaged store: the run itself reports it (_check_run_dir)
             log.debug("resume check left to the run: %s", error)
     return config, RunLock(run_dir).acquire()
+
+
+def _check_not_a_sweep(run_dir: Path) -> None:
+    """Refuse a ``run_dir`` that is a sweep folder (it holds ``sweep.json``): the run would write its store into the
+    sweep's folder, over the sweep's own tables. Raises :class:`ConfigError` naming what is there and what to use."""
+    from dataflex_rl.tracking.run_store import RunStoreError, is_sweep_folder, read_sweep_record
+
+    if not is_sweep_folder(run_dir):
+        return
+    try:
+        runs = len((read_sweep_record(run_dir) or {}).get("runs") or [])
+    except RunStoreError:
+        runs = 0
+    raise ConfigError(
+        f"run_dir = {str(run_dir)!r} is not allowed: it is a sweep folder (it holds sweep.json, python -m "
+        f"sweeps' record of {runs} run(s)), not a run folder; give the run a folder of its own, e.g. "
+        f"run_dir={run_dir.parent / (run_dir.name + '-run')}, or resume the sweep's runs with make sweep "
+        f"SWEEP={run_dir.name}")
 
 
 def _run_admitted(config, resolved: dict[str, Any], lock) -> int:
@@ -246,6 +265,30 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
 
 
 # --- the command line ----------------------------------------------------------------------------------------
+# The config group of named experiments: conf/experiment/<name>.yaml, each ``@package _global_`` (it may set any key).
+EXPERIMENT_GROUP = "experiment"
+
+
+def run_experiments() -> list[str]:
+    """Names of the named experiments a run can be composed with: ``conf/experiment/<name>.yaml``."""
+    return sorted(path.stem for path in (Path(CONF_DIR) / EXPERIMENT_GROUP).glob("*.yaml"))
+
+
+def check_experiment_choice(override: Override, allowed: Sequence[str]) -> None:
+    """Refuse an ``experiment=<choice>`` override (each value of a sweep over it) whose choice is not one of the
+    names ``allowed``: Hydra reads a choice as a path, so ``experiment=../launcher/slurm`` would load another group's
+    file as the experiment (at the top of the config, as experiments are). :class:`ConfigError` naming the key, the
+    value and the names allowed."""
+    if override.key != EXPERIMENT_GROUP:
+        return
+    choices = override.sweep if override.sweep is not None else (override.value,)
+    for choice in choices:
+        if choice is not None and choice != "null" and choice not in allowed:
+            raise ConfigError(f"{EXPERIMENT_GROUP} = {choice!r} is not allowed: an experiment is the name of a file "
+                              f"conf/{EXPERIMENT_GROUP}/<name>.yaml (a name, not a path); allowed: "
+                              f"{', '.join(allowed) or '(none)'}")
+
+
 def compose_train_config(overrides: Sequence[str]) -> dict[str, Any]:
     """``conf/train.yaml`` composed with ``overrides`` (Hydra's compose API) and resolved, ``hydra`` block dropped.
 
@@ -256,6 +299,9 @@ def compose_train_config(overrides: Sequence[str]) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides)
+    for text in overrides:
+        if override_key(text) == EXPERIMENT_GROUP:
+            check_experiment_choice(parse_override(text), run_experiments())
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             try:

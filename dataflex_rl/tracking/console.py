@@ -55,5 +55,11 @@ class ConsoleLogger:
         """Nothing: histograms do not fit a console line."""
 
     def close(self, state: str = "completed") -> None:
-        """A last line: the final state and step."""
-        self.log.info("run %s after step %s", state, self._last_step if self._last_step is not None else "-")
+        """A last line: the final state and the last step logged. A run that logged no step in this process either
+        resumed at its last step (a fresh run logs step 0) or stopped before its first step."""
+        if self._last_step is not None:
+            self.log.info("run %s after step %d", state, self._last_step)
+        elif state == "completed":
+            self.log.info("run completed: it resumed at its last step, nothing was left to train")
+        else:
+            self.log.info("run %s before it logged a step", state)

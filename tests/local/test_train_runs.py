@@ -185,3 +185,50 @@ def test_missing_model_path_is_a_clear_error(tmp_path, sft_cache, capsys):
     code = run(compose_train(tiny_overrides(tmp_path / "run", sft_cache) + [f"model.path={tmp_path / 'nope'}"]))
     assert code == 2
     assert "model.path" in capsys.readouterr().err
+
+
+def test_a_run_dir_that_is_a_sweep_folder_is_refused_and_nothing_is_written(tmp_path):
+    """make train ARGS="run_dir=runs/<a sweep>" """
+    from analysis.export import export_sweep
+    from analysis.synthetic import write_fake_sweep
+
+    sweep = write_fake_sweep(tmp_path / "runs" / "my-sweep", alphas=(0.0, 0.5), seeds=(1,), n_steps=4)
+    export_sweep(sweep)
+    before = {str(path.relative_to(sweep)): path.read_bytes() for path in sorted(sweep.rglob("*")) if path.is_file()}
+    assert "metrics.parquet" in before and "sweep.json" in before
+    result = run_cli(tiny_overrides(sweep, tmp_path / "sft-cache", steps=1))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (f"error: run_dir = '{sweep}' is not allowed: it is a sweep folder (it holds sweep.json, python -m sweeps' "
+            f"record of 2 run(s)), not a run folder; give the run a folder of its own, e.g. "
+            f"run_dir={sweep.parent / 'my-sweep-run'}, or resume the sweep's runs with make sweep SWEEP=my-sweep"
+            ) in result.stderr
+    after = {str(path.relative_to(sweep)): path.read_bytes() for path in sorted(sweep.rglob("*")) if path.is_file()}
+    assert after == before  # no train.log, lock, config.yaml or metrics over the sweep's own
+
+
+def test_an_experiment_choice_that_is_a_path_is_refused_and_nothing_is_written(tmp_path, sft_cache):
+    """make train ARGS="experiment=../task/knights_knaves" (composed the task file as the experiment, and trained)"""
+    run_dir = tmp_path / "run"
+    result = run_cli([*tiny_overrides(run_dir, sft_cache, steps=1), "experiment=../task/knights_knaves"])
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert ("error: experiment = '../task/knights_knaves' is not allowed: an experiment is the name of a file "
+            "conf/experiment/<name>.yaml (a name, not a path); allowed: kk") in result.stderr
+    assert not run_dir.exists()
+
+
+def test_a_run_resumed_at_its_last_step_says_it_completed_with_nothing_left(tmp_path, sft_cache, caplog):
+    """make train ARGS="run_dir=<a run stopped after its last checkpoint>" (printed "run completed after step -")"""
+    import logging
+
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(run_dir, sft_cache, steps=1)
+    assert run(compose_train(overrides)) == 0
+    # Stopped after writing its last checkpoint, before its status said completed.
+    (run_dir / "status.json").write_text(json.dumps({"state": "interrupted", "step": 1}))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dataflex_rl.tracking.console"):
+        assert run(compose_train(overrides)) == 0
+    lines = [record.getMessage() for record in caplog.records if record.name == "dataflex_rl.tracking.console"]
+    assert lines == ["run completed: it resumed at its last step, nothing was left to train"]
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    assert list(load_metrics(run_dir)["step"]) == [0, 1]

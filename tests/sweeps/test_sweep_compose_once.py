@@ -1,4 +1,5 @@
-"""A run the driver launches is composed once in all: the driver composes and validates its config, writes it to
+"""A run the driver launches is composed once in all: the driver composes and validates its config (one Hydra
+composition per set of config-group choices, shared by the runs that make them), writes it to
 ``<sweep>/launch/<run>.yaml``, and the trainer reads that file (``--config-file``) without composing anything."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import sys
 
 from hydra._internal.hydra import Hydra
 
-from dataflex_rl.local.cli import read_config_file
+from dataflex_rl.local.cli import compose_train_config, read_config_file
 from dataflex_rl.tracking import read_config
 from sweeps.cli import main
 from tests.counted_train import COUNT_ENV, compositions, counting
@@ -27,16 +28,15 @@ def test_a_launched_run_and_its_warm_start_are_composed_once_by_the_driver_and_n
     sweep_dir = (tmp_path / "runs" / "once").resolve()
     composed = compositions(count)
     assert {pid for pid, _ in composed} == {os.getpid()}  # the trainers composed nothing
-    run_compositions = [o for _, o in composed if f"run_dir={sweep_dir / 'a0.5-s1'}" in o.split()]
-    warm_start_compositions = [o for _, o in composed if "mode=sft" in o.split()]
-    assert len(run_compositions) == 1 and len(warm_start_compositions) == 1
-    assert len(composed) == 3  # the run, the warm start, and the sweep's common settings (sweep.json)
+    # the runs' config groups and the warm starts' (each list's values applied to a copy: sweeps.commands.
+    # TrainComposer), and the sweep's common settings (sweep.json)
+    assert len(composed) == 3
 
     launch = sweep_dir / "launch" / "a0.5-s1.yaml"
     entry = runs_by_name(sweep_dir)["a0.5-s1"]
     assert entry["state"] == "completed"
     assert entry["command"] == [sys.executable, "-m", "tests.counted_train", "--config-file", str(launch)]
-    assert " ".join(entry["overrides"]) == run_compositions[0]  # what the run is, on record
+    assert read_config_file(launch) == compose_train_config(entry["overrides"])  # what the run is, on record
     assert read_config(sweep_dir / "a0.5-s1") == read_config_file(launch)  # the run store records the driver's config
     assert (sweep_dir / "launch" / "sft-seed1.yaml").is_file()
     assert "# composed from: " in (sweep_dir / "logs" / "a0.5-s1.log").read_text()

@@ -201,16 +201,17 @@ def planned(tmp_path, *argv: str):
     return plan, Manifest(plan.sweep_dir, plan.header())
 
 
-def test_completed_runs_are_skipped_from_the_run_store_else_from_sweep_json(tmp_path):
+def test_completed_runs_are_skipped_from_the_run_store_never_from_sweep_json_alone(tmp_path):
     from sweeps.launchers import ProcessLauncher
 
     plan, manifest = planned(tmp_path)
     run = plan.runs[0]
     runner = SweepRunner(plan, ProcessLauncher(), manifest, quiet=True)
     assert runner.pending_runs(plan.runs) == [run]
-    # No run store (verl runs have none): sweep.json's completed state decides.
+    # No run folder (deleted, or never written): sweep.json's completed state does not make it completed (a verl
+    # run's own folder without a run store has its own rule: tests/sweeps/test_sweep_record_checks.py).
     manifest.entry(run.name, {"state": "completed", "exit_code": 0})
-    assert runner.pending_runs(plan.runs) == []
+    assert runner.pending_runs(plan.runs) == [run]
     # A run store wins over sweep.json.
     run.run_dir.mkdir(parents=True)
     (run.run_dir / "status.json").write_text(json.dumps({"state": "failed", "step": 1}))
@@ -339,3 +340,41 @@ def test_extra_is_read_once_per_sweep_and_the_runs_are_planned_from_typed_axes(t
     assert runs[-1].spec.factors == {"alpha": 0.5, "trainer.lr": "0.0003", "seed": 2}
     assert runs[-1].command[-10:-5] == ("++dataflex.actuator.params.alpha=0.5", "trainer.lr=0.0003", "seed=2",
                                         "sft.seed=2", "axes=[dataflex.actuator.params.alpha,trainer.lr,seed]")
+
+
+def test_planning_composes_once_per_set_of_group_choices_not_once_per_run(tmp_path, monkeypatch):
+    """python -m sweeps seeds=1,2,...,1000 dry_run=true (silent after 120 s at about 1 GB: one Hydra composition
+    of conf/train.yaml per run and per warm start)"""
+    from hydra._internal.hydra import Hydra
+
+    from dataflex_rl.local.cli import compose_train_config
+
+    composed: list[list[str]] = []
+    original = Hydra.compose_config
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, config_name, overrides, *args, **kwargs: (
+        config_name == "train" and composed.append(list(overrides))
+        or original(self, config_name, overrides, *args, **kwargs)))
+
+    def plan(seeds: str, *argv: str):
+        composed.clear()
+        config = config_of("alpha=0.0,0.5", f"seeds={seeds}", "steps=3", *argv,
+                           f"extra=[sft.steps=2 sft.cache_dir={tmp_path / 'sft'}]")
+        specs = expand_grid(config)
+        runs = plan_runs(config, specs, "many", tmp_path / "many", threads=1)
+        warm = plan_warm_starts(config, specs, tmp_path / "many", threads=1)
+        return runs, warm, len(composed)
+
+    few_runs, few_warm, few = plan("1,2")
+    many_runs, many_warm, many = plan("1,2,3,4,5,6")
+    assert (len(few_runs), len(few_warm), len(many_runs), len(many_warm)) == (4, 2, 12, 6)
+    assert few == many == 2  # the runs' config groups, the warm starts'; not one per run
+    # each run's config is what Hydra composes from its overrides alone
+    for run in (many_runs[0], many_runs[-1], many_warm[-1]):
+        assert run.config == compose_train_config(run.overrides)
+    assert many_runs[-1].config["seed"] == 6 and many_runs[-1].config["sft"]["seed"] == 6
+    # a group axis (the preset) composes once per choice
+    runs, _, count = plan("1,2,3", "mechanisms=ar,lopti")
+    assert len(runs) == 18 and count == 3 + 1  # baseline, ar, lopti (x 2 alphas x 3 seeds); the warm starts'
+    assert {run.config["dataflex"]["actuator"]["name"] for run in runs} == {
+        compose_train_config([f"dataflex={preset}"])["dataflex"]["actuator"]["name"]
+        for preset in ("baseline", "ar", "lopti")}

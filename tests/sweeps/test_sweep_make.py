@@ -95,3 +95,35 @@ def test_make_dry_run_prints_the_command_and_starts_nothing(tmp_path):
     assert f"-m sweeps alpha=0.5 seeds=1 backend=local launcher=process steps=3 name=dry root={tmp_path / 'runs'} " \
            f"dry_run=true" in result.stdout
     assert not (tmp_path / "runs" / "dry").exists()
+
+
+@pytest.mark.parametrize(("variable", "value", "reason"), [
+    ("MECH", "ar", "make tune searches alpha itself, on one preset; pick it with EXTRA=\"dataflex=<preset>\""),
+    ("ALPHA", "0.5", "make tune searches alpha itself"),
+    ("ETA", "0.3", "make tune searches alpha itself, with no eta axis"),
+    ("TARGET_MDE", "0.01", "make tune runs a fixed number of seeds per trial (SEEDS), it plans none"),
+    ("MAX_SEEDS", "10", "make tune runs a fixed number of seeds per trial (SEEDS), it plans none"),
+    ("EXPERIMENT", "kk", "a named experiment's grid sweeps presets, which a study does not; tune alpha on the "
+                         "experiment's runs with EXTRA=\"experiment=<name>\""),
+])
+def test_make_tune_refuses_each_variable_it_would_ignore(variable, value, reason, monkeypatch, capsys):
+    """make tune MECH=ar (and ALPHA, ETA, TARGET_MDE, MAX_SEEDS, EXPERIMENT): each was silently dropped"""
+    executed = []
+    monkeypatch.setattr(make.os, "execv", lambda *argv: executed.append(argv))
+    monkeypatch.setenv(make.ENV_PREFIX + variable, value)
+    monkeypatch.setenv(make.ENV_PREFIX + "BACKEND", "local")  # the Makefile's defaults
+    monkeypatch.setenv(make.ENV_PREFIX + "LAUNCHER", "process")
+    assert make.main(["tune"]) == 2
+    assert executed == []  # nothing run
+    error = capsys.readouterr().err
+    assert f"error: make tune refused, nothing was started: make tune: {variable} = '{value}' is not allowed: " \
+           f"{reason}" in error
+
+
+def test_make_tune_passes_what_the_study_honours_and_names_every_variable():
+    """make tune BACKEND=verl VERL_EXPERIMENT=verl_cpu_tiny (BACKEND was dropped, though the study runs on it)"""
+    argv = make.tune_argv(values(BACKEND="verl", VERL_EXPERIMENT="verl_cpu_tiny", LAUNCHER="process", SEEDS="1,2"))
+    assert argv == ["seeds=1,2", "backend=verl", "launcher=process", "verl_experiment=verl_cpu_tiny"]
+    switches_and_lists = {"LR", "DRY_RUN", "EXTRA", "SWEEP_ARGS"}
+    passed = {name for name, _ in make.TUNE_KEYS}
+    assert set(make.VARIABLES) == passed | set(make.TUNE_REFUSED) | switches_and_lists  # none silently dropped

@@ -184,3 +184,38 @@ def test_the_last_run_past_its_last_step_is_finishing_not_eta_zero(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     view.refresh()
     assert view.counts() == "0/1 done, 1 running, 0 failed, finishing"
+
+
+def test_interrupted_runs_are_counted_and_shown_as_interrupted(tmp_path):
+    """make sweep ... then Ctrl-C twice (the progress line said "0 failed" and counted no interrupted run; the closing
+    table showed "pending" for a run whose status.json said interrupted at step 15)"""
+    from sweeps import driver
+    from sweeps.cli import load_config
+    from sweeps.manifest import Manifest
+    from sweeps.progress import print_summary
+
+    out = io.StringIO()
+    view = SweepView(total=3, jobs=2, console=Console(file=out, width=200), clock=Clock())
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        view.started(name, tmp_path / name, tmp_path / f"{name}.log", total=10)
+    view.finished("a", "interrupted")
+    assert view.counts(done=False).startswith("1 running, 0 failed, 1 interrupted")
+    assert "progress: 0/3 done, 1 running, 0 failed, 1 interrupted" in out.getvalue()
+
+    config = load_config(["alpha=0.5", "seeds=1,2", "add_baseline=false", "validate=false", f"root={tmp_path}",
+                          "name=stopped", "report=false"])[1]
+    plan = driver.plan_sweep(config)
+    manifest = Manifest(plan.sweep_dir, plan.header())
+    for run in plan.runs:  # as the driver leaves them when a second Ctrl-C stops it at once
+        manifest.entry(run.name, {"state": "pending", "exit_code": None})
+    stopped = plan.runs[0].run_dir
+    stopped.mkdir(parents=True)
+    (stopped / "status.json").write_text(json.dumps({"state": "interrupted", "step": 15}))
+    before = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*"))
+    table = io.StringIO()
+    print_summary(plan, manifest, console=Console(file=table, width=200))
+    rows = {line.split()[1]: line for line in table.getvalue().splitlines() if line.startswith("│ a0.5-s")}
+    assert "interrupted at step 15" in rows["a0.5-s1"] and "pending" not in rows["a0.5-s1"]
+    assert "pending" in rows["a0.5-s2"]  # never started: no run store to say otherwise
+    assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before  # the table only reads

@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from dataflex_rl.local.cli import check_experiment_choice
+from dataflex_rl.local.cli import EXPERIMENT_GROUP, check_group_choice
 from dataflex_rl.overrides import Override, hydra_value, parse_override, split_assignment, unknown_override_message
 from dataflex_rl.validation import ConfigError
 from sweeps.config import (
@@ -153,7 +153,8 @@ def compose_config(config_name: str, argv: Sequence[str]) -> Any:
     check_launcher_overrides([item for item in parsed if item is not None])
     for item in parsed:  # a group choice is a file name: refused before Hydra reads it as a path
         if item is not None:
-            check_experiment_choice(item, available_experiments())
+            if item.key == EXPERIMENT_GROUP:
+                check_group_choice(item, available_experiments())
     with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
         try:
             return compose(config_name=config_name, overrides=overrides)

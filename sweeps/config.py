@@ -34,7 +34,7 @@ from dataflex_rl.keys import (
     WARM_START_SEED_KEY,
     check_metric_key,
 )
-from dataflex_rl.local.cli import EXPERIMENT_GROUP, check_experiment_choice, run_experiments
+from dataflex_rl.local.cli import EXPERIMENT_GROUP, check_group_choice, run_experiments
 from dataflex_rl.overrides import Override, hydra_value, parse_override
 from dataflex_rl.validation import (
     SEED_MODULUS,
@@ -152,7 +152,7 @@ def parse_extra(extra: Sequence[str]) -> tuple[tuple[Override, ...], tuple[Axis,
         check_no_env_interpolation(f"extra = {item!r}", item)
         check_no_underflow(f"extra = {item!r}", item)
         override = parse_override(item, where=f"extra = {item!r}")
-        check_experiment_choice(override, run_experiments())
+        check_group_choice(override)
         if override.key in MANAGED_KEYS:
             raise ConfigError(f"extra = {item!r} is not allowed: {override.key} is set by the sweep driver; "
                               f"{MANAGED_KEYS[override.key]}")

@@ -269,23 +269,36 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
 EXPERIMENT_GROUP = "experiment"
 
 
+def group_choices(group: str) -> list[str] | None:
+    """The choices of the config group ``group`` (the names of ``conf/<group>/*.yaml``), or None when ``group`` is
+    not a config group."""
+    if not group or not group.isidentifier():  # a dotted key, a path, a package: not a group of conf/
+        return None
+    folder = Path(CONF_DIR) / group
+    return sorted(path.stem for path in folder.glob("*.yaml")) if folder.is_dir() else None
+
+
 def run_experiments() -> list[str]:
     """Names of the named experiments a run can be composed with: ``conf/experiment/<name>.yaml``."""
-    return sorted(path.stem for path in (Path(CONF_DIR) / EXPERIMENT_GROUP).glob("*.yaml"))
+    return group_choices(EXPERIMENT_GROUP) or []
 
 
-def check_experiment_choice(override: Override, allowed: Sequence[str]) -> None:
-    """Refuse an ``experiment=<choice>`` override (each value of a sweep over it) whose choice is not one of the
-    names ``allowed``: Hydra reads a choice as a path, so ``experiment=../launcher/slurm`` would load another group's
-    file as the experiment (at the top of the config, as experiments are). :class:`ConfigError` naming the key, the
-    value and the names allowed."""
-    if override.key != EXPERIMENT_GROUP:
+def check_group_choice(override: Override, allowed: Sequence[str] | None = None) -> None:
+    """Refuse a config-group override (``task=``, ``dataflex=``, ``model=``, ``trainer=``, ``logger=``,
+    ``experiment=``; each value of a sweep over it) whose choice is not one of the group's names (``allowed``, by
+    default :func:`group_choices`): Hydra reads a choice as a path, so ``experiment=../launcher/slurm`` or
+    ``task=../experiment/kk`` would load another group's file, which may set any key. :class:`ConfigError` naming
+    the key, the value and the names allowed."""
+    group = override.key
+    allowed = group_choices(group) if allowed is None else allowed
+    if allowed is None:
         return
+    article = "an" if group[:1] in "aeiou" else "a"
     choices = override.sweep if override.sweep is not None else (override.value,)
     for choice in choices:
         if choice is not None and choice != "null" and choice not in allowed:
-            raise ConfigError(f"{EXPERIMENT_GROUP} = {choice!r} is not allowed: an experiment is the name of a file "
-                              f"conf/{EXPERIMENT_GROUP}/<name>.yaml (a name, not a path); allowed: "
+            raise ConfigError(f"{group} = {choice!r} is not allowed: {article} {group} is the name of a file "
+                              f"conf/{group}/<name>.yaml (a name, not a path); allowed: "
                               f"{', '.join(allowed) or '(none)'}")
 
 
@@ -300,8 +313,8 @@ def compose_train_config(overrides: Sequence[str]) -> dict[str, Any]:
 
     overrides = list(overrides)
     for text in overrides:
-        if override_key(text) == EXPERIMENT_GROUP:
-            check_experiment_choice(parse_override(text), run_experiments())
+        if group_choices(override_key(text)) is not None:
+            check_group_choice(parse_override(text))
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             try:

@@ -78,6 +78,18 @@ def test_an_experiment_choice_that_is_a_path_is_refused_before_composing(tmp_pat
     assert main(["experiment=kk", "--cfg", "job"]) == 0  # a name still works
 
 
+@pytest.mark.parametrize(("extra", "group", "allowed"), [
+    ("task=../experiment/kk", "task", "arithmetic, knights_knaves"),
+    ("dataflex=../task/arithmetic", "dataflex", "ar, "),
+    ("model=choice(tiny,../trainer/grpo)", "model", "tiny"),
+])
+def test_any_config_group_choice_that_is_a_path_is_refused(extra, group, allowed, tmp_path, capsys):
+    """make sweep EXTRA="task=../experiment/kk" (a group choice is read as a path: another group's file, which may
+    set any key, would be loaded as the task)"""
+    error = _refused([f"extra=[{extra}]"], tmp_path, capsys)
+    assert f"{group} = '../" in error and f"conf/{group}/<name>.yaml (a name, not a path); allowed: {allowed}" in error
+
+
 @pytest.mark.parametrize("metric", ["baseline", "dataflex.actuator.params.alpha", "sft.seed"])
 def test_a_plan_metric_that_is_a_config_key_is_refused_listing_metrics_only(metric, tmp_path, capsys):
     """make sweep TARGET_MDE=0.01 SEEDS=1,2,3 SWEEP_ARGS="plan_metric=baseline" (a pilot ran 4 runs before "no seed

@@ -143,16 +143,19 @@ class Axis:
         return Override(self.key, text, self.prefix, text=f"{self.prefix}{self.key}={text}")
 
 
-def parse_extra(extra: Sequence[str]) -> tuple[tuple[Override, ...], tuple[Axis, ...]]:
+def parse_extra(extra: Sequence[str], train_groups: bool = True) -> tuple[tuple[Override, ...], tuple[Axis, ...]]:
     """Split ``extra`` into (common overrides, axes), each read once by Hydra's grammar; overrides of the keys the
-    driver manages, and sweeps that list no values, are refused naming the override."""
+    driver manages, and sweeps that list no values, are refused naming the override. ``train_groups``: the overrides
+    are ``conf/train.yaml``'s (the local backend), so a config-group choice must name a file of its group (a verl
+    experiment's keys, such as ``model=``, are not these groups)."""
     common: list[Override] = []
     axes: list[Axis] = []
     for item in extra:
         check_no_env_interpolation(f"extra = {item!r}", item)
         check_no_underflow(f"extra = {item!r}", item)
         override = parse_override(item, where=f"extra = {item!r}")
-        check_group_choice(override)
+        if train_groups:
+            check_group_choice(override)
         if override.key in MANAGED_KEYS:
             raise ConfigError(f"extra = {item!r} is not allowed: {override.key} is set by the sweep driver; "
                               f"{MANAGED_KEYS[override.key]}")
@@ -274,7 +277,7 @@ class SweepConfig:
         if self.mechanisms and self.add_baseline and BASELINE_PRESET not in self.mechanisms \
                 and BASELINE_PRESET in available_presets():
             object.__setattr__(self, "mechanisms", (BASELINE_PRESET, *self.mechanisms))
-        common, axes = parse_extra(self.extra)
+        common, axes = parse_extra(self.extra, train_groups=self.backend == "local")
         object.__setattr__(self, "common", common)
         object.__setattr__(self, "extra_axes", axes)
         if self.steps is None and self.backend == "local" and not self.common_sets(STEPS_KEYS["local"]):

@@ -103,6 +103,7 @@ class ActiveRun:
     accuracy: float | None = None
     milestone: int = 0  # plain mode: tenths of the run already announced
     task: TaskID | None = None
+    waiting: str | None = None  # launched but queued by a scheduler: why
 
     def poll(self) -> bool:
         """Read what the run wrote since the last poll; True when something changed."""
@@ -232,6 +233,18 @@ class SweepView:
         if self.plain and not run.warm_start:
             self.console.print(f"progress: {self.counts()}", highlight=False, soft_wrap=True)
 
+    def waiting(self, name: str, reason: str | None) -> None:
+        """A launched run waits in a scheduler's queue (``reason``), or runs (None): counted as queued, not
+        running, and shown with its reason."""
+        run = self.active.get(name)
+        if run is None or run.waiting == reason:
+            return
+        run.waiting = reason
+        if reason is None:  # its clock starts when it runs, not when it was queued
+            run.started = self.clock()
+        if self.progress is not None and run.task is not None:
+            self.progress.update(run.task, info=f"queued ({reason})" if reason else self._run_info(run))
+
     def refresh(self) -> None:
         """Read every active run's new records and redraw (terminal) or print passed milestones (plain)."""
         for run in self.active.values():
@@ -247,8 +260,10 @@ class SweepView:
     def counts(self, done: bool = True) -> str:
         """``2/6 done, 2 running, 0 failed, ETA 3m10s`` (without the first part when ``done`` is False; ``, 1
         interrupted`` after the failed ones once a run was stopped)."""
-        running = sum(not run.warm_start for run in self.active.values())
-        text = (f"{self.done}/{self.total} done, " if done else "") + f"{running} running, {self.failed} failed"
+        running = sum(not run.warm_start and run.waiting is None for run in self.active.values())
+        queued = sum(not run.warm_start and run.waiting is not None for run in self.active.values())
+        text = (f"{self.done}/{self.total} done, " if done else "") + f"{running} running, " + (
+            f"{queued} queued, " if queued else "") + f"{self.failed} failed"
         if self.interrupted:
             text += f", {self.interrupted} interrupted"
         eta = self.eta_seconds()

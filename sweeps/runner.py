@@ -66,9 +66,11 @@ def run_lock_holder(run_dir: Path) -> str | None:
     return None
 
 
-def mark_run_store(run_dir: Path, state: str, error: str) -> str | None:
+def mark_run_store(run_dir: Path, state: str, error: str, scheduler: bool = False) -> str | None:
     """After the process is gone: turn a ``running`` status.json (the run could not write its own end, e.g. after
-    SIGKILL) into ``state`` with ``error``, so the run store never claims a dead run is running.
+    SIGKILL) into ``state`` with ``error``, so the run store never claims a dead run is running. ``scheduler``: the
+    error is a scheduler's account of the stop (scancel, time limit), which also replaces the reason an
+    ``interrupted`` run gave itself (the signal it received).
 
     Written under the run's lock: a run store whose lock another live process holds is that process's, and is left
     alone; the holder's message (naming its pid) is returned then, else None."""
@@ -82,7 +84,8 @@ def mark_run_store(run_dir: Path, state: str, error: str) -> str | None:
         return str(holder)
     try:
         status = read_status(run_dir)
-        if status is not None and status.get("state") == "running":
+        if status is not None and (status.get("state") == "running"
+                                   or (scheduler and status.get("state") == "interrupted")):
             store = RunStore(run_dir)
             steps = [step for step in (status.get("step"), _last_logged_step(store)) if isinstance(step, int)]
             store.set_status(state, step=max(steps) if steps else None, error=error)
@@ -267,13 +270,13 @@ class SweepRunner:
     def _finish(self, job: Job, outcome: Outcome, warm_start: bool = False) -> str:
         if outcome.exit_code == 0 and outcome.error is None:
             state = "completed"
-        elif self.stop_signal is not None or outcome.exit_code in INTERRUPTED_CODES:
+        elif self.stop_signal is not None or outcome.exit_code in INTERRUPTED_CODES or outcome.interrupted:
             state = "interrupted"
         else:
             state = "failed"
         error = describe_exit(outcome)
         if not warm_start and state != "completed":
-            holder = mark_run_store(job.run.run_dir, state, error or state)
+            holder = mark_run_store(job.run.run_dir, state, error or state, scheduler=outcome.interrupted)
             if holder is not None:  # the run was refused: another live process writes it (its store is untouched)
                 error = f"{error or state}: {holder}; its run store was left to that process"
         entry = self._entry(job.run, warm_start=warm_start)
@@ -310,6 +313,8 @@ class SweepRunner:
                 if outcome is not None:
                     active.remove(job)
                     states[job.run.name] = self._finish(job, outcome, warm_start)
+                else:
+                    self._show_waiting(job)
             if on_poll is not None and active and on_poll(active):
                 self._stop(active, warm_start, states, reason="stopped by the driver")
                 return states
@@ -317,6 +322,18 @@ class SweepRunner:
                 self.view.refresh()
             time.sleep(self.plan.config.poll_s)
         return states
+
+    def _show_waiting(self, job: Job) -> None:
+        """Say once, each time it changes, why a launched run waits (a scheduler's queue reason)."""
+        reason = self.launcher.waiting(job)
+        if reason != job.waiting:
+            if reason is not None:
+                self.say(f"{job.run.name} waits in the queue: {reason}")
+            elif job.waiting is not None:
+                self.say(f"{job.run.name} is running")
+            job.waiting = reason
+        if self.view is not None:
+            self.view.waiting(job.run.name, reason)
 
     def _stop(self, active: list[Job], warm_start: bool, states: dict[str, str],
               reason: str = "interrupted") -> None:

@@ -41,10 +41,12 @@ class RunToLaunch(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """How a run's process ended: its exit code (None when unknown) and, if any, what went wrong around it."""
+    """How a run's process ended: its exit code (None when unknown), if any, what went wrong around it, and whether
+    the scheduler stopped it (scancel, time limit, preemption: the run is interrupted, not failed)."""
 
     exit_code: int | None
     error: str | None = None
+    interrupted: bool = False
 
 
 @dataclasses.dataclass
@@ -55,6 +57,7 @@ class Job:
     handle: Any
     info: dict[str, Any]
     started: float = dataclasses.field(default_factory=time.monotonic)
+    waiting: str | None = None  # why it has not started yet, as last reported (:meth:`Launcher.waiting`)
 
 
 def process_matches(pid: int, marker: str) -> bool:
@@ -110,6 +113,10 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def terminate(self, job: Job) -> None:
         """Ask the run to stop (it marks itself interrupted and keeps its checkpoint)."""
+
+    def waiting(self, job: Job) -> str | None:
+        """Why a launched run has not started yet (a scheduler's queue reason), None once it runs."""
+        return None
 
     def kill(self, job: Job) -> None:
         """Stop the run now (after the grace period)."""

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ class SlurmSettings:
     timeout_min: int = 1440
     cpus_per_task: int = 8
     gpus_per_node: int = 0
-    mem_gb: float | None = None
+    mem_gb: float | None = 4.0  # a local-backend run peaks at 0.7 GB resident (docs/verl.md); None: no request
     additional_parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     setup: tuple[str, ...] = ()  # shell lines run before each job (module load ..., source venv)
 
@@ -72,27 +73,85 @@ class SlurmSettings:
             check_launcher_string(f"slurm.setup[{index}]", line)
 
 
-def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, log_path: str) -> int:
-    """Run one command with its output appended to ``log_path``; return its exit code (the job's result).
+def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, log_path: str) -> dict[str, Any]:
+    """The job: run one command with its output appended to ``log_path``; return ``{"exit_code", "stopped_by"}``.
 
-    SIGTERM/SIGINT sent to the job (scancel, submitit's cancel) are passed on to the run as SIGTERM, so it can mark
-    itself interrupted before SLURM's SIGKILL.
+    SIGTERM/SIGINT (scancel, a requeue, submitit's cancel) and SLURM's ``USR2`` before the time limit (see
+    :func:`signal_margin_s`) are passed on to the run as SIGTERM, so it checkpoints and marks itself interrupted
+    before SLURM's SIGKILL; ``stopped_by`` names the first such signal (``SIGUSR2``: the time limit).
     """
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    stopped_by: list[str] = []
     with open(log_path, "ab") as log:
         process = subprocess.Popen(list(command), cwd=cwd, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT)
 
         def forward(signum: int, frame: Any) -> None:
+            stopped_by.append(signal.Signals(signum).name)
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
 
-        previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+        previous = {signum: signal.signal(signum, forward) for signum in signals}
         try:
-            return process.wait()
+            code = process.wait()
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+    return {"exit_code": code, "stopped_by": stopped_by[0] if stopped_by else None}
+
+
+def signal_margin_s(timeout_min: int) -> int:
+    """Seconds before the time limit at which SLURM sends ``USR2`` (the run then checkpoints and stops): a tenth of
+    the limit, at least 20 s and at most 90 s (SLURM may send it up to a minute early; submitit's 90 s would come
+    before a 1-minute job even starts)."""
+    return int(min(90, max(20, timeout_min * 6)))
+
+
+# squeue's states of a job that has not ended (a requeued job is PENDING again); the others are final.
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
+                           "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+# Final states in which the scheduler, not the run, ended the job: the run is interrupted and resumes.
+STOPPED_STATES = {"CANCELLED": "was cancelled (scancel)", "TIMEOUT": "reached its time limit",
+                  "PREEMPTED": "was preempted", "NODE_FAIL": "lost its node (NODE_FAIL)",
+                  "DEADLINE": "passed its deadline", "BOOT_FAIL": "could not boot its node"}
+
+
+class SlurmQueue:
+    """Each job's ``(state, reason)`` as ``squeue`` shows it, read at most every ``every_s`` seconds in one call
+    for the user's jobs. Needs no accounting (``sacct``); a job finished more than SLURM's ``MinJobAge`` ago is no
+    longer listed. ``problem`` holds squeue's error when the last call failed (the states are then the last known)."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s = every_s
+        self.jobs: dict[str, tuple[str, str]] = {}
+        self.problem: str | None = None
+        self.read_at = -float("inf")
+
+    def get(self, job_id: str) -> tuple[str, str] | None:
+        """``(state, reason)`` of ``job_id`` (``12_0`` for an array task), or None when squeue does not list it."""
+        if time.monotonic() - self.read_at >= self.every_s:
+            self.refresh()
+        return self.jobs.get(job_id)
+
+    def refresh(self) -> None:
+        """Read every job of the user (array tasks one per line) from squeue."""
+        self.read_at = time.monotonic()
+        try:
+            done = subprocess.run(["squeue", "--me", "-h", "-r", "--states=all", "-o", "%i|%T|%r"],
+                                  capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            self.problem = str(error)
+            return
+        if done.returncode != 0:
+            self.problem = done.stderr.strip() or f"squeue exited with code {done.returncode}"
+            return
+        self.problem = None
+        self.jobs = {}
+        for line in done.stdout.splitlines():
+            job_id, _, rest = line.partition("|")
+            state, _, reason = rest.partition("|")
+            self.jobs[job_id.strip()] = (state.strip().split()[0] if state.strip() else "", reason.strip())
 
 
 def _executor_parameters(settings: SlurmSettings, sweep: str, parallelism: int) -> dict[str, Any]:
@@ -100,6 +159,7 @@ def _executor_parameters(settings: SlurmSettings, sweep: str, parallelism: int) 
     parameters: dict[str, Any] = {
         "name": f"sweep-{sweep}", "timeout_min": settings.timeout_min, "cpus_per_task": settings.cpus_per_task,
         "gpus_per_node": settings.gpus_per_node, "slurm_array_parallelism": parallelism,
+        "slurm_signal_delay_s": signal_margin_s(settings.timeout_min),
     }
     if settings.mem_gb is not None:
         parameters["mem_gb"] = settings.mem_gb
@@ -142,6 +202,8 @@ class SlurmLauncher(Launcher):
         self.executor = submitit.AutoExecutor(folder=self.folder, cluster=SUBMITIT_CLUSTERS[settings.cluster])
         self.executor.update_parameters(**_executor_parameters(settings, sweep, parallelism))
         self.cluster = settings.cluster
+        self.timeout_min = settings.timeout_min
+        self.queue = SlurmQueue() if settings.cluster == "slurm" else None
         self.cwd = os.getcwd()
 
     def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
@@ -153,13 +215,52 @@ class SlurmLauncher(Launcher):
                 for run, handle in zip(runs, handles, strict=True)]
 
     def poll(self, job: Job) -> Outcome | None:
-        """The job's result (the run's exit code) once done; a job that failed itself gives an error."""
-        if not job.handle.done():
+        """The run's end once its job has ended: its exit code and, when SLURM stopped it (scancel, time limit,
+        preemption, node failure), the scheduler's reason. A requeued job is waiting again, not ended."""
+        if self.queue is None:  # submitit's local executor or debug: submitit knows when the job is done
+            if not job.handle.done():
+                return None
+            return self._outcome(job, None)
+        state = self.queue.get(str(job.handle.job_id))
+        if state is None and not job.handle.paths.result_pickle.exists():
+            if self.queue.problem is not None or self.queue.read_at < job.started:
+                return None  # squeue failed, or was read before the job was submitted: not known to have ended
+            return Outcome(None, f"SLURM job {job.handle.job_id} is no longer in SLURM's queue and wrote no result; "
+                                 f"see {job.handle.paths.stderr}")
+        if state is not None and state[0] in ACTIVE_STATES:
             return None
-        try:
-            return Outcome(int(job.handle.result()))
-        except Exception as error:  # noqa: BLE001  (the job itself failed: node failure, timeout, cancel)
-            return Outcome(None, f"SLURM job {job.handle.job_id} failed: {str(error).strip().splitlines()[0]}")
+        return self._outcome(job, state[0] if state else None)
+
+    def _outcome(self, job: Job, final_state: str | None) -> Outcome:
+        """The Outcome of an ended job from its result file and, for SLURM, its final state."""
+        job_id = job.handle.job_id
+        result, error = None, None
+        if job.handle.paths.result_pickle.exists() or self.queue is None:
+            try:
+                result = job.handle.result()
+            except Exception as failure:  # noqa: BLE001  (the job itself failed: node failure, timeout, cancel)
+                error = f"SLURM job {job_id} failed: {str(failure).strip().splitlines()[0]}"
+        code = result["exit_code"] if isinstance(result, dict) else None
+        if final_state in STOPPED_STATES or (result or {}).get("stopped_by") == "SIGUSR2":
+            what = STOPPED_STATES.get(final_state or "TIMEOUT", STOPPED_STATES["TIMEOUT"])
+            if what == STOPPED_STATES["TIMEOUT"]:
+                what += f" (slurm.timeout_min={self.timeout_min})"
+            return Outcome(code, f"SLURM job {job_id} {what}; the run keeps its last checkpoint and resumes "
+                                 f"when the sweep is run again", interrupted=True)
+        if final_state not in (None, "COMPLETED") and error is None:
+            error = f"SLURM job {job_id} ended {final_state}"
+        return Outcome(code, error)
+
+    def waiting(self, job: Job) -> str | None:
+        """Why the job waits in SLURM's queue (``PENDING: JobArrayTaskLimit``), None once it runs."""
+        if self.queue is None:
+            return None
+        state = self.queue.get(str(job.handle.job_id))
+        if self.queue.problem is not None:
+            return f"squeue failed ({self.queue.problem.splitlines()[0]}); the job's state is unknown"
+        if state is None or state[0] not in ACTIVE_STATES or state[0] in ("RUNNING", "COMPLETING"):
+            return None
+        return f"{state[0]}: {state[1]}" if state[1] and state[1] != "None" else state[0]
 
     def terminate(self, job: Job) -> None:
         """Cancel the job (scancel: SIGTERM to the run, then SLURM's SIGKILL)."""
@@ -167,17 +268,14 @@ class SlurmLauncher(Launcher):
             job.handle.cancel(check=False)
 
     def still_running(self, info: Mapping[str, Any], run: RunToLaunch) -> bool:
-        """A job of a killed driver (a login-node session that ended) may still be queued or running."""
-        import submitit
-
+        """A job of an earlier invocation (a driver that ended) may still be queued, requeued or running."""
         job_id = str(info.get("job_id") or "")
         if not job_id:
             return False
         if self.cluster == "submitit_local":  # submitit's local job id is its controller's pid
             return job_id.isdigit() and process_matches(int(job_id), "submitit")
-        if self.cluster != "slurm":
+        if self.queue is None:
             return False
-        try:
-            return not submitit.SlurmJob(folder=self.folder, job_id=job_id).done(force_check=True)
-        except Exception:  # noqa: BLE001  (sacct unavailable or the job forgotten: nothing to wait for)
-            return False
+        self.queue.refresh()
+        state = self.queue.get(job_id)
+        return state is not None and state[0] in ACTIVE_STATES

@@ -219,3 +219,16 @@ def test_interrupted_runs_are_counted_and_shown_as_interrupted(tmp_path):
     assert "interrupted at step 15" in rows["a0.5-s1"] and "pending" not in rows["a0.5-s1"]
     assert "pending" in rows["a0.5-s2"]  # never started: no run store to say otherwise
     assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before  # the table only reads
+
+
+def test_a_run_waiting_in_a_schedulers_queue_is_counted_queued_and_its_clock_starts_when_it_runs(tmp_path):
+    clock = Clock()
+    view = SweepView(total=2, jobs=2, console=Console(file=io.StringIO()), clock=clock)
+    view.started("a", tmp_path / "a", tmp_path / "a.log", total=2)
+    view.started("b", tmp_path / "b", tmp_path / "b.log", total=2)
+    view.waiting("b", "PENDING: JobArrayTaskLimit")
+    assert view.counts(done=False) == "1 running, 1 queued, 0 failed"
+    clock.now = 30.0
+    view.waiting("b", None)
+    assert view.counts(done=False) == "2 running, 0 failed"
+    assert view.active["b"].started == 30.0 and view.active["a"].started == 0.0

@@ -1,0 +1,246 @@
+"""``launcher=slurm`` against a real SLURM: munged, slurmctld and slurmd started on this machine for the session
+(:mod:`sweeps.local_slurm`, installed from Debian's packages when missing), and the faults a scheduler deals out:
+scancel, requeue (preemption), a time limit, a drained node. No accounting (``sacct``) runs, as on many small
+clusters. The scripted stand-in trainer does the fault runs (known steps, SIGTERM marks it interrupted); the first
+test sweeps the real local backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweeps import local_slurm
+from sweeps.cli import main
+
+from .conftest import SCRIPTED_TRAIN, runs_by_name, start_driver, tiny_extra, wait_for
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A one-node SLURM for this module; ``SLURM_CONF`` points every client (and the driver's children) at it."""
+    reason = local_slurm.missing_reason()
+    if reason is not None:
+        pytest.skip(f"no local SLURM: {reason}")
+    folder = tmp_path_factory.mktemp("slurm")
+    conf = local_slurm.start(folder, cpus=2)
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(conf)
+    yield folder
+    local_slurm.stop(folder)
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous
+
+
+def scontrol(*args: str) -> str:
+    return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True).stdout
+
+
+def job_state(job_id: str) -> str:
+    """SLURM's state of a job (array task ``12_0`` included), from ``scontrol show job``."""
+    text = scontrol("show", "job", job_id)
+    return text.split("JobState=", 1)[1].split()[0]
+
+
+def argv(tmp_path: Path, *more: str, steps: int = 2) -> list[str]:
+    return ["alpha=0.5", "seeds=1", f"steps={steps}", f"root={tmp_path / 'runs'}", "name=hpc",
+            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false", "poll_s=0.2",
+            "launcher=slurm", "slurm.cpus_per_task=1", "slurm.mem_gb=1", "slurm.partition=debug", *more]
+
+
+def start_logged_driver(tmp_path: Path, arguments: list[str]) -> tuple[subprocess.Popen, Path]:
+    """The sweep driver in the background, its output to a file the test reads while it runs."""
+    output = tmp_path / "driver.out"
+    with open(output, "w") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "sweeps", *arguments], cwd=tmp_path, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    return driver, output
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def job_of(sweep_dir: Path, run: str) -> str:
+    return wait_for(lambda: (runs_by_name(sweep_dir).get(run, {}).get("launch") or {}).get("job_id")
+                    if (sweep_dir / "sweep.json").exists() else None, what=f"{run}'s job id")
+
+
+def test_a_local_backend_sweep_runs_as_slurm_jobs(slurm, tmp_path, sft_cache, capfd):
+    """The real trainer: the SFT warm start and two runs, each a job of the array; no sacct warning."""
+    code = main(["alpha=0.5", "seeds=1", "steps=2", f"root={tmp_path / 'runs'}", "name=real", "poll_s=0.2",
+                 "launcher=slurm", "slurm.cpus_per_task=1", "slurm.mem_gb=2", tiny_extra(sft_cache)])
+    output = capfd.readouterr()
+    assert code == 0, output.out[-3000:]
+    runs = runs_by_name(tmp_path / "runs" / "real")
+    assert {run["state"] for run in runs.values()} == {"completed"}
+    job_ids = {run["launch"]["job_id"] for run in runs.values()}
+    assert len(job_ids) == 2 and all("_" in job_id for job_id in job_ids)  # tasks of one array
+    assert all(job_state(job_id) == "COMPLETED" for job_id in job_ids)
+    for run in runs.values():
+        assert logged_steps(tmp_path / "runs" / "real" / run["run_dir"]) == [0, 1, 2]
+    assert "sacct" not in output.out + output.err
+
+
+def test_jobs_limits_the_arrays_parallelism_and_the_driver_says_why_a_run_waits(slurm, tmp_path, repo_on_path,
+                                                                              monkeypatch, capfd):
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
+    assert main(argv(tmp_path, "jobs=1", "alpha=0.0,0.5", steps=4)) == 0
+    out = capfd.readouterr().out
+    waits = [line for line in out.splitlines() if "waits in the queue: PENDING: JobArrayTaskLimit" in line]
+    assert len(waits) == 1, out  # said once, not at every poll
+    waiting_run = waits[0].split()[0]
+    other = ({"a0.0-s1", "a0.5-s1"} - {waiting_run}).pop()
+    lines = out.splitlines()
+    # the held run starts only after the other has ended: one job of the array at a time
+    assert lines.index(f"completed {other}") < lines.index(f"{waiting_run} is running")
+
+
+@pytest.mark.slow
+def test_scancel_of_a_running_job_is_recorded_once_and_resumed(slurm, tmp_path, repo_on_path, monkeypatch):
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
+    driver = start_driver(argv(tmp_path, steps=30), cwd=tmp_path)
+    sweep_dir, run_dir = tmp_path / "runs" / "hpc", tmp_path / "runs" / "hpc" / "a0.5-s1"
+    job_id = job_of(sweep_dir, "a0.5-s1")
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(logged_steps(run_dir)) >= 3, what="3 steps")
+    subprocess.run(["scancel", job_id], check=True)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 1, out
+    ends = [line for line in out.splitlines() if line.startswith("interrupted a0.5-s1")]
+    assert len(ends) == 1 and "was cancelled (scancel)" in ends[0], out
+    recorded = status(run_dir)
+    assert recorded["state"] == "interrupted" and f"SLURM job {job_id} was cancelled" in recorded["error"]
+    assert runs_by_name(sweep_dir)["a0.5-s1"]["state"] == "interrupted"
+    stopped_at = logged_steps(run_dir)[-1]
+    assert 3 <= stopped_at < 30
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0")
+    assert main(argv(tmp_path, steps=30)) == 0  # the rerun resumes it: every step once
+    assert logged_steps(run_dir) == list(range(1, 31))
+    assert status(run_dir)["state"] == "completed"
+
+
+def test_a_requeued_job_is_waited_for_never_submitted_twice_and_resumes_where_it_stopped(
+        slurm, tmp_path, repo_on_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
+    driver, output = start_logged_driver(tmp_path, argv(tmp_path, steps=20))
+    sweep_dir, run_dir = tmp_path / "runs" / "hpc", tmp_path / "runs" / "hpc" / "a0.5-s1"
+    job_id = job_of(sweep_dir, "a0.5-s1")
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(logged_steps(run_dir)) >= 3, what="3 steps")
+    scontrol("requeue", job_id)  # preemption: SIGTERM now, the job queued again (SLURM holds it ~2 minutes)
+    wait_for(lambda: "a0.5-s1 waits in the queue: PENDING: BeginTime" in output.read_text(), what="the wait")
+    assert status(run_dir)["state"] == "interrupted"  # the run kept its checkpoint on SIGTERM
+    assert "interrupted a0.5-s1" not in output.read_text()  # the driver knows the job is not over
+    driver.kill()  # the login session ends; the job stays queued
+    driver.wait()
+    assert main(argv(tmp_path, steps=20)) == 2  # a rerun launches no second job for it
+    assert "still running from an earlier invocation" in capsys.readouterr().err
+    scontrol("update", f"JobId={job_id}", "StartTime=now")  # let SLURM start it again at once
+    wait_for(lambda: job_state(job_id) == "COMPLETED", what="the requeued job completing")
+    assert logged_steps(run_dir) == list(range(1, 21))  # resumed after its last step: none lost, none twice
+    assert status(run_dir)["state"] == "completed"
+    assert main(argv(tmp_path, steps=20)) == 0  # the next driver counts it completed, launching nothing
+    assert runs_by_name(sweep_dir)["a0.5-s1"]["attempts"] == 1
+
+
+@pytest.mark.slow
+def test_a_job_that_reaches_its_time_limit_is_recorded_so_and_resumes(slurm, tmp_path, repo_on_path, monkeypatch):
+    """USR2 comes 20 s before the 1-minute limit: the run stops at a step, keeps it, and says why."""
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.5")
+    assert main(argv(tmp_path, "slurm.timeout_min=1", steps=400)) == 1
+    run_dir = tmp_path / "runs" / "hpc" / "a0.5-s1"
+    recorded = status(run_dir)
+    assert recorded["state"] == "interrupted"
+    assert "reached its time limit (slurm.timeout_min=1)" in recorded["error"]
+    stopped_at = logged_steps(run_dir)[-1]
+    assert 10 <= stopped_at < 400 and recorded["step"] == stopped_at
+    monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0")
+    assert main(argv(tmp_path, "slurm.timeout_min=1", steps=400)) == 0
+    assert logged_steps(run_dir) == list(range(1, 401))
+
+
+@pytest.mark.slow
+def test_a_drained_node_is_named_as_the_reason_to_wait_and_a_cancelled_pending_job_is_recorded(
+        slurm, tmp_path, repo_on_path, capsys):
+    node = scontrol("show", "nodes").split("NodeName=", 1)[1].split()[0]
+    scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason=maintenance")
+    try:
+        driver, output = start_logged_driver(tmp_path, argv(tmp_path))
+        sweep_dir = tmp_path / "runs" / "hpc"
+        job_id = job_of(sweep_dir, "a0.5-s1")
+        wait_for(lambda: output.read_text().count("waits in the queue: PENDING: Nodes required") == 2,
+                 what="the driver saying why both runs wait")
+        subprocess.run(["scancel", job_id.split("_")[0]], check=True)  # the whole array: both runs
+        driver.wait(timeout=60)
+        out = output.read_text()
+    finally:
+        scontrol("update", f"NodeName={node}", "State=RESUME")
+    assert driver.returncode == 1
+    for run in ("a0.0-s1", "a0.5-s1"):
+        assert f"{run} waits in the queue: PENDING: Nodes required for job are DOWN, DRAINED" in out
+        assert out.count(f"interrupted {run}: SLURM job ") == 1 and "was cancelled (scancel)" in out
+        assert not (sweep_dir / run / "status.json").exists()  # it never started: no run store claims otherwise
+    assert main(argv(tmp_path)) == 0  # the node is back: the rerun runs them
+    assert logged_steps(sweep_dir / "a0.5-s1") == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_verl_cpu_mode_run_as_a_slurm_job(slurm, tmp_path, monkeypatch):
+    """verl's real trainer in its CPU mode (its own Ray cluster inside the job), one run as one SLURM job."""
+    import yaml
+
+    from dataflex_rl.tracking.run_store import read_status
+
+    from ..verl.cpu_mode import TEST_PREPARE_OVERRIDES
+
+    experiment = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
+                                 / "verl_cpu_tiny.yaml").read_text())
+    experiment["prepare"]["overrides"] += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={tmp_path / 'sft-cache'}"]
+    experiment["prepare"].update(train_size=512, test_size=64)
+    path = tmp_path / "verl_cpu_test.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    monkeypatch.chdir(tmp_path)
+    code = main(["backend=verl", f"verl_experiment={path}", "alpha=0.0", "seeds=1", "steps=2", "report=false",
+                 f"root={tmp_path / 'runs'}", "name=verl", "launcher=slurm", "slurm.cpus_per_task=2",
+                 "slurm.mem_gb=12"])
+    assert code == 0
+    run = runs_by_name(tmp_path / "runs" / "verl")["a0.0-s1"]
+    assert run["state"] == "completed" and job_state(run["launch"]["job_id"]) == "COMPLETED"
+    assert read_status(tmp_path / "runs" / "verl" / "a0.0-s1")["state"] == "completed"
+
+
+def test_the_time_limit_signal_comes_a_tenth_of_the_limit_early_within_20_to_90_seconds():
+    from sweeps.launchers.slurm import _executor_parameters, signal_margin_s
+    from sweeps.launchers.slurm import SlurmSettings
+
+    assert [signal_margin_s(minutes) for minutes in (1, 3, 5, 10, 15, 1440)] == [20, 20, 30, 60, 90, 90]
+    assert _executor_parameters(SlurmSettings(timeout_min=5), "s", 2)["slurm_signal_delay_s"] == 30
+
+
+def test_squeue_lines_are_read_per_array_task(monkeypatch):
+    from sweeps.launchers import slurm as launcher
+
+    listing = "12_0|RUNNING|None\n12_1|PENDING|JobArrayTaskLimit\n13|CANCELLED|None\n"
+
+    def fake_run(command, **kwargs):
+        assert command[:2] == ["squeue", "--me"] and "--states=all" in command
+        return subprocess.CompletedProcess(command, 0, stdout=listing, stderr="")
+
+    monkeypatch.setattr(launcher.subprocess, "run", fake_run)
+    queue = launcher.SlurmQueue()
+    assert queue.get("12_1") == ("PENDING", "JobArrayTaskLimit") and queue.get("13") == ("CANCELLED", "None")
+    assert queue.get("14") is None and queue.problem is None
+    monkeypatch.setattr(launcher.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+        command, 1, stdout="", stderr="slurm_load_jobs error: Unable to contact slurm controller"))
+    queue.refresh()
+    assert queue.problem.startswith("slurm_load_jobs error") and queue.get("12_0") == ("RUNNING", "None")

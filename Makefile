@@ -19,7 +19,7 @@ STAMP := $(VENV)/.installed
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
 #> BACKEND   local (CPU trainer, default) | verl (GPUs; on a laptop with VERL_EXPERIMENT=verl_cpu_tiny)
 #> VERL_EXPERIMENT BACKEND=verl: conf/verl_experiment/<name>.yaml (default verl_kk_3b; verl_cpu_tiny: verl's CPU mode)
-#> LAUNCHER  process (child processes here, default) | slurm (submitit job array) | ray (Ray Jobs)
+#> LAUNCHER  process (child processes here, default) | slurm (submitit job array; a job asks slurm.cpus_per_task=8 CPUs, slurm.mem_gb=4 GB: a local run peaks at 0.7 GB, so runs share a node) | ray (Ray Jobs)
 #> SWEEP_ARGS more sweep-driver keys (conf/sweeps/), e.g. SWEEP_ARGS="slurm.partition=gpu threads=2"
 #> DRY_RUN   DRY_RUN=1 prints every command line and starts nothing
 #> EXTRA     training overrides for every run, e.g. EXTRA="task=knights_knaves trainer.lr=3e-4"

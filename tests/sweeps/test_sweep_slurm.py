@@ -26,6 +26,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     reason = local_slurm.missing_reason()
     if reason is not None:
         pytest.skip(f"no local SLURM: {reason}")
+    try:
+        local_slurm.install()
+    except RuntimeError as error:  # no package registry here
+        pytest.skip(f"no local SLURM: {error}")
     folder = tmp_path_factory.mktemp("slurm")
     conf = local_slurm.start(folder, cpus=2)
     previous = os.environ.get("SLURM_CONF")

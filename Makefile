@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 #> ETA       eta values as an axis (presets whose actuator has an eta)
 #> STEPS     RL steps per run (default 120 on the local backend; the trainer's own 400 for a single make train)
 #> WARM_START per_seed (default: each seed's runs start from the SFT warm start of sft.seed = seed, so intervals include the warm start's draw) | shared (one warm start for every run)
-#> JOBS      runs at once (default: the core count)
+#> JOBS      runs at once (default: the core count; 1 in verl's CPU mode, whose runs each start a Ray cluster on every core)
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
 #> BACKEND   local (CPU trainer, default) | verl (GPUs; on a laptop with VERL_EXPERIMENT=verl_cpu_tiny)
 #> VERL_EXPERIMENT BACKEND=verl: conf/verl_experiment/<name>.yaml (default verl_kk_3b; verl_cpu_tiny: verl's CPU mode)

@@ -59,6 +59,11 @@ class Backend:
     def check_machine(self, config: SweepConfig) -> None:
         """Refuse a sweep this machine cannot run (before planning the runs)."""
 
+    def jobs_here(self, config: SweepConfig) -> tuple[int, str] | None:
+        """``(runs at once, why)`` when this backend's runs on this machine need fewer than the core count at once
+        (``jobs`` unset, a launcher whose runs share this machine); None: the driver's rule."""
+        return None
+
     def common_config(self, config: SweepConfig) -> dict | None:
         """The resolved settings every run shares, flattened, that a rerun of the sweep is compared on; None: the
         common overrides' text is compared instead."""
@@ -136,6 +141,16 @@ class VerlBackend(Backend):
         CPU mode; dry runs and clusters do not."""
         if launcher_class(config.launcher).runs_here and not config.dry_run:
             check_gpu_available(config)
+
+    def jobs_here(self, config: SweepConfig) -> tuple[int, str] | None:
+        """One run at a time in verl's CPU mode: each run starts its own Ray cluster and uses every core, and Ray
+        gives a starting node 30 s (``ray/_private/node.py``), which two runs starting together on a busy laptop
+        overrun (``The current node timed out during startup``)."""
+        from dataflex_rl.verl.command import load_experiment
+
+        if load_experiment(config.verl_experiment).get("platform") == "cpu":
+            return 1, "verl's CPU mode: each run starts its own Ray cluster on every core"
+        return None
 
     def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                     threads: int | None) -> list[PlannedRun]:

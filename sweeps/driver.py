@@ -166,15 +166,23 @@ def concurrency(config: SweepConfig, runs: int) -> tuple[int, int | None]:
     them (slurm: ``slurm.cpus_per_task``, each job owns its CPUs), else default to 1 whenever more than one run can
     be live (several 1-thread runs side by side beat multi-thread runs on this model size, and never oversubscribe)
     and to :data:`SINGLE_RUN_THREADS` (measured by ``benchmarks/bench_local.py``) for a lone run; verl runs set no
-    thread count. ``threads=N`` always wins.
+    thread count. ``threads=N`` always wins. A backend may ask for fewer runs here (:meth:`Backend.jobs_here`:
+    verl's CPU mode, one at a time).
     """
     launcher = launcher_class(config.launcher)
-    jobs = config.jobs or max(1, min(available_cores(), runs) if launcher.runs_here else runs)
+    here = backend_for(config).jobs_here(config) if launcher.runs_here and not config.jobs else None
+    jobs = config.jobs or max(1, min(here[0] if here else available_cores(), runs) if launcher.runs_here else runs)
     threads: int | None = (config.threads or launcher.threads_per_run(config.launcher_settings)
                            or (1 if jobs > 1 else SINGLE_RUN_THREADS))
     if not backend_for(config).sets_threads:
         threads = None
     return jobs, threads
+
+
+def jobs_note(config: SweepConfig) -> str:
+    """`` (why)`` when the backend chose the number of runs at once (:meth:`Backend.jobs_here`), else empty."""
+    here = None if config.jobs or not launcher_class(config.launcher).runs_here else backend_for(config).jobs_here(config)
+    return f" ({here[1]}; jobs=N to change)" if here else ""
 
 
 def warm_start_threads(config: SweepConfig, threads: int | None) -> int | None:
@@ -223,7 +231,7 @@ def _run_sweep_once(config: SweepConfig, argv: Sequence[str] = ()) -> int:
             to_launch = session.runner.pending_runs(plan.runs)
             skipped = len(plan.runs) - len(to_launch)
             print(f"sweep {plan.name}: {len(plan.runs)} run(s) ({skipped} already completed), {plan.jobs} at "
-                  f"once, {thread_note(plan)}; folder {plan.sweep_dir}", flush=True)
+                  f"once{jobs_note(plan.config)}, {thread_note(plan)}; folder {plan.sweep_dir}", flush=True)
             session.runner.view = SweepView(total=len(plan.runs), done_before=skipped, jobs=plan.jobs)
             with session.runner.view:
                 session.run(lambda runner: _run_runs(session, to_launch))

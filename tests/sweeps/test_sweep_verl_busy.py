@@ -1,0 +1,57 @@
+"""A verl CPU-mode sweep on a laptop: one run at a time by default (each run starts its own Ray cluster on every
+core, and Ray gives a starting node 30 s), so a busy machine does not fail it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeps.cli import load_config, main
+from sweeps.config import available_cores
+from sweeps.driver import concurrency, jobs_note
+
+
+@pytest.mark.parametrize(("arguments", "jobs"), [
+    (["verl_experiment=verl_cpu_tiny"], 1),
+    (["verl_experiment=verl_cpu_tiny", "jobs=2"], 2),
+])
+def test_a_verl_cpu_mode_sweep_runs_one_run_at_a_time_unless_jobs_is_given(arguments, jobs):
+    config = load_config(["backend=verl", "alpha=0.5", "seeds=1,2", *arguments])[1]
+    assert concurrency(config, 4) == (jobs, None)
+    assert ("verl's CPU mode" in jobs_note(config)) == (jobs == 1)
+
+
+def test_other_sweeps_keep_the_core_count_or_every_run_on_a_cluster():
+    assert concurrency(load_config(["alpha=0.5", "seeds=1,2"])[1], 4)[0] == min(available_cores(), 4)
+    cluster = load_config(["backend=verl", "verl_experiment=verl_cpu_tiny", "launcher=slurm", "alpha=0.5"])[1]
+    assert concurrency(cluster, 4)[0] == 4 and jobs_note(cluster) == ""
+
+
+@pytest.mark.slow
+def test_a_two_run_verl_cpu_sweep_passes_beside_a_cpu_hog(tmp_path, monkeypatch):
+    """Both cores busy with another job: the default sweep (no JOBS) completes both runs."""
+    from dataflex_rl.tracking.run_store import read_status
+
+    from ..verl.cpu_mode import TEST_PREPARE_OVERRIDES
+
+    experiment = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
+                                 / "verl_cpu_tiny.yaml").read_text())
+    experiment["prepare"]["overrides"] += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={tmp_path / 'sft-cache'}"]
+    experiment["prepare"].update(train_size=512, test_size=64)
+    path = tmp_path / "verl_cpu_test.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    monkeypatch.chdir(tmp_path)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        code = main(["backend=verl", f"verl_experiment={path}", "alpha=0.5", "seeds=1", "steps=2", "report=false",
+                     f"root={tmp_path / 'runs'}", "name=busy"])
+    finally:
+        for hog in hogs:
+            hog.kill()
+    assert code == 0
+    for run in ("a0.0-s1", "a0.5-s1"):
+        assert read_status(tmp_path / "runs" / "busy" / run)["state"] == "completed"

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from sweeps.local_ray import free_port  # one implementation for both local clusters
+
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 PARTITION = "debug"
@@ -44,18 +46,12 @@ def install() -> None:
             raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-400:]}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def slurm_conf(folder: Path, cpus: int, memory_mb: int) -> str:
     """The cluster's slurm.conf: one node named after this host, one partition, no accounting, linuxproc tracking."""
     host = socket.gethostname().split(".")[0]
     lines = {
-        "ClusterName": "local", "SlurmctldHost": f"{host}(127.0.0.1)", "SlurmctldPort": _free_port(),
-        "SlurmdPort": _free_port(), "SlurmUser": "root", "SlurmdUser": "root", "AuthType": "auth/munge",
+        "ClusterName": "local", "SlurmctldHost": f"{host}(127.0.0.1)", "SlurmctldPort": free_port(),
+        "SlurmdPort": free_port(), "SlurmUser": "root", "SlurmdUser": "root", "AuthType": "auth/munge",
         "AuthInfo": f"socket={folder / 'munge' / 'munge.socket'}", "CredType": "cred/munge",
         "ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none", "SelectType": "select/cons_tres",
         "SelectTypeParameters": "CR_Core_Memory", "SchedulerType": "sched/backfill",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shlex
 import time
 import uuid
@@ -21,6 +22,8 @@ from sweeps.launchers.base import LAUNCHERS, Job, Launcher, Outcome, RunToLaunch
 
 # What JobSubmissionClient takes: the dashboard's http(s) URL, a ray:// client address, or HOST:PORT.
 ADDRESS_PATTERN = r"((https?|ray)://)?[A-Za-z0-9_.\-\[\]:]+(:\d+)?(/[^\s]*)?"
+# How Ray's job manager words a job whose supervisor actor died with its node (JOB_SUPERVISOR_ACTOR_DIED).
+NODE_DIED = re.compile(r"its node has died\. Node Id: (?P<node>\w+)(?P<cause>.*)", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +113,12 @@ class RayLauncher(Launcher):
         if info.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             return None
         self._append_logs(job)
+        died = NODE_DIED.search(info.message or "") if info.status == JobStatus.FAILED else None
+        if died:  # the job's node was lost (its machine died, its raylet was killed): the run did not fail
+            return Outcome(info.driver_exit_code, f"Ray job {job.handle} FAILED: the node running it died (Ray: "
+                                                  f"node {died['node']}: {' '.join(died['cause'].split())}); the run "
+                                                  f"keeps its last checkpoint and resumes when the sweep is run again",
+                           interrupted=True)
         code = info.driver_exit_code
         if code is None:
             code = {JobStatus.SUCCEEDED: 0, JobStatus.STOPPED: 130}.get(info.status, 1)
@@ -121,7 +130,8 @@ class RayLauncher(Launcher):
         try:
             logs = self.client.get_job_logs(job.handle)
         except Exception as error:  # noqa: BLE001  (missing logs must not lose the run's outcome)
-            logs = f"(could not fetch the Ray job's logs: {error})\n"
+            lines = [line for line in str(error).splitlines() if re.search(r"\w{3}", line)] or [repr(error)]
+            logs = f"(could not fetch the Ray job's logs: {lines[-1].strip()})\n"  # its node may be gone
         job.run.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(job.run.log_path, "a", encoding="utf-8") as log:
             log.write(logs)

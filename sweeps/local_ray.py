@@ -1,0 +1,165 @@
+"""A Ray cluster of a head and N worker nodes on this machine, to try ``launcher=ray`` on a workstation (and to test
+it): each node has its own CPUs, a custom resource naming it (``head``, ``worker1``, ...) and its own ports; one temp
+dir, token authentication off. ``start`` prints the dashboard address (``ray.address=`` / ``$RAY_ADDRESS``);
+``stop`` stops only this cluster's processes (``ray stop`` would stop every Ray process of the user).
+
+    python -m sweeps.local_ray start --dir DIR [--workers 1] [--cpus-per-node 1]
+    python -m sweeps.local_ray kill --dir DIR [--node worker1]   # SIGKILL a node's raylet: a lost node
+    python -m sweeps.local_ray stop --dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+STATE_FILE = "cluster.json"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _processes() -> dict[int, tuple[int | None, str]]:
+    """Every live process: pid -> (parent pid, command line); zombies left out."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] != "Z":
+                found[int(entry.name)] = (int(stat[1]), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace"))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def cluster_pids(markers: list[str]) -> set[int]:
+    """Processes whose command line holds a marker (a node's temp dir, the GCS port), and all below them (Ray's
+    agents rename themselves, ``ray::RuntimeEnvAgent``); never this process."""
+    processes = _processes()
+    found = {pid for pid, (_, line) in processes.items() if any(marker in line for marker in markers)}
+    while more := {pid for pid, (parent, _) in processes.items() if parent in found and pid not in found}:
+        found |= more
+    return found - {os.getpid()}
+
+
+def start(directory: Path, workers: int = 1, cpus_per_node: float = 1,
+          env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Start the head, then ``workers`` worker nodes; write and return the cluster's state (``address``: the
+    dashboard). ``env`` is added to the nodes' environment, which every job inherits. A node that fails to start stops what was started and raises :class:`RuntimeError` with Ray's output."""
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    if ray is None:
+        raise RuntimeError("the ray CLI is not installed: pip install 'ray[default]'")
+    directory.mkdir(parents=True, exist_ok=True)
+    gcs_port, dashboard_port = free_port(), free_port()
+    # One temp dir (one session folder) for all nodes, as on one machine: a worker node's dashboard agent reads job
+    # logs from the head's session folder. Short: Ray's unix socket paths are length-limited.
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    state: dict[str, Any] = {"address": f"http://127.0.0.1:{dashboard_port}", "gcs_address": f"127.0.0.1:{gcs_port}",
+                             "temp_dir": temp_dir, "nodes": {}}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled",  # a ~/.ray/auth_token would switch token auth on otherwise
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+    for index in range(workers + 1):
+        name = f"worker{index}" if index else "head"
+        node_port = free_port()
+        state["nodes"][name] = {"node_manager_port": node_port}
+        where = ["--head", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
+                 "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}"] if not index else [
+                 f"--address={state['gcs_address']}"]
+        command = [ray, "start", *where, "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
+                   f"--num-cpus={cpus_per_node:g}", f"--resources={json.dumps({name: 1})}",
+                   f"--node-manager-port={node_port}", f"--dashboard-agent-listen-port={free_port()}",
+                   "--disable-usage-stats"]
+        (directory / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+        started = subprocess.run(command, env={**env, "RAY_TMPDIR": temp_dir}, capture_output=True, text=True,
+                                 timeout=180, check=False)
+        if started.returncode != 0:
+            stop(directory)
+            raise RuntimeError(f"ray start of the {name} node failed:\n{started.stdout}{started.stderr}")
+    return state
+
+
+def read_state(directory: Path) -> dict[str, Any]:
+    try:
+        return json.loads((directory / STATE_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise RuntimeError(f"--dir {directory} holds no cluster started by `sweeps.local_ray start`: {error}") from None
+
+
+def raylet_pid(directory: Path, node: str) -> int | None:
+    """The pid of node ``node``'s raylet (found by its node manager port), None when it is not running."""
+    nodes = read_state(directory)["nodes"]
+    if node not in nodes:
+        raise RuntimeError(f"--node {node!r} is not allowed: this cluster's nodes are {', '.join(nodes)}")
+    marker = f"--node_manager_port={nodes[node]['node_manager_port']}"
+    return next((pid for pid, (_, line) in _processes().items() if "raylet" in line and marker in line), None)
+
+
+def kill_node(directory: Path, node: str) -> int:
+    """SIGKILL node ``node``'s raylet (the node is lost, as when its machine dies); its pid."""
+    pid = raylet_pid(directory, node)
+    if pid is None:
+        raise RuntimeError(f"node {node}'s raylet is not running")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def stop(directory: Path, grace_s: float = 3.0) -> int:
+    """Stop this cluster's processes (SIGTERM, SIGKILL after ``grace_s``) and remove its temp dirs; how many."""
+    state = read_state(directory)
+    pids = cluster_pids([state["temp_dir"], f":{state['gcs_address'].rsplit(':', 1)[1]} "])
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and pids & set(_processes()):
+        time.sleep(0.2)
+    for pid in pids & set(_processes()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(state["temp_dir"], ignore_errors=True)
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    return len(pids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sweeps.local_ray", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["start", "kill", "stop"])
+    parser.add_argument("--dir", type=Path, required=True, help="where the cluster's state (cluster.json) is kept")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--cpus-per-node", type=float, default=1)
+    parser.add_argument("--node", default="worker1", help="the node `kill` kills")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "start":
+            state = start(args.dir, args.workers, args.cpus_per_node)
+            print(f"Ray cluster up ({', '.join(state['nodes'])}): export RAY_ADDRESS={state['address']}  "
+                  f"(or ray.address={state['address']}); stop: python -m sweeps.local_ray stop --dir {args.dir}")
+        elif args.action == "kill":
+            print(f"killed node {args.node}'s raylet (pid {kill_node(args.dir, args.node)})")
+        else:
+            print(f"stopped {stop(args.dir)} process(es)")
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

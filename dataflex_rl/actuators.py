@@ -327,9 +327,11 @@ def masked_quantile_tensor(values: torch.Tensor, mask: torch.Tensor, q: float) -
         return torch.zeros((), dtype=values.dtype, device=values.device)
     ordered = torch.where(mask, values, float("inf")).reshape(-1).sort().values
     count = mask.sum()
-    rank = torch.tensor(q, dtype=ordered.dtype, device=ordered.device) * (count - 1).clamp(min=0).to(ordered.dtype)
+    # torch.full, not torch.tensor: a tensor built from Python data is copied to the device, which waits for it.
+    rank = torch.full((1,), q, dtype=ordered.dtype, device=ordered.device) * (count - 1).clamp(min=0).to(ordered.dtype)
     below = rank.floor()
-    value = torch.lerp(ordered[below.long()], ordered[rank.ceil().long()], rank - below)
+    # Indexed with 1-element tensors: a 0-d index tensor is read on the host (.item()) by torch's indexing.
+    value = torch.lerp(ordered[below.long()], ordered[rank.ceil().long()], rank - below).reshape(())
     return torch.where(count > 0, value, torch.zeros((), dtype=ordered.dtype, device=ordered.device))
 
 

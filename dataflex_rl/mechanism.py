@@ -20,7 +20,7 @@ import torch
 
 import dataflex_rl.keys as keys
 import dataflex_rl.metrics as metrics
-from dataflex_rl.actuators import ACTUATORS, Actuator, masked_quantile
+from dataflex_rl.actuators import ACTUATORS, Actuator, masked_quantile_tensor
 from dataflex_rl.registry import Registry
 from dataflex_rl.scorers import SCORERS, Scorer, check_log_probs, masked_entropy, masked_log_probs
 
@@ -45,6 +45,20 @@ class MechanismOutput:
     metrics: dict[str, float]
     histograms: dict[str, metrics.Histogram] = dataclasses.field(default_factory=dict)
     stage_masks: list[torch.Tensor] | None = None
+
+
+@dataclasses.dataclass
+class DeviceStep:
+    """One step on the batch's device, before its one host read: :class:`MechanismOutput`'s tensors,
+    ``token_probs`` (``pi`` on valid tokens, 1.0 elsewhere) and ``statistics`` (name -> tensor, read together by
+    :func:`metrics.read_on_host`), of which ``histogram_names`` are histogram counts."""
+
+    advantages: torch.Tensor
+    weights: torch.Tensor | None
+    token_probs: torch.Tensor
+    stage_masks: list[torch.Tensor] | None
+    statistics: dict[str, torch.Tensor]
+    histogram_names: tuple[str, ...] = ()
 
 
 class Mechanism:
@@ -88,12 +102,46 @@ class Mechanism:
         return step >= self.warmup_step
 
     def process(self, step: int, fields: Fields, *, histograms: bool = False) -> MechanismOutput:
-        """Score, weight and apply; also the statistics. Computes in float32, returns the input dtype.
+        """Score, weight and apply; also the statistics. Computes in float32, returns the advantages' dtype, on
+        the batch's device.
 
-        One host synchronisation per call (reading the statistics), none per statistic.
+        One host synchronisation per call: the statistics, the value checks, the stage statistics and the
+        histograms' counts are computed on the batch's device (:meth:`device_step`) and read in one transfer.
         """
         self._check_fields(fields)
+        step_output = self.device_step(step, fields, histograms=histograms)
+        values = metrics.read_on_host(step_output.statistics)  # the step's one host synchronisation
         response_mask = fields["response_mask"].bool()
+        bad_mask_values, bad_advantages = values["faults"]
+        if bad_mask_values or bad_advantages:
+            raise_input_faults(fields, response_mask, int(bad_mask_values), int(bad_advantages))
+        if any(values["field_faults"]):
+            self.scorer.validate(fields)  # raises naming the field, counts and positions
+        token_values = values["tokens"]
+        log_prob_sum, log_prob_max = token_values[:2]
+        if not math.isfinite(log_prob_sum) or log_prob_max > 0:
+            check_log_probs(fields["old_log_probs"], response_mask)  # raises with counts and positions
+            self.scorer.validate(fields)
+        step_metrics = metrics.token_prob_metrics(token_values)
+        count = token_values[2]
+        if step_output.weights is not None:
+            *quantiles, sampled = values["quantiles"]
+            if count and not sampled:  # the strided sample missed every valid token (rare): read them all
+                quantiles = metrics.sample_quantiles(step_output.weights, response_mask)
+            step_metrics.update(metrics.weight_metrics(values["weights"], count, quantiles))
+        step_metrics[keys.ACTIVE] = float(step_output.weights is not None)
+        if step_output.stage_masks is not None:
+            step_metrics.update(self.stage_metrics(values.get("stages", []), count))
+        hists = metrics.histograms_from({name: values[name] for name in step_output.histogram_names})
+        return MechanismOutput(step_output.advantages, step_output.weights, step_metrics, hists,
+                               step_output.stage_masks)
+
+    def device_step(self, step: int, fields: Fields, *, histograms: bool = False) -> DeviceStep:
+        """Everything :meth:`process` computes, on the batch's device and without a host synchronisation: the
+        statistics stay tensors, named, for one read (:func:`metrics.read_on_host`). ``fields`` must have passed
+        :meth:`_check_fields`."""
+        response_mask = fields["response_mask"].bool()
+        statistics: dict[str, torch.Tensor] = {}
         active = self.is_active(step)
         if active:
             # The compiled kernels read a numeric mask much faster than a bool one (bool loads are not vectorised
@@ -101,37 +149,28 @@ class Mechanism:
             core_mask = fields["response_mask"] if self._compiled else response_mask
             if self._compiled and core_mask.dtype == torch.bool:
                 core_mask = core_mask.to(torch.float32)
-            advantages, weights, token_probs, token_vector, weight_vector = self._active_core(fields, core_mask)
+            advantages, weights, token_probs, statistics["tokens"], statistics["weights"] = self._active_core(
+                fields, core_mask)
+            statistics["quantiles"] = metrics.sample_quantile_tensor(weights, response_mask)
         else:
             advantages, weights = fields["advantages"], None
-            token_probs, token_vector = self._token_probs(fields, response_mask)
+            token_probs, statistics["tokens"] = self._token_probs(fields, response_mask)
         # The value checks ride on the statistics' single host synchronisation.
-        faults = input_faults(fields["advantages"], fields["response_mask"], response_mask)
-        field_faults = [(~torch.isfinite(fields[name]) & response_mask).sum().double().reshape(1)
-                        for name in self._checked_fields]
-        values = torch.cat([token_vector, faults, *field_faults]).tolist()
-        token_values = values[:len(token_vector)]
-        bad_mask_values, bad_advantages = values[len(token_vector):len(token_vector) + 2]
-        if bad_mask_values or bad_advantages:
-            raise_input_faults(fields, response_mask, int(bad_mask_values), int(bad_advantages))
-        if any(values[len(token_vector) + 2:]):
-            self.scorer.validate(fields)  # raises naming the field, counts and positions
-        log_prob_sum, log_prob_max = token_values[:2]
-        if not math.isfinite(log_prob_sum) or log_prob_max > 0:
-            check_log_probs(fields["old_log_probs"], response_mask)  # raises with counts and positions
-            self.scorer.validate(fields)
-        step_metrics = metrics.token_prob_metrics(token_values)
-        if active:
-            quantiles = metrics.sample_quantiles(weights, response_mask)
-            step_metrics.update(metrics.weight_metrics(weight_vector.tolist(), token_values[2], quantiles))
-        step_metrics[keys.ACTIVE] = float(active)
-        hists = {}
+        statistics["faults"] = input_faults(fields["advantages"], fields["response_mask"], response_mask)
+        statistics["field_faults"] = torch.stack(
+            [(~torch.isfinite(fields[name]) & response_mask).sum().double() for name in self._checked_fields]
+        ) if self._checked_fields else torch.zeros(0, dtype=torch.float64, device=response_mask.device)
+        stage_masks = self.stage_masks(fields, token_probs) if active else None  # before warmup: one update
+        if stage_masks is not None:
+            statistics["stages"] = self.stage_statistics(stage_masks)
+        histogram_names: tuple[str, ...] = ()
         if histograms:
             reads_entropy = "entropy" in self.required_fields
             entropy = masked_entropy(fields["entropy"], response_mask) if reads_entropy else None
-            hists = metrics.mechanism_histograms(weights, token_probs, response_mask, entropy)
-        stage_masks = self.stage_masks(fields, token_probs) if active else None  # before warmup: one update
-        return MechanismOutput(advantages, weights, step_metrics, hists, stage_masks)
+            counts = metrics.mechanism_histogram_counts(weights, token_probs, response_mask, entropy)
+            statistics.update(counts)
+            histogram_names = tuple(counts)
+        return DeviceStep(advantages, weights, token_probs, stage_masks, statistics, histogram_names)
 
     def _token_probs(self, fields: Fields, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(pi, token statistics)``: ``pi = exp(old_log_probs)`` on valid tokens, 1.0 elsewhere."""
@@ -165,6 +204,15 @@ class Mechanism:
         ``token_probs`` is ``exp(old_log_probs)`` on valid tokens and 1.0 at masked positions.
         """
         return None
+
+    def stage_statistics(self, stage_masks: list[torch.Tensor]) -> torch.Tensor:
+        """The stages' statistics as a 1-D tensor on the batch's device, read with the step's other statistics
+        (none here; see :meth:`stage_metrics`)."""
+        return stage_masks[0].new_zeros(0, dtype=torch.float64)
+
+    def stage_metrics(self, values: list[float], valid_tokens: float) -> dict[str, float]:
+        """Metrics from :meth:`stage_statistics`' values read on the host (none here)."""
+        return {}
 
     def apply(self, step: int, fields: Fields) -> tuple[torch.Tensor, dict[str, float]]:
         """``(advantages * weights, metrics)``; before ``warmup_step`` the advantages come back unchanged."""
@@ -283,37 +331,46 @@ class IsolateMechanism(Mechanism):
     default_actuator = "lopti"
     actuators_allowed = ("lopti",)
     staged = True
-    # The threshold of the latest split, for the step's metrics (set by stage_masks, read right after by process).
-    _last_threshold: float = float("nan")
+    # The threshold of the latest split, for the step's metrics (set by stage_masks, read right after by process):
+    # a Python float for ``split: threshold``, a 0-d tensor on the batch's device for ``split: quantile``.
+    _last_threshold: float | torch.Tensor = float("nan")
 
     def split_threshold(self, token_probs: torch.Tensor, response_mask: torch.Tensor) -> float:
         """The probability threshold ``t`` of the low group ``pi < t`` (see the class docstring)."""
+        return float(self.split_threshold_tensor(token_probs, response_mask))
+
+    def split_threshold_tensor(self, token_probs: torch.Tensor, response_mask: torch.Tensor) -> float | torch.Tensor:
+        """:meth:`split_threshold` without a host sync: ``|eta|`` or a 0-d tensor on the batch's device."""
         params = self.actuator.params
         if params.split == "threshold":
             return abs(params.eta)
-        return masked_quantile(token_probs, response_mask & (token_probs > 0), abs(params.eta))
+        return masked_quantile_tensor(token_probs, response_mask & (token_probs > 0), abs(params.eta))
 
     def stage_masks(self, fields: Fields, token_probs: torch.Tensor | None) -> list[torch.Tensor]:
         """``[first, second]`` boolean ``(bs, L)`` masks; together they cover the valid tokens exactly once."""
         response_mask = fields["response_mask"].bool()
         if token_probs is None:
             token_probs = masked_log_probs(fields["old_log_probs"], response_mask).exp()
-        threshold = self.split_threshold(token_probs, response_mask)
+        threshold = self.split_threshold_tensor(token_probs, response_mask)
         self._last_threshold = threshold
         low = response_mask & (token_probs < threshold)
         high = response_mask & ~low
         return [low, high] if self.actuator.params.eta > 0 else [high, low]
 
-    def process(self, step: int, fields: Fields, *, histograms: bool = False) -> MechanismOutput:
-        """:meth:`Mechanism.process` plus, while staging is active, ``dataflex/lopti/low_token_frac`` (share of valid
-        tokens in the low group) and ``dataflex/lopti/threshold`` (the split's ``t``)."""
-        output = super().process(step, fields, histograms=histograms)
-        if output.stage_masks is not None:
-            low = output.stage_masks[0 if self.actuator.params.eta > 0 else 1]
-            count = output.metrics.get(keys.VALID_TOKENS, 0.0)
-            output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] = float(low.sum()) / count if count else 0.0
-            output.metrics[keys.LOPTI_THRESHOLD] = self._last_threshold
-        return output
+    def stage_statistics(self, stage_masks: list[torch.Tensor]) -> torch.Tensor:
+        """``[tokens in the low group]`` and, for the quantile split, ``t``."""
+        low = stage_masks[0 if self.actuator.params.eta > 0 else 1]
+        parts = [low.sum().double().reshape(1)]
+        if isinstance(self._last_threshold, torch.Tensor):
+            parts.append(self._last_threshold.double().reshape(1))
+        return torch.cat(parts)
+
+    def stage_metrics(self, values: list[float], valid_tokens: float) -> dict[str, float]:
+        """``dataflex/lopti/low_token_frac`` (share of valid tokens in the low group) and ``dataflex/lopti/threshold``
+        (the split's ``t``), while staging is active."""
+        low_count, *threshold = values
+        return {keys.LOPTI_LOW_TOKEN_FRAC: low_count / valid_tokens if valid_tokens else 0.0,
+                keys.LOPTI_THRESHOLD: threshold[0] if threshold else float(self._last_threshold)}
 
 
 def staged_mechanism_names() -> list[str]:

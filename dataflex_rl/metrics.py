@@ -22,6 +22,8 @@ WEIGHT_EDGES = np.linspace(0.0, 4.0, 81)
 # Token entropies in nats: a small vocabulary stays under 4, an LLM's mostly under 8; the last bin absorbs the rest.
 ENTROPY_EDGES = np.linspace(0.0, 8.0, 81)
 DEFAULT_BUCKET_EDGES = (0.25, 0.5, 0.75)
+HISTOGRAM_EDGES = {keys.HIST_ENTROPY: ENTROPY_EDGES, keys.HIST_TOKEN_PROB: TOKEN_PROB_EDGES,
+                   keys.HIST_WEIGHT: WEIGHT_EDGES}
 LOW_PROB_THRESHOLD = 0.5
 
 
@@ -34,10 +36,40 @@ class Histogram(NamedTuple):
 
 def histogram(values: torch.Tensor, edges: np.ndarray) -> Histogram:
     """Histogram of a 1-D tensor on fixed ``edges``; values below/above the range go to the first/last bin."""
-    edges_tensor = torch.as_tensor(edges, dtype=values.dtype, device=values.device)
-    index = torch.bucketize(values, edges_tensor[1:-1], right=True)
-    counts = torch.bincount(index, minlength=len(edges) - 1)
+    counts = histogram_counts(values, torch.ones_like(values, dtype=torch.bool), edges)
     return Histogram(edges=np.asarray(edges, dtype=np.float64), counts=counts.cpu().numpy().astype(np.int64))
+
+
+# Inner edges per (edges, device, dtype): copied to an accelerator once per process, not at every step (a copy
+# from host memory waits for the device).
+_INNER_EDGES: dict[tuple[bytes, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def histogram_counts(values: torch.Tensor, mask: torch.Tensor, edges: np.ndarray) -> torch.Tensor:
+    """``(k,)`` int64 counts of ``values[mask]`` on fixed ``edges`` (as :func:`histogram`), on the values' device.
+
+    No host sync: no boolean indexing (its size depends on the data) and no ``bincount`` (it reads the largest
+    index); masked positions count in an extra bin that is dropped.
+    """
+    key = (np.asarray(edges).tobytes(), values.device, values.dtype)
+    if key not in _INNER_EDGES:
+        _INNER_EDGES[key] = torch.as_tensor(np.asarray(edges)[1:-1], dtype=values.dtype, device=values.device)
+    bins = len(edges) - 1
+    index = torch.where(mask, torch.bucketize(values, _INNER_EDGES[key], right=True), bins).reshape(-1)
+    counts = torch.zeros(bins + 1, dtype=torch.int64, device=values.device)
+    return counts.index_add_(0, index, torch.ones_like(index))[:bins]
+
+
+def read_on_host(parts: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Every tensor of ``parts`` as a flat list of Python floats, in one host synchronisation (one float64 tensor
+    read once) instead of one per statistic. Counts stay exact up to 2**53."""
+    flat = [part.reshape(-1).double() for part in parts.values()]
+    values = torch.cat(flat).tolist() if flat else []
+    result, start = {}, 0
+    for name, part in zip(parts, flat):
+        result[name] = values[start:start + part.numel()]
+        start += part.numel()
+    return result
 
 
 QUANTILES = (0.05, 0.5, 0.95)
@@ -112,24 +144,38 @@ def weight_metrics(stats: list[float], count: float, quantiles: list[float]) -> 
     return result
 
 
-def sample_quantiles(values: torch.Tensor, response_mask: torch.Tensor, max_samples: int = QUANTILE_SAMPLE) -> list[float]:
+def sample_quantiles(values: torch.Tensor, response_mask: torch.Tensor,
+                     max_samples: int = QUANTILE_SAMPLE) -> list[float]:
     """:data:`QUANTILES` of ``values`` over valid tokens ("lower" definition: the k-th smallest value with
     ``k = floor(q (n - 1)) + 1``, as ``torch.quantile(..., interpolation="lower")``).
 
     Exact when the batch has at most ``max_samples`` positions; otherwise over a fixed strided sample of about
     ``max_samples`` positions: sorting millions of tokens every step would cost more than everything else the
-    mechanism does, and the sampling error of a quantile from 16k tokens is well under 1% of the spread.
+    mechanism does, and the sampling error of a quantile from 16k tokens is well under 1% of the spread. When the
+    sample holds no valid token but the batch does, over every valid token.
     """
+    *quantiles, sampled = sample_quantile_tensor(values, response_mask, max_samples).tolist()
+    if not sampled and bool(response_mask.any()):
+        quantiles = sample_quantile_tensor(values, response_mask, values.numel()).tolist()[:-1]
+    return quantiles
+
+
+def sample_quantile_tensor(values: torch.Tensor, response_mask: torch.Tensor,
+                           max_samples: int = QUANTILE_SAMPLE) -> torch.Tensor:
+    """``[*quantiles, n]`` float64: :func:`sample_quantiles` over the strided sample alone (0.0 each when it holds
+    no valid token) and ``n``, the sample's valid tokens, without a host sync: the sample is sorted with its
+    masked positions last (as +inf) and the ranks are picked by index."""
     flat_values, flat_mask = values.reshape(-1), response_mask.reshape(-1)
     stride = max(1, -(-flat_values.numel() // max_samples))
-    sample = torch.masked_select(flat_values[::stride], flat_mask[::stride]).float()
-    if sample.numel() == 0:
-        sample = torch.masked_select(flat_values, flat_mask).float()
-    count = sample.numel()
-    if count == 0:
-        return [0.0 for _ in QUANTILES]
-    # kthvalue is a selection, O(n), several times faster than the sort inside torch.quantile.
-    return [float(sample.kthvalue(int(q * (count - 1)) + 1).values) for q in QUANTILES]
+    sample_mask = flat_mask[::stride]
+    ordered = torch.where(sample_mask, flat_values[::stride].float(), float("inf")).sort().values
+    count = sample_mask.sum().double()
+    if ordered.numel() == 0:
+        return torch.zeros(len(QUANTILES) + 1, dtype=torch.float64, device=values.device)
+    # floor(q (n - 1)) in float64, as Python computes int(q * (n - 1)) on the host.
+    ranks = torch.stack([((count - 1) * q).floor() for q in QUANTILES]).clamp(min=0).long()
+    picked = torch.where(count > 0, ordered[ranks].double(), 0.0)
+    return torch.cat([picked, count.reshape(1)])
 
 
 def mechanism_histograms(
@@ -137,15 +183,29 @@ def mechanism_histograms(
     entropy: torch.Tensor | None = None,
 ) -> dict[str, Histogram]:
     """Weight, token-probability and (when the batch has it) entropy histograms over valid tokens, on the fixed
-    edges above."""
+    edges above (one host read of :func:`mechanism_histogram_counts`)."""
+    counts = mechanism_histogram_counts(weights, token_probs, response_mask, entropy)
+    return histograms_from(read_on_host(counts))
+
+
+def mechanism_histogram_counts(
+    weights: torch.Tensor | None, token_probs: torch.Tensor | None, response_mask: torch.Tensor,
+    entropy: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`mechanism_histograms`' counts as tensors on the batch's device (no host sync)."""
     result = {}
-    if entropy is not None:
-        result[keys.HIST_ENTROPY] = histogram(entropy[response_mask].float(), ENTROPY_EDGES)
-    if token_probs is not None:
-        result[keys.HIST_TOKEN_PROB] = histogram(token_probs[response_mask].float(), TOKEN_PROB_EDGES)
-    if weights is not None:
-        result[keys.HIST_WEIGHT] = histogram(weights[response_mask].float(), WEIGHT_EDGES)
+    for name, values in ((keys.HIST_ENTROPY, entropy), (keys.HIST_TOKEN_PROB, token_probs),
+                         (keys.HIST_WEIGHT, weights)):
+        if values is not None:
+            result[name] = histogram_counts(values.float(), response_mask, HISTOGRAM_EDGES[name])
     return result
+
+
+def histograms_from(counts: Mapping[str, Sequence[float]]) -> dict[str, Histogram]:
+    """:class:`Histogram` per name from counts read on the host (names of :data:`HISTOGRAM_EDGES`)."""
+    return {name: Histogram(edges=np.asarray(HISTOGRAM_EDGES[name], dtype=np.float64),
+                            counts=np.asarray(values, dtype=np.float64).astype(np.int64))
+            for name, values in counts.items()}
 
 
 def bucket_edges(inner_edges: Sequence[float]) -> list[tuple[float, float, str]]:

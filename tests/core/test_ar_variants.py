@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from dataflex_rl import ConfigError, build_mechanism, keys
 from dataflex_rl.actuators import AdvantageReweight
+from tests.core.devices import assert_on, on
 
 
 def ar_config(alpha=0.5, normalize="none", tau=None, neg_adv_weight=1.0, warmup_step=0):
@@ -49,21 +50,22 @@ def random_fields(seed, rows=8, length=13):
 
 
 # --- hand-derived ---------------------------------------------------------------------------------------------------
-def test_independent_tau_hand_derived():
+def test_independent_tau_hand_derived(device):
     # pi = 0.25, 0.5, 1.0; alpha = 0.4, tau = 0.2: raw = 0.3, 0.4, 0.6 (mean 13/30): normalised 9/13, 12/13, 18/13.
     fields = {
         "old_log_probs": torch.tensor([[0.25, 0.5, 1.0]]).log(),
         "response_mask": torch.tensor([[True, True, True]]),
         "advantages": torch.tensor([[1.0, -1.0, 2.0]]),
     }
+    fields = on(device, fields)
     raw, _ = build_mechanism(ar_config(alpha=0.4, tau=0.2)).compute_weights(0, fields)
-    torch.testing.assert_close(raw, torch.tensor([[0.3, 0.4, 0.6]]))
+    torch.testing.assert_close(raw.cpu(), torch.tensor([[0.3, 0.4, 0.6]]))
     normalised, metrics = build_mechanism(ar_config(alpha=0.4, tau=0.2, normalize="mean")).compute_weights(0, fields)
-    torch.testing.assert_close(normalised, torch.tensor([[9 / 13, 12 / 13, 18 / 13]]))
+    torch.testing.assert_close(normalised.cpu(), torch.tensor([[9 / 13, 12 / 13, 18 / 13]]))
     assert metrics[keys.WEIGHT_PREFIX + "/mean"] == pytest.approx(1.0)
 
 
-def test_neg_adv_weight_hand_derived_after_normalisation():
+def test_neg_adv_weight_hand_derived_after_normalisation(device):
     # alpha = 1, tau = 0: raw = pi = 0.2, 0.6, 0.4 (mean 0.4) -> 0.5, 1.5, 1.0; then x 0.5 where A < 0 (the second).
     # A = 0 (third token) is not negative: its weight keeps the normalised value.
     fields = {
@@ -71,11 +73,13 @@ def test_neg_adv_weight_hand_derived_after_normalisation():
         "response_mask": torch.tensor([[True, True, True]]),
         "advantages": torch.tensor([[2.0, -2.0, 0.0]]),
     }
+    fields = on(device, fields)
     mechanism = build_mechanism(ar_config(alpha=1.0, tau=0.0, neg_adv_weight=0.5, normalize="mean"))
     weights, _ = mechanism.compute_weights(0, fields)
-    torch.testing.assert_close(weights, torch.tensor([[0.5, 0.75, 1.0]]))
+    torch.testing.assert_close(weights.cpu(), torch.tensor([[0.5, 0.75, 1.0]]))
     advantages, _ = mechanism.apply(0, fields)
-    torch.testing.assert_close(advantages, torch.tensor([[1.0, -1.5, 0.0]]))
+    assert_on(device, weights, advantages)
+    torch.testing.assert_close(advantages.cpu(), torch.tensor([[1.0, -1.5, 0.0]]))
 
 
 def test_neg_adv_weight_zero_drops_negative_advantages_only():
@@ -90,9 +94,10 @@ def test_neg_adv_weight_zero_drops_negative_advantages_only():
 
 # --- equality with the paper's variant ------------------------------------------------------------------------------
 @pytest.mark.parametrize("alpha", [0.0, 0.2, 0.3, 0.7, 1.0])
-def test_equals_paper_both_linear_normal_exactly(alpha):
-    """normalize: none, tau = 1 - alpha (the default), neg_adv_weight = 1: bit for bit on valid tokens."""
-    fields = random_fields(2)
+def test_equals_paper_both_linear_normal_exactly(device, alpha):
+    """normalize: none, tau = 1 - alpha (the default), neg_adv_weight = 1: bit for bit on valid tokens (both on the
+    same device: exp may round differently on another one)."""
+    fields = on(device, random_fields(2))
     ours, _ = build_mechanism(ar_config(alpha=alpha)).apply(0, fields)
     theirs = paper_both_linear_normal(fields["advantages"], fields["old_log_probs"], alpha, 1 - alpha, 1.0)
     valid = fields["response_mask"]
@@ -101,8 +106,8 @@ def test_equals_paper_both_linear_normal_exactly(alpha):
 
 
 @pytest.mark.parametrize(("alpha", "tau", "neg_adv_weight"), [(0.3, 0.7, 0.8), (0.5, 0.2, 1.0), (1.0, 0.0, 1.5)])
-def test_equals_paper_formula_with_independent_knobs(alpha, tau, neg_adv_weight):
-    fields = random_fields(3)
+def test_equals_paper_formula_with_independent_knobs(device, alpha, tau, neg_adv_weight):
+    fields = on(device, random_fields(3))
     ours, _ = build_mechanism(ar_config(alpha=alpha, tau=tau, neg_adv_weight=neg_adv_weight)).apply(0, fields)
     theirs = paper_both_linear_normal(fields["advantages"], fields["old_log_probs"], alpha, tau, neg_adv_weight)
     valid = fields["response_mask"]
@@ -145,16 +150,17 @@ def test_defaults_are_bit_for_bit_the_previous_formula():
     assert torch.equal(identity, fields["advantages"])
 
 
-def test_actuator_needs_advantages_only_for_neg_adv_weight():
-    signal = torch.tensor([[0.5, 0.25]])
-    mask = torch.tensor([[True, True]])
+def test_actuator_needs_advantages_only_for_neg_adv_weight(device):
+    signal = torch.tensor([[0.5, 0.25]], device=device)
+    mask = torch.tensor([[True, True]], device=device)
     plain = AdvantageReweight(AdvantageReweight.Params(alpha=0.5, normalize="none"))
-    torch.testing.assert_close(plain.weights(signal, mask), torch.tensor([[0.75, 0.625]]))
+    torch.testing.assert_close(plain.weights(signal, mask).cpu(), torch.tensor([[0.75, 0.625]]))
     negative = AdvantageReweight(AdvantageReweight.Params(alpha=0.5, normalize="none", neg_adv_weight=2.0))
     with pytest.raises(ValueError, match="neg_adv_weight = 2.0 needs the advantages"):
         negative.weights(signal, mask)
-    weights = negative.weights(signal, mask, torch.tensor([[-1.0, 1.0]]))
-    torch.testing.assert_close(weights, torch.tensor([[1.5, 0.625]]))
+    weights = negative.weights(signal, mask, torch.tensor([[-1.0, 1.0]], device=device))
+    assert_on(device, weights)
+    torch.testing.assert_close(weights.cpu(), torch.tensor([[1.5, 0.625]]))
 
 
 # --- validation -----------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from dataflex_rl import ConfigError, build_mechanism, keys, parse_dataflex_config
 from dataflex_rl.mechanism import IsolateMechanism
 from dataflex_rl.train import CONF_DIR
+from tests.core.devices import on, on_cpu, processed
 
 
 def lopti_config(eta=0.5, alpha=0.0, normalize="mean", warmup_step=0, **extra):
@@ -67,9 +68,9 @@ def stage_advantages(output):
 
 
 # --- stage masks ----------------------------------------------------------------------------------------------------
-def test_hand_derived_stage_masks_low_first():
+def test_hand_derived_stage_masks_low_first(device):
     # eta = 0.5: low = pi < 0.5 = {0.1, 0.25}; 0.5 itself is not below eta; the padded slot is in neither stage.
-    output = build_mechanism(lopti_config(eta=0.5)).process(0, hand_fields())
+    output = processed(device, lopti_config(eta=0.5), 0, hand_fields())
     low = torch.tensor([[True, False, False], [True, False, False]])
     high = torch.tensor([[False, True, True], [False, True, False]])
     assert len(output.stage_masks) == 2
@@ -78,46 +79,48 @@ def test_hand_derived_stage_masks_low_first():
     assert torch.equal(output.advantages, hand_fields()["advantages"])  # alpha = 0: advantages unchanged
 
 
-def test_negative_eta_reverses_the_order_at_its_magnitude():
+def test_negative_eta_reverses_the_order_at_its_magnitude(device):
     # eta = -0.5: the tokens with pi >= 0.5 first, then pi < 0.5; the low-group share is the same.
-    output = build_mechanism(lopti_config(eta=-0.5)).process(0, hand_fields())
+    output = processed(device, lopti_config(eta=-0.5), 0, hand_fields())
     assert torch.equal(output.stage_masks[0], torch.tensor([[False, True, True], [False, True, False]]))
     assert torch.equal(output.stage_masks[1], torch.tensor([[True, False, False], [True, False, False]]))
     assert output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] == pytest.approx(2 / 5)
 
 
-def test_eta_one_puts_all_but_certain_tokens_first():
+def test_eta_one_puts_all_but_certain_tokens_first(device):
     # eta = 1: pi < 1 holds for every token but the one with pi exactly 1, which forms the second stage.
-    output = build_mechanism(lopti_config(eta=1.0)).process(0, hand_fields())
+    output = processed(device, lopti_config(eta=1.0), 0, hand_fields())
     assert torch.equal(output.stage_masks[0], torch.tensor([[True, True, True], [True, False, False]]))
     assert torch.equal(output.stage_masks[1], torch.tensor([[False, False, False], [False, True, False]]))
     assert output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] == pytest.approx(4 / 5)
     # eta = -1: the certain token first (pi >= 1), then the rest.
-    reverse = build_mechanism(lopti_config(eta=-1.0)).process(0, hand_fields())
+    reverse = processed(device, lopti_config(eta=-1.0), 0, hand_fields())
     assert torch.equal(reverse.stage_masks[0], output.stage_masks[1])
     assert torch.equal(reverse.stage_masks[1], output.stage_masks[0])
 
 
-def test_an_empty_stage_is_kept():
+def test_an_empty_stage_is_kept(device):
     # eta = 0.05: no token is that unlikely, so the first stage is empty; both stages still run (the paper's code
     # always updates twice).
-    output = build_mechanism(lopti_config(eta=0.05)).process(0, hand_fields())
+    output = processed(device, lopti_config(eta=0.05), 0, hand_fields())
     assert not output.stage_masks[0].any()
     assert torch.equal(output.stage_masks[1], hand_fields()["response_mask"])
     assert output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] == 0.0
 
 
 @pytest.mark.parametrize("eta", [0.5, 0.3, 1.0, -0.5, -0.3, -1.0, 0.01])
-def test_stages_partition_the_valid_tokens_and_match_the_paper(eta):
+def test_stages_partition_the_valid_tokens_and_match_the_paper(device, eta):
     fields = random_fields(7)
-    output = build_mechanism(lopti_config(eta=eta)).process(3, fields)
+    output = processed(device, lopti_config(eta=eta), 3, fields)
     first, second = output.stage_masks
     valid = fields["response_mask"]
     assert not (first & second).any()
     assert torch.equal(first | second, valid)
-    for ours, theirs in zip(stage_advantages(output), paper_stage_advantages(fields["advantages"],
-                                                                              fields["old_log_probs"], eta)):
-        assert torch.equal(ours, theirs)
+    # The paper's split on the same device (exp may round differently on another one).
+    on_device = on(device, fields)
+    for ours, theirs in zip(stage_advantages(output), paper_stage_advantages(on_device["advantages"],
+                                                                              on_device["old_log_probs"], eta)):
+        assert torch.equal(ours, theirs.cpu())
 
 
 @pytest.mark.parametrize(
@@ -138,44 +141,44 @@ def test_bad_eta_is_refused(eta, pattern):
 
 
 # --- warmup, composition with AR ------------------------------------------------------------------------------------
-def test_before_warmup_no_stages_and_unchanged_advantages():
+def test_before_warmup_no_stages_and_unchanged_advantages(device):
     fields = random_fields(8)
     mechanism = build_mechanism(lopti_config(alpha=0.7, warmup_step=5))
-    before = mechanism.process(4, fields)
+    before = on_cpu(device, mechanism.process(4, on(device, fields)))
     assert before.stage_masks is None and before.weights is None
     assert torch.equal(before.advantages, fields["advantages"])
     assert keys.LOPTI_LOW_TOKEN_FRAC not in before.metrics and before.metrics[keys.ACTIVE] == 0.0
-    after = mechanism.process(5, fields)
+    after = on_cpu(device, mechanism.process(5, on(device, fields)))
     assert after.stage_masks is not None and after.metrics[keys.ACTIVE] == 1.0
 
 
-def test_pure_lopti_keeps_advantages_bit_for_bit():
+def test_pure_lopti_keeps_advantages_bit_for_bit(device):
     fields = random_fields(9)
-    output = build_mechanism(lopti_config(eta=0.4)).process(0, fields)
+    output = processed(device, lopti_config(eta=0.4), 0, fields)
     assert torch.equal(output.advantages, fields["advantages"])
     # Summed over the stages, each token's advantage is applied exactly once.
     assert torch.equal(sum(stage_advantages(output)), fields["advantages"])
 
 
 @pytest.mark.parametrize("normalize", ["mean", "none"])
-def test_ar_lopti_applies_the_ar_weights_inside_each_stage(normalize):
+def test_ar_lopti_applies_the_ar_weights_inside_each_stage(device, normalize):
     fields = random_fields(10)
     ar_params = {"alpha": 0.3, "normalize": normalize, "tau": 0.7, "neg_adv_weight": 0.9}
-    ar = build_mechanism({"mechanism": "reweight",
-                          "actuator": {"name": "advantage_reweight", "params": ar_params}}).process(0, fields)
-    staged = build_mechanism(lopti_config(eta=0.5, **ar_params)).process(0, fields)
+    ar = processed(device, {"mechanism": "reweight", "actuator": {"name": "advantage_reweight", "params": ar_params}},
+                   0, fields)
+    staged = processed(device, lopti_config(eta=0.5, **ar_params), 0, fields)
     assert torch.equal(staged.advantages, ar.advantages)
     assert torch.equal(staged.weights, ar.weights)
     assert not torch.equal(staged.advantages, fields["advantages"])
-    for ours, theirs in zip(stage_advantages(staged), paper_stage_advantages(ar.advantages,
-                                                                              fields["old_log_probs"], 0.5)):
-        assert torch.equal(ours, theirs)
+    for ours, theirs in zip(stage_advantages(staged), paper_stage_advantages(
+            ar.advantages.to(device), on(device, fields)["old_log_probs"], 0.5)):
+        assert torch.equal(ours, theirs.cpu())
 
 
-def test_ar_lopti_hand_derived():
+def test_ar_lopti_hand_derived(device):
     # alpha = 0.5, normalize: none -> w = 0.5 pi + 0.5: (0.55, 0.75, 0.875 | 0.625, 1.0); eta = 0.5.
     fields = hand_fields()
-    output = build_mechanism(lopti_config(eta=0.5, alpha=0.5, normalize="none")).process(0, fields)
+    output = processed(device, lopti_config(eta=0.5, alpha=0.5, normalize="none"), 0, fields)
     first, second = stage_advantages(output)
     torch.testing.assert_close(first, torch.tensor([[0.55, 0.0, 0.0], [-1.25, 0.0, 0.0]]))
     torch.testing.assert_close(second, torch.tensor([[0.0, 0.75, 0.875], [0.0, -2.0, 0.0]]))
@@ -251,46 +254,47 @@ def paper_portion_stage_advantages(advantages, old_log_probs, response_mask, por
     return [torch.where(first, advantages, 0.0), torch.where(response_mask & ~first, advantages, 0.0)], threshold
 
 
-def test_hand_derived_quantile_split():
+def test_hand_derived_quantile_split(device):
     # Valid pi = 0.1, 0.5, 0.75, 0.25, 1.0; sorted 0.1, 0.25, 0.5, 0.75, 1.0. eta = 0.5: rank 0.5 * 4 = 2 -> q = 0.5,
     # so the low group is pi < 0.5 = {0.1, 0.25}. eta = 0.3: rank 1.2 -> q = 0.25 + 0.2 * (0.5 - 0.25) = 0.3.
-    output = build_mechanism(lopti_config(eta=0.5, split="quantile")).process(0, hand_fields())
+    output = processed(device, lopti_config(eta=0.5, split="quantile"), 0, hand_fields())
     assert torch.equal(output.stage_masks[0], torch.tensor([[True, False, False], [True, False, False]]))
     assert output.metrics[keys.LOPTI_THRESHOLD] == pytest.approx(0.5)
-    output = build_mechanism(lopti_config(eta=0.3, split="quantile")).process(0, hand_fields())
+    output = processed(device, lopti_config(eta=0.3, split="quantile"), 0, hand_fields())
     assert output.metrics[keys.LOPTI_THRESHOLD] == pytest.approx(0.3)
     assert torch.equal(output.stage_masks[0], torch.tensor([[True, False, False], [True, False, False]]))
     # The threshold split reports |eta| as its threshold.
-    output = build_mechanism(lopti_config(eta=-0.4)).process(0, hand_fields())
+    output = processed(device, lopti_config(eta=-0.4), 0, hand_fields())
     assert output.metrics[keys.LOPTI_THRESHOLD] == pytest.approx(0.4)
 
 
 @pytest.mark.parametrize("eta", [0.2, 0.5, 0.8, 1.0, -0.3, -1.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_quantile_split_equals_the_paper_code(eta, seed):
+def test_quantile_split_equals_the_paper_code(device, eta, seed):
     fields = random_fields(seed, rows=16, length=33)
     fields["old_log_probs"][1, :4] = -200.0  # pi underflows to 0: left out of the quantile, as theirs does
-    output = build_mechanism(lopti_config(eta=eta, split="quantile")).process(0, fields)
+    output = processed(device, lopti_config(eta=eta, split="quantile"), 0, fields)
+    on_device = on(device, fields)
     expected, threshold = paper_portion_stage_advantages(
-        fields["advantages"], fields["old_log_probs"], fields["response_mask"], eta)
+        on_device["advantages"], on_device["old_log_probs"], on_device["response_mask"], eta)
     for ours, theirs in zip(stage_advantages(output), expected, strict=True):
-        assert torch.equal(ours, theirs)
+        assert torch.equal(ours, theirs.cpu())
     assert output.metrics[keys.LOPTI_THRESHOLD] == float(threshold)
 
 
-def test_quantile_split_puts_the_share_eta_in_the_low_group():
+def test_quantile_split_puts_the_share_eta_in_the_low_group(device):
     # 1000 distinct probabilities: eta = 0.3 puts 0.3 of the valid tokens first (up to one token).
     pi = torch.linspace(0.001, 0.999, 1000).reshape(10, 100)
     fields = {"old_log_probs": pi.log(), "response_mask": torch.ones(10, 100, dtype=torch.bool),
               "advantages": torch.ones(10, 100)}
-    output = build_mechanism(lopti_config(eta=0.3, split="quantile")).process(0, fields)
+    output = processed(device, lopti_config(eta=0.3, split="quantile"), 0, fields)
     assert abs(output.metrics[keys.LOPTI_LOW_TOKEN_FRAC] - 0.3) <= 1 / 1000
 
 
-def test_quantile_split_without_valid_tokens_puts_nothing_in_the_low_group():
+def test_quantile_split_without_valid_tokens_puts_nothing_in_the_low_group(device):
     fields = hand_fields()
     fields["response_mask"] = torch.zeros_like(fields["response_mask"])
-    output = build_mechanism(lopti_config(eta=0.5, split="quantile")).process(0, fields)
+    output = processed(device, lopti_config(eta=0.5, split="quantile"), 0, fields)
     assert not output.stage_masks[0].any() and not output.stage_masks[1].any()
 
 

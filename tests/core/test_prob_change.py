@@ -44,11 +44,11 @@ def test_one_sgd_step_on_a_two_token_vocabulary_moves_pi_as_derived_by_hand():
     assert stats[keys.PROB_CHANGE_CORRECT_SHARE] == pytest.approx(2 / 3)
 
 
-def test_masked_zero_advantage_and_unchanged_tokens():
-    old = torch.tensor([[0.6, 0.6, 0.6, 0.9]]).log()
-    new = torch.tensor([[0.7, 0.6, 0.5, 0.1]]).log()  # the last is padding: never counted
-    stats = prob_change_stats(old, new, torch.tensor([[1.0, 1.0, 0.0, 1.0]]),
-                              torch.tensor([[True, True, True, False]]))
+def test_masked_zero_advantage_and_unchanged_tokens(device):
+    old = torch.tensor([[0.6, 0.6, 0.6, 0.9]], device=device).log()
+    new = torch.tensor([[0.7, 0.6, 0.5, 0.1]], device=device).log()  # the last is padding: never counted
+    stats = prob_change_stats(old, new, torch.tensor([[1.0, 1.0, 0.0, 1.0]], device=device),
+                              torch.tensor([[True, True, True, False]], device=device))
     label = "0.50-0.75"
     assert stats[keys.prob_change("pos", label, "token_share")] == pytest.approx(2 / 3)  # the A = 0 token: neither
     assert stats[keys.prob_change("pos", label, "correct_share")] == 0.5  # the unchanged one did not move up

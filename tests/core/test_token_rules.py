@@ -15,6 +15,8 @@ import torch
 
 from dataflex_rl import ConfigError, build_mechanism, keys
 from dataflex_rl.actuators import masked_mean_normalize, masked_quantile
+from dataflex_rl.mechanism import MechanismOutput
+from tests.core.devices import on, on_cpu
 
 
 def block(scorer: str, actuator: str, **params) -> dict:
@@ -42,6 +44,11 @@ def fields(entropy, probs=None, advantages=None, mask=None):
     return {"entropy": entropy, "old_log_probs": probs.log(), "response_mask": mask, "advantages": advantages}
 
 
+def run(device: str, mechanism, batch: dict) -> MechanismOutput:
+    """``mechanism.process(1, batch)`` on ``device``, the output brought back to the CPU."""
+    return on_cpu(device, mechanism.process(1, on(device, batch)))
+
+
 def assert_close(actual: torch.Tensor, expected: list) -> None:
     torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype))
 
@@ -56,12 +63,12 @@ def trl_high_entropy_mask(entropies, mask, threshold):
 
 
 # --- 80/20 high-entropy tokens ------------------------------------------------------------------------------------
-def test_high_entropy_keeps_the_top_share_by_hand():
+def test_high_entropy_keeps_the_top_share_by_hand(device):
     # Valid entropies 0.1 .. 1.0 (10 tokens); rho = 0.2: q_0.8 at rank 0.8 * 9 = 7.2 -> 0.8 + 0.2 * 0.1 = 0.82,
     # so the tokens with 0.9 and 1.0 are kept (2 of 10 = rho); advantages elsewhere become 0.
     entropy = [[0.1, 0.9, 0.3, 0.4, 0.5], [0.6, 0.7, 0.8, 0.2, 1.0]]
     batch = fields(entropy, advantages=[[1, 2, 3, 4, 5], [-1, -2, -3, -4, -5]])
-    output = high_entropy(rho=0.2).process(1, batch)
+    output = run(device, high_entropy(rho=0.2), batch)
     expected = torch.tensor([[0.0, 1.0, 0, 0, 0], [0, 0, 0, 0, 1.0]])
     assert torch.equal(output.weights, expected)
     assert torch.equal(output.advantages, torch.tensor([[0.0, 2, 0, 0, 0], [0, 0, 0, 0, -5.0]]))
@@ -69,45 +76,45 @@ def test_high_entropy_keeps_the_top_share_by_hand():
     assert torch.equal(output.weights.bool(), trl_high_entropy_mask(batch["entropy"], batch["response_mask"], 0.8))
 
 
-def test_high_entropy_keeps_every_token_tied_at_the_quantile():
+def test_high_entropy_keeps_every_token_tied_at_the_quantile(device):
     # 0.1, 0.5, 0.5, 0.5, 0.9; rho = 0.5: q_0.5 is 0.5 itself, so all three ties are kept (4 of 5 > rho).
     batch = fields([[0.1, 0.5, 0.5, 0.5, 0.9]])
-    output = high_entropy(rho=0.5).process(1, batch)
+    output = run(device, high_entropy(rho=0.5), batch)
     assert output.weights.tolist() == [[0.0, 1.0, 1.0, 1.0, 1.0]]
     # rho = 0.2: q_0.8 at rank 3.2 -> 0.5 + 0.2 * 0.4 = 0.58: the ties are all dropped.
-    assert high_entropy(rho=0.2).process(1, batch).weights.tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0]]
+    assert run(device, high_entropy(rho=0.2), batch).weights.tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0]]
     # All equal: the quantile is that value, every token is kept and the advantages pass unchanged.
     equal = fields([[0.7, 0.7, 0.7]], advantages=[[1.0, -2.0, 3.0]])
-    assert torch.equal(high_entropy(rho=0.2).process(1, equal).advantages, equal["advantages"])
+    assert torch.equal(run(device, high_entropy(rho=0.2), equal).advantages, equal["advantages"])
 
 
-def test_high_entropy_ignores_masked_positions_and_all_masked_rows():
+def test_high_entropy_ignores_masked_positions_and_all_masked_rows(device):
     # Row 1 is all padding (entropy 9 there must not raise the quantile); row 0 alone: q_0.5 of 0.2, 0.4, 0.6 = 0.4.
     batch = fields([[0.2, 0.4, 0.6, 9.0], [9.0, 9.0, 9.0, 9.0]], advantages=[[1, 1, 1, 1], [1, 1, 1, 1]],
                    mask=[[1, 1, 1, 0], [0, 0, 0, 0]])
-    output = high_entropy(rho=0.5).process(1, batch)
+    output = run(device, high_entropy(rho=0.5), batch)
     assert output.weights.tolist() == [[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
     # Masked positions pass through untouched (as for AR).
     assert output.advantages.tolist() == [[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
     assert torch.equal(output.weights.bool(), trl_high_entropy_mask(batch["entropy"], batch["response_mask"], 0.5))
 
 
-def test_high_entropy_with_no_valid_token_gives_zero_weights_and_no_nan():
+def test_high_entropy_with_no_valid_token_gives_zero_weights_and_no_nan(device):
     batch = fields([[0.3, 0.2]], mask=[[0, 0]])
     for normalize in ("none", "mean"):
-        weights = high_entropy(rho=0.2, normalize=normalize).process(1, batch).weights
+        weights = run(device, high_entropy(rho=0.2, normalize=normalize), batch).weights
         assert weights.tolist() == [[0.0, 0.0]]
 
 
-def test_high_entropy_mean_normalised_divides_by_the_kept_share():
+def test_high_entropy_mean_normalised_divides_by_the_kept_share(device):
     # 2 of 5 valid tokens kept: weight 5/2 on each, mean 1 over valid tokens.
     batch = fields([[0.1, 0.2, 0.3, 0.8, 0.9]])
-    weights = high_entropy(rho=0.4, normalize="mean").process(1, batch).weights
+    weights = run(device, high_entropy(rho=0.4, normalize="mean"), batch).weights
     assert_close(weights, [[0.0, 0.0, 0.0, 2.5, 2.5]])
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_high_entropy_matches_trl_on_random_batches(seed):
+def test_high_entropy_matches_trl_on_random_batches(device, seed):
     generator = torch.Generator().manual_seed(seed)
     entropy = torch.rand(6, 11, generator=generator) * 3
     entropy[0, :3] = entropy[1, 4]  # ties
@@ -115,55 +122,55 @@ def test_high_entropy_matches_trl_on_random_batches(seed):
     batch = {"entropy": entropy, "old_log_probs": torch.zeros(6, 11), "response_mask": mask,
              "advantages": torch.randn(6, 11, generator=generator)}
     for rho in (0.2, 0.5, 1.0):
-        weights = high_entropy(rho=rho).process(1, batch).weights
+        weights = run(device, high_entropy(rho=rho), batch).weights
         assert torch.equal(weights.bool(), trl_high_entropy_mask(entropy, mask, 1.0 - rho)), rho
 
 
-def test_masked_quantile_equals_torch_quantile():
+def test_masked_quantile_equals_torch_quantile(device):
     generator = torch.Generator().manual_seed(3)
-    values = torch.rand(7, 9, generator=generator)
-    mask = torch.rand(7, 9, generator=generator) > 0.4
+    values = torch.rand(7, 9, generator=generator).to(device)
+    mask = (torch.rand(7, 9, generator=generator) > 0.4).to(device)
     for q in (0.0, 0.05, 0.5, 0.8, 1.0):
         assert masked_quantile(values, mask, q) == float(torch.quantile(values[mask], q))
     assert masked_quantile(values, torch.zeros_like(mask), 0.5) == 0.0
 
 
 # --- STAPO -------------------------------------------------------------------------------------------------------
-def test_stapo_silences_only_positive_improbable_confident_tokens_by_hand():
+def test_stapo_silences_only_positive_improbable_confident_tokens_by_hand(device):
     # (A, pi, H) per token; entropy_quantile 0.5 of 0.01, 2.0, 0.01, 0.01, 1.0, 3.0 at rank 2.5 -> tau_h = 0.505.
     # Spurious: token 0 only (A > 0, pi 0.005 < 0.01, H 0.01 < 0.505). Token 1: high entropy; token 2: A < 0;
     # token 3: probable; 4 and 5: high entropy. 5 of 6 kept: weights 6/5.
     batch = fields([[0.01, 2.0, 0.01, 0.01, 1.0, 3.0]], probs=[[0.005, 0.005, 0.005, 0.5, 0.005, 0.5]],
                    advantages=[[1.0, 1.0, -1.0, 1.0, 1.0, 1.0]])
-    output = stapo(tau_p=0.01, entropy_quantile=0.5).process(1, batch)
+    output = run(device, stapo(tau_p=0.01, entropy_quantile=0.5), batch)
     assert_close(output.weights, [[0.0, 1.2, 1.2, 1.2, 1.2, 1.2]])
     assert_close(output.advantages, [[0.0, 1.2, -1.2, 1.2, 1.2, 1.2]])
     assert output.metrics[keys.KEPT_TOKEN_FRAC] == pytest.approx(5 / 6)
 
 
-def test_stapo_comparisons_are_strict_at_the_entropy_quantile():
+def test_stapo_comparisons_are_strict_at_the_entropy_quantile(device):
     # entropy_quantile 0: tau_h is the minimum entropy, and H < min holds for no token: nothing is silenced and the
     # weights are exactly 1 (the advantages unchanged bit for bit).
     batch = fields([[0.01, 0.01, 0.5]], probs=[[0.001, 0.001, 0.001]], advantages=[[1.0, 2.0, 3.0]])
-    output = stapo(tau_p=0.01, entropy_quantile=0.0).process(1, batch)
+    output = run(device, stapo(tau_p=0.01, entropy_quantile=0.0), batch)
     assert torch.equal(output.advantages, batch["advantages"])
     # tau_p 0: pi < 0 never holds.
-    assert torch.equal(stapo(tau_p=0.0, entropy_quantile=1.0).process(1, batch).advantages, batch["advantages"])
+    assert torch.equal(run(device, stapo(tau_p=0.0, entropy_quantile=1.0), batch).advantages, batch["advantages"])
 
 
-def test_stapo_ignores_padding_and_empty_batches():
+def test_stapo_ignores_padding_and_empty_batches(device):
     # Row 1 is padding with spurious-looking values: never silenced, never in the quantile, passed through.
     batch = fields([[0.01, 1.0, 2.0], [0.0, 0.0, 0.0]], probs=[[0.001, 0.5, 0.5], [0.001] * 3],
                    advantages=[[1.0, 1.0, 1.0], [4.0, 4.0, 4.0]], mask=[[1, 1, 1], [0, 0, 0]])
-    output = stapo(tau_p=0.01, entropy_quantile=0.5).process(1, batch)  # tau_h = 1.0: token (0, 0) silenced
+    output = run(device, stapo(tau_p=0.01, entropy_quantile=0.5), batch)  # tau_h = 1.0: token (0, 0) silenced
     assert_close(output.weights, [[0.0, 1.5, 1.5], [0.0, 0.0, 0.0]])
     assert output.advantages[1].tolist() == [4.0, 4.0, 4.0]
     empty = fields([[0.01, 0.02]], mask=[[0, 0]])
-    assert stapo().process(1, empty).weights.tolist() == [[0.0, 0.0]]
+    assert run(device, stapo(), empty).weights.tolist() == [[0.0, 0.0]]
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_stapo_matches_the_paper_rule_on_random_batches(seed):
+def test_stapo_matches_the_paper_rule_on_random_batches(device, seed):
     generator = torch.Generator().manual_seed(seed)
     shape = (8, 12)
     mask = torch.rand(shape, generator=generator) > 0.2
@@ -176,7 +183,7 @@ def test_stapo_matches_the_paper_rule_on_random_batches(seed):
     spurious = mask & (advantages > 0) & (probs.log().exp() < tau_p) & (entropy < tau_h)
     kept = mask & ~spurious
     expected = torch.where(kept, advantages * mask.sum() / kept.sum(), torch.where(mask, 0.0, advantages))
-    output = stapo(tau_p=tau_p, entropy_quantile=quantile).process(1, batch)
+    output = run(device, stapo(tau_p=tau_p, entropy_quantile=quantile), batch)
     assert int(spurious.sum()) > 0  # the case is not vacuous
     torch.testing.assert_close(output.advantages, expected)
 
@@ -192,36 +199,36 @@ def paper_both_sigmoid(advantage, log_prob, reweight_k, reweight_tau):
     return 2 * torch.sigmoid(reweight_k * (torch.exp(log_prob) - reweight_tau)) * advantage
 
 
-def test_sigmoid_weights_by_hand_and_against_the_paper_code():
+def test_sigmoid_weights_by_hand_and_against_the_paper_code(device):
     # pi = 0.25, 0.5, 1.0; k = 4, tau = 0.5: 2 sigmoid(-1) = 2 / (1 + e), 2 sigmoid(0) = 1, 2 sigmoid(2).
     batch = fields([[0.0, 0.0, 0.0]], probs=[[0.25, 0.5, 1.0]], advantages=[[1.0, -2.0, 3.0]])
-    output = sigmoid(k=4.0, tau=0.5, normalize="none").process(1, batch)
+    output = run(device, sigmoid(k=4.0, tau=0.5, normalize="none"), batch)
     expected = [2 / (1 + math.e), 1.0, 2 / (1 + math.exp(-2))]
     assert_close(output.weights, [expected])
     torch.testing.assert_close(output.advantages, paper_both_sigmoid(batch["advantages"], batch["old_log_probs"],
                                                                      4.0, 0.5))
-    normalised = sigmoid(k=4.0, tau=0.5).process(1, batch).weights
+    normalised = run(device, sigmoid(k=4.0, tau=0.5), batch).weights
     assert_close(normalised, [[value / (sum(expected) / 3) for value in expected]])
 
 
 @pytest.mark.parametrize("normalize", ["mean", "none"])
-def test_sigmoid_with_k_zero_is_the_baseline_bit_for_bit(normalize):
+def test_sigmoid_with_k_zero_is_the_baseline_bit_for_bit(device, normalize):
     generator = torch.Generator().manual_seed(1)
     advantages = torch.randn(4, 6, generator=generator)
     batch = {"old_log_probs": -torch.rand(4, 6, generator=generator) * 4, "advantages": advantages,
              "response_mask": torch.rand(4, 6, generator=generator) > 0.3}
-    assert torch.equal(sigmoid(k=0.0, normalize=normalize).process(1, batch).advantages, advantages)
+    assert torch.equal(run(device, sigmoid(k=0.0, normalize=normalize), batch).advantages, advantages)
 
 
 # --- the entropy scorer and the parameters -----------------------------------------------------------------------
-def test_entropy_rules_need_the_entropy_field_and_refuse_non_finite_entropy():
+def test_entropy_rules_need_the_entropy_field_and_refuse_non_finite_entropy(device):
     batch = fields([[0.1, float("nan")]], mask=[[1, 0]])  # NaN at a masked position: fine
-    high_entropy().process(1, batch)
+    run(device, high_entropy(), batch)
     with pytest.raises(KeyError, match="entropy"):
         high_entropy().process(1, {name: value for name, value in batch.items() if name != "entropy"})
     bad = fields([[0.1, float("inf"), float("nan")]])
     with pytest.raises(ValueError, match=r"'entropy' has 2 NaN or infinite value\(s\) on valid tokens.*\(0, 1\)"):
-        stapo().process(1, bad)
+        run(device, stapo(), bad)
 
 
 def test_entropy_scorer_clamps_rounding_below_zero():

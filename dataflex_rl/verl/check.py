@@ -1,4 +1,5 @@
-"""``python -m dataflex_rl.verl.check``: is this environment ready to run ``trainer.v1.trainer_mode=dataflex_sync``?
+"""``python -m dataflex_rl.verl.check``: is this environment ready to run the dataflex trainers
+(``trainer.v1.trainer_mode=dataflex_sync``, ``dataflex_colocate_async``, ``dataflex_separate_async``)?
 
 verl loads its plugins in ``verl/__init__.py`` and logs a plugin's import error at DEBUG level only, so a plugin that
 fails to import shows up later as ``Unknown trainer 'dataflex_sync'``. This doctor checks, in order, and prints
@@ -6,13 +7,16 @@ each result with what to do about a failure:
 
 1. the versions that matter (verl, torch, transformers, vLLM, SGLang, TransferQueue, tensordict, Ray, cachetools),
    and whether CUDA is visible;
-2. the plugin module imports (its traceback is printed when it does not);
-3. the ``verl.plugins`` entry point names it, and verl resolves ``dataflex_sync`` through it in a fresh process,
-   as ``python -m verl.trainer.main_ppo`` will;
-4. with a command (an experiment and its arguments, as ``python -m dataflex_rl.verl.command`` takes them, or a verl
+2. the pieces of verl the plugin builds on (:data:`VERL_PIECES`: the V1 trainer registry, whose modes it lists,
+   TransferQueue, the workers' ``set_loss_fn``, the platform, engine, rollout and checkpoint-engine registries),
+   with what to install when one is missing (a verl without the V1 trainers, as its development branch plans);
+3. the plugin module imports (its traceback is printed when it does not);
+4. the ``verl.plugins`` entry point names it, and verl resolves every dataflex trainer mode through it in a fresh
+   process, as ``python -m verl.trainer.main_ppo`` will;
+5. with a command (an experiment and its arguments, as ``python -m dataflex_rl.verl.command`` takes them, or a verl
    override list after ``--``): verl's config composes with it, and its ``dataflex`` block and the settings the
    trainer guards (the learning-rate schedule of a staged mechanism, ``dataflex_run``) are valid;
-5. verl's CPU mode (:mod:`dataflex_rl.verl.cpu`) in a fresh process with its environment: platform ``cpu``, the
+6. verl's CPU mode (:mod:`dataflex_rl.verl.cpu`) in a fresh process with its environment: platform ``cpu``, the
    FSDP2 engine for it, the ``dataflex_cpu`` rollout.
 
 Usage::
@@ -37,12 +41,26 @@ import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+from dataflex_rl.verl import command
 from typing import Any
 
 PLUGIN_MODULE = "dataflex_rl.verl.trainer"
 ENTRY_POINT_GROUP = "verl.plugins"
-TRAINER_NAME = "dataflex_sync"
+# (what, module, attribute) of each piece of verl the plugin and the CPU mode use; a missing one fails the check.
+VERL_PIECES = (
+    ("V1 trainer registry", "verl.trainer.ppo.v1.trainer_base", "register_trainer"),
+    ("V1 trainer lookup", "verl.trainer.ppo.v1.trainer_base", "get_trainer_cls"),
+    ("TransferQueue", "transfer_queue", "kv_batch_put"),
+    ("set_loss_fn of the actor workers", "verl.workers.engine_workers", "ActorRolloutRefWorker.set_loss_fn"),
+    ("platform registry", "verl.plugin.platform.platform_manager", "PlatformRegistry"),
+    ("engine registry", "verl.workers.engine.base", "EngineRegistry"),
+    ("rollout replica registry", "verl.workers.rollout.replica", "RolloutReplicaRegistry"),
+    ("checkpoint engine registry", "verl.checkpoint_engine.base", "CheckpointEngineRegistry"),
+)
 EXPECTED_VERL = "0.9.1"
+CHECKPOINT_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
+SEPARATE_ASYNC = "dataflex_separate_async"  # the mode whose rollout pool needs a checkpoint engine
 # (label, distribution name) of the packages whose versions decide whether a verl run works.
 DISTRIBUTIONS = (
     ("verl", "verl"),
@@ -110,6 +128,40 @@ def check_cuda(report: Report) -> None:
         report.note("CUDA: not available. verl's rollout and FSDP engine need GPUs; the checks below still hold.")
 
 
+def verl_piece(module: str, attribute: str) -> Any:
+    """``module.attribute`` (dotted within the module); raises ImportError or AttributeError when absent."""
+    found: Any = importlib.import_module(module)
+    for name in attribute.split("."):
+        found = getattr(found, name)
+    return found
+
+
+def check_verl_pieces(report: Report) -> bool:
+    """Each of :data:`VERL_PIECES`, and verl's own trainer modes; True when every piece is there."""
+    missing = []
+    for what, module, attribute in VERL_PIECES:
+        try:
+            verl_piece(module, attribute)
+        except Exception as error:  # ImportError, AttributeError, or whatever a broken install raises
+            missing.append(what)
+            report.fail(f"verl: {what}", f"{module}.{attribute} is missing ({type(error).__name__}: {error})")
+        else:
+            report.ok(f"verl: {what}", f"{module}.{attribute}")
+    if missing:
+        report.note(f"the dataflex trainers need verl {EXPECTED_VERL}'s V1 trainers with TransferQueue: install them "
+                    f"with pip install verl=={EXPECTED_VERL} TransferQueue (a verl without them runs no dataflex mode)")
+        return False
+    registry = verl_piece("verl.trainer.ppo.v1.trainer_base", "TRAINER_REGISTRY")
+    own = sorted(name for name, cls in registry.items() if not cls.__module__.startswith("dataflex_rl"))
+    report.ok("verl trainer modes", f"{', '.join(own)}; dataflex: {', '.join(command.TRAINER_MODES)}")
+    absent = sorted(set(command.TRAINER_MODES.values()) - set(own))
+    if absent:
+        report.fail("verl trainer modes", f"verl has no {absent}, which the dataflex trainers extend; install "
+                                          f"verl=={EXPECTED_VERL}")
+        return False
+    return True
+
+
 def check_plugin_import(report: Report) -> bool:
     """Import the plugin module the way verl would, but show its traceback."""
     try:
@@ -136,19 +188,20 @@ def check_entry_point(report: Report) -> None:
     if policy.strip().lower() == "none":
         report.fail("VERL_USE_EXTERNAL_PLUGINS", "= none: verl loads no plugin; unset it or name 'dataflex' in it")
     code = (
-        "import logging, sys\n"
         "from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
-        f"cls = get_trainer_cls({TRAINER_NAME!r})\n"
-        "print(cls.__module__ + '.' + cls.__qualname__)\n"
+        f"for name in {list(command.TRAINER_MODES)!r}:\n"
+        "    cls = get_trainer_cls(name)\n"
+        "    print(name, cls.__module__, cls.verl_mode)\n"
     )
     result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
                             check=False, timeout=600, cwd=Path.home())
-    lines = result.stdout.strip().splitlines()
-    if result.returncode == 0 and lines and lines[-1] == f"{PLUGIN_MODULE}.DataflexSyncTrainer":
-        report.ok(f"verl resolves {TRAINER_NAME}", f"{lines[-1]} (fresh process, entry point only)")
+    expected = [f"{name} {PLUGIN_MODULE} {mode}" for name, mode in command.TRAINER_MODES.items()]
+    modes = ", ".join(command.TRAINER_MODES)
+    if result.returncode == 0 and result.stdout.strip().splitlines()[-len(expected):] == expected:
+        report.ok(f"verl resolves {modes}", "(fresh process, entry point only)")
     else:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
-        report.fail(f"verl resolves {TRAINER_NAME}", f"in a fresh process (from {Path.home()}):\n{tail}")
+        report.fail(f"verl resolves {modes}", f"in a fresh process (from {Path.home()}):\n{tail}")
 
 
 def verl_overrides(arguments: Sequence[str]) -> list[str]:
@@ -203,16 +256,12 @@ def validate_overrides(overrides: Sequence[str], environment: Mapping[str, str] 
     return (config, *validate_config(config, environment))
 
 
-def check_trainer_mode(config: Any) -> None:
-    """Raise :class:`ConfigError` unless ``trainer.v1.trainer_mode`` is ``dataflex_sync``."""
+def check_trainer_mode(config: Any) -> str:
+    """``trainer.v1.trainer_mode`` when it names a dataflex trainer (:data:`TRAINER_MODES`), else a
+    :class:`ConfigError` naming the key, its value and the allowed ones."""
     from omegaconf import OmegaConf
 
-    from dataflex_rl.validation import ConfigError
-
-    mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
-    if mode != TRAINER_NAME:
-        raise ConfigError(f"trainer.v1.trainer_mode = {mode!r} is not allowed: the dataflex trainer runs only with "
-                          f"{TRAINER_NAME}")
+    return command.check_trainer_mode(OmegaConf.select(config, command.TRAINER_MODE_KEY))
 
 
 def validate_config(config: Any, environment: Mapping[str, str] | None = None) -> tuple[Any, Any]:
@@ -225,14 +274,19 @@ def validate_config(config: Any, environment: Mapping[str, str] | None = None) -
     from dataflex_rl.verl.run_record import run_place
     from dataflex_rl.verl.trainer import mechanism_from_verl_config, prob_change_every
 
-    check_trainer_mode(config)
+    mode = check_trainer_mode(config)
     if (environment or {}).get("VERL_PLATFORM") == "cpu":
-        from dataflex_rl.verl.cpu.patches import ROLLOUT_NAME
+        from dataflex_rl.verl.cpu.patches import CPU_CHECKPOINT_ENGINE, ROLLOUT_NAME
 
         rollout = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
         if rollout != ROLLOUT_NAME:
             raise ConfigError(f"actor_rollout_ref.rollout.name = {rollout!r} is not allowed in verl's CPU mode: "
                               f"it needs {ROLLOUT_NAME} (vLLM, SGLang and TRT-LLM need GPUs)")
+        backend = OmegaConf.select(config, CHECKPOINT_BACKEND_KEY)
+        if mode == SEPARATE_ASYNC and backend != CPU_CHECKPOINT_ENGINE:
+            raise ConfigError(f"{CHECKPOINT_BACKEND_KEY} = {backend!r} is not allowed with {command.TRAINER_MODE_KEY}="
+                              f"{mode} in verl's CPU mode: its rollout pool gets the weights through "
+                              f"{CPU_CHECKPOINT_ENGINE} (verl's engines need GPUs or RDMA)")
     mechanism = mechanism_from_verl_config(config)
     prob_change_every(config)
     return mechanism, run_place(config, mechanism.config.mechanism)
@@ -311,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     check_versions(report)
     check_cuda(report)
-    if check_plugin_import(report):
+    if check_verl_pieces(report) and check_plugin_import(report):
         check_entry_point(report)
         check_cpu_mode(report)
         if options.command:

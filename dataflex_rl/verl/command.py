@@ -4,8 +4,12 @@ An experiment file (``conf/verl_experiment/verl_*.yaml``) holds ``backend: verl`
 an ``overrides`` list of verl Hydra overrides that use them (``${verl.model}``), and a ``dataflex`` block. The
 command is::
 
-    python -m verl.trainer.main_ppo trainer.v1.trainer_mode=dataflex_sync <overrides...> +dataflex.<key>=<value>...
-        <extra verl overrides...>
+    python -m verl.trainer.main_ppo trainer.v1.trainer_mode=<trainer_mode> <overrides...> <trainer_modes.<mode>...>
+        +dataflex.<key>=<value>... <extra verl overrides...>
+
+``trainer_mode`` (a variable of the ``verl`` block, default ``dataflex_sync``) is one of :data:`TRAINER_MODES`; the
+experiment's optional ``trainer_modes`` block gives each mode the verl overrides it needs (separate_async: the
+rollout's own resource pool and checkpoint engine).
 
 The dataflex block is validated here (the same :class:`ConfigError` as the trainer raises) and written out in
 full, so verl's logged config holds every mechanism parameter. Usage::
@@ -40,7 +44,15 @@ from dataflex_rl.scorers import SCORERS
 from dataflex_rl.overrides import hydra_value, parse_override, split_assignment
 from dataflex_rl.validation import ConfigError, to_plain
 
-TRAINER_MODE_OVERRIDE = "trainer.v1.trainer_mode=dataflex_sync"
+TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
+# The dataflex trainers (registered by dataflex_rl.verl.trainer, one per verl V1 mode) and the verl mode each runs as.
+TRAINER_MODES = {"dataflex_sync": "sync", "dataflex_colocate_async": "colocate_async",
+                 "dataflex_separate_async": "separate_async"}
+DEFAULT_TRAINER_MODE = "dataflex_sync"
+# The experiment variable that picks the trainer (``trainer_mode=dataflex_separate_async`` on the command line or in a
+# sweep's extra), and the experiment's block of verl overrides per trainer mode, placed after its ``overrides``.
+TRAINER_MODE_VARIABLE = "trainer_mode"
+MODE_OVERRIDES_BLOCK = "trainer_modes"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
 # A Hydra override value that needs no quotes: an identifier-like word or a path, not a reserved word.
@@ -75,11 +87,23 @@ def load_experiment(experiment: str | Path) -> DictConfig:
         raise ConfigError(f"{path}: verl.overrides must be a list of verl overrides 'key=value'")
     if "dataflex" not in config:
         raise ConfigError(f"{path}: dataflex: missing; a verl experiment needs a dataflex block")
+    for mode, overrides in (config.get(MODE_OVERRIDES_BLOCK) or {}).items():
+        check_trainer_mode(mode, f"{path}: {MODE_OVERRIDES_BLOCK}.{mode}")
+        if not OmegaConf.is_list(overrides):
+            raise ConfigError(f"{path}: {MODE_OVERRIDES_BLOCK}.{mode} must be a list of verl overrides 'key=value'")
     platform = config.get("platform")
     if platform not in PLATFORMS:
         raise ConfigError(f"{path}: platform = {platform!r} is not allowed: one of {list(PLATFORMS)} "
                           f"(null: verl picks the accelerator; cpu: verl's CPU mode, dataflex_rl.verl.cpu)")
     return config
+
+
+def check_trainer_mode(mode: Any, where: str = TRAINER_MODE_KEY) -> str:
+    """``mode`` when it names a dataflex trainer, else a :class:`ConfigError` naming the key, value and choices."""
+    if mode not in TRAINER_MODES:
+        raise ConfigError(f"{where} = {mode!r} is not allowed: the dataflex trainers are {list(TRAINER_MODES)} "
+                          f"(verl's modes {list(TRAINER_MODES.values())} with the mechanism)")
+    return mode
 
 
 def experiment_environment(experiment: str | Path | DictConfig) -> dict[str, str]:
@@ -95,7 +119,7 @@ def experiment_environment(experiment: str | Path | DictConfig) -> dict[str, str
 
 def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
     """Sort ``key=value`` arguments into (variables, dataflex overrides, verl overrides), keeping their order."""
-    variable_names = [name for name in config.verl if name != "overrides"]
+    variable_names = [name for name in config.verl if name != "overrides"] + [TRAINER_MODE_VARIABLE]
     variables: dict[str, str] = {}
     dataflex_overrides: list[str] = []
     verl_overrides: list[str] = []
@@ -155,7 +179,7 @@ def build_verl_command(
     """The argv of ``python -m verl.trainer.main_ppo`` for an experiment.
 
     ``dataflex_overrides``: ``dataflex.KEY=value`` changes to the experiment's dataflex block (validated here).
-    ``extra``: ``NAME=value`` for the experiment's variables (``model``, ``data_dir``, ``seed`` ...), more
+    ``extra``: ``NAME=value`` for the experiment's variables (``model``, ``data_dir``, ``seed``, ``trainer_mode`` ...), more
     ``dataflex.*`` overrides, and verl overrides appended last. Raises :class:`ConfigError` for a bad dataflex
     value or a variable left unset.
     """
@@ -170,12 +194,20 @@ def build_verl_command(
         experiment_overrides = [str(item) for item in OmegaConf.to_container(config.verl.overrides, resolve=True)]
     except OmegaConfBaseException as error:
         raise ConfigError(f"verl.overrides: cannot resolve: {error}") from None
+    mode = check_trainer_mode(config.verl.get(TRAINER_MODE_VARIABLE, DEFAULT_TRAINER_MODE),
+                              f"verl.{TRAINER_MODE_VARIABLE}")
+    mode_overrides = OmegaConf.select(config, f"{MODE_OVERRIDES_BLOCK}.{mode}", default=None)
+    try:
+        if mode_overrides is not None:
+            experiment_overrides += [str(item) for item in OmegaConf.to_container(mode_overrides, resolve=True)]
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{MODE_OVERRIDES_BLOCK}.{mode}: cannot resolve: {error}") from None
     block = merge_dataflex(config.dataflex, [*dataflex_overrides, *extra_dataflex])
     return [
         sys.executable,
         "-m",
         VERL_ENTRY_MODULE,
-        TRAINER_MODE_OVERRIDE,
+        f"{TRAINER_MODE_KEY}={mode}",
         *experiment_overrides,
         *dataflex_arguments(block),
         *verl_extra,

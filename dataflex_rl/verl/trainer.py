@@ -1,8 +1,17 @@
-"""``dataflex_sync``: verl 0.9.1's V1 synchronous PPO trainer with the dataflex mechanism after the advantages.
+"""The dataflex trainers: verl 0.9.1's V1 PPO trainers with the dataflex mechanism after the advantages.
 
-verl has no hook between computing advantages and updating the actor, so this subclass overrides
+One :class:`DataflexTrainer` mixed into each of verl's V1 trainers, registered as ``dataflex_sync``
+(``PPOTrainerSync``), ``dataflex_colocate_async`` (``PPOTrainerColocateAsync``) and ``dataflex_separate_async``
+(``PPOTrainerSeparateAsync``): :data:`dataflex_rl.verl.command.TRAINER_MODES`. Each answers ``self.trainer_mode``
+with its verl mode, so verl's base class runs that mode. The asynchronous modes train on batches sampled before
+the last update; the mechanism reads the ``old_log_probs`` verl computed for its PPO ratio (the current actor's, or
+separate_async's start-of-cycle actor; the rollout's under bypass mode), see docs/verl.md. separate_async runs the
+advantage step once per mini-batch (``parameter_sync_step`` per step): the mechanism then works per mini-batch, and
+the step's histograms are their sum.
+
+verl has no hook between computing advantages and updating the actor, so the trainer overrides
 ``_compute_advantage``: verl computes the advantages (and, with rollout correction, ``rollout_is_weights``) as
-usual, then :meth:`DataflexSyncTrainer._apply_mechanism` reads ``old_log_probs``, ``response_mask`` and
+usual, then :meth:`DataflexTrainer._apply_mechanism` reads ``old_log_probs``, ``response_mask`` and
 ``advantages`` (and ``entropy``, which verl writes next to ``old_log_probs``, for a mechanism whose scorer reads it)
 for the whole batch from TransferQueue, calls ``Mechanism.process`` once (so the weights are
 mean-normalised over the batch, not per micro-batch) and writes only ``advantages`` back. ``rollout_is_weights``
@@ -46,6 +55,8 @@ from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
@@ -57,10 +68,10 @@ from dataflex_rl.config import build_mechanism
 from dataflex_rl.mechanism import Mechanism
 from dataflex_rl.metrics import Histogram, prob_bucket_stats, prob_change_stats
 from dataflex_rl.verl.histograms import WandbHistogramLogger
+from dataflex_rl.verl.command import DEFAULT_TRAINER_MODE, TRAINER_MODE_KEY, TRAINER_MODES
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place
 
-TRAINER_NAME = "dataflex_sync"
 # The fields every mechanism reads (verl's TransferQueue names); a scorer may add its own (``entropy``), read through
 # ``Mechanism.required_fields``. Only "advantages" is written back.
 MECHANISM_FIELDS = ("old_log_probs", "response_mask", "advantages")
@@ -81,7 +92,7 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
     block = config.get("dataflex") if isinstance(config, (DictConfig, Mapping)) else None
     if block is None:
         raise ConfigError(
-            f"dataflex: missing; trainer.v1.trainer_mode={TRAINER_NAME} needs a dataflex block on the verl "
+            f"dataflex: missing; {TRAINER_MODE_KEY}={trainer_mode_of(config)} needs a dataflex block on the verl "
             f"command line, e.g. {EXAMPLE_OVERRIDES}"
         )
     mechanism = build_mechanism(to_plain(block))
@@ -90,6 +101,12 @@ def mechanism_from_verl_config(config: DictConfig | Mapping[str, Any]) -> Mechan
         check_constant_schedule(config, mechanism)
         check_no_distillation(config, mechanism)
     return mechanism
+
+
+def trainer_mode_of(config: DictConfig | Mapping[str, Any]) -> str:
+    """``trainer.v1.trainer_mode`` of a verl config (verl's default when unset is its own ``sync``)."""
+    v1 = ((config.get("trainer") or {}).get("v1") or {}) if isinstance(config, (DictConfig, Mapping)) else {}
+    return str(v1.get("trainer_mode", DEFAULT_TRAINER_MODE))
 
 
 STATS_BLOCK = "dataflex_stats"
@@ -229,9 +246,12 @@ def wandb_enabled(config: DictConfig | Mapping[str, Any]) -> bool:
     return "wandb" in ([loggers] if isinstance(loggers, str) else list(loggers))
 
 
-@register_trainer(TRAINER_NAME)
-class DataflexSyncTrainer(PPOTrainerSync):
-    """verl's sync trainer plus ``Mechanism.process`` on each batch's advantages (see the module docstring)."""
+class DataflexTrainer:
+    """``Mechanism.process`` on each batch's advantages, mixed into one of verl's V1 trainers (see the module
+    docstring); :data:`TRAINERS` holds one subclass per verl mode."""
+
+    # The verl mode this trainer runs as ("sync", "colocate_async", "separate_async").
+    verl_mode: str = ""
 
     def __init__(self, config: DictConfig) -> None:
         # Validate before verl builds anything, so a bad dataflex block stops the run before any worker starts.
@@ -239,19 +259,19 @@ class DataflexSyncTrainer(PPOTrainerSync):
         self.prob_change_every = prob_change_every(config)
         self.run_place = run_place(config, self.mechanism.config.mechanism)
         self.histogram_logger = WandbHistogramLogger(self.mechanism.config.mechanism) if wandb_enabled(config) else None
-        super().__init__(config)
+        super().__init__(config)  # type: ignore[call-arg]
 
-    # verl's base class reads ``self.trainer_mode == "sync"`` to pick the sync replay buffer, prompt refill and
-    # checkpoint behaviour, and ``trainer.v1.<trainer_mode>`` for its settings. This trainer *is* the sync trainer,
-    # so it answers "sync"; the registered name stays in ``trainer.v1.trainer_mode``.
+    # verl's base class reads ``self.trainer_mode`` to pick the replay buffer, prompt refill and checkpoint behaviour
+    # (``== "sync"``), and ``trainer.v1.<trainer_mode>`` for its settings: each trainer answers its verl mode, and the
+    # registered name (``dataflex_<mode>``) stays in ``trainer.v1.trainer_mode``.
     @property
     def trainer_mode(self) -> str:
-        """``"sync"``: verl's base class treats this trainer as its sync trainer."""
-        return "sync"
+        """The verl mode: verl's base class treats this trainer as that mode's trainer."""
+        return self.verl_mode
 
     @trainer_mode.setter
     def trainer_mode(self, registered_name: str) -> None:
-        """Keep the name verl registered the trainer under (``dataflex_sync``) as ``registered_name``."""
+        """Keep the name verl registered the trainer under (``dataflex_<mode>``) as ``registered_name``."""
         self.registered_name = registered_name
 
     # Set by the advantage step when the mechanism asks for staged updates; taken by the next actor update.
@@ -353,7 +373,8 @@ class DataflexSyncTrainer(PPOTrainerSync):
         metrics.update(prob_bucket_stats(token_probs, output.advantages, response_mask))
         if self.histogram_logger is not None:
             self.histogram_logger.log(self.global_steps, output.histograms)
-        self.pending_histograms = dict(output.histograms)
+        # separate_async runs the advantage step once per mini-batch of a step: the step's histograms add up.
+        self.pending_histograms = merge_histograms(self.pending_histograms, output.histograms)
 
         self.pending_stages = None
         if output.stage_masks is not None:
@@ -411,6 +432,48 @@ class DataflexSyncTrainer(PPOTrainerSync):
         metrics.update(merge_stage_metrics(per_stage))
         metrics[keys.UPDATE_STAGES] = float(len(stages.stage_masks))
         return batch
+
+
+class DataflexSyncTrainer(DataflexTrainer, PPOTrainerSync):
+    """verl's sync trainer with the mechanism (``dataflex_sync``)."""
+
+    verl_mode = "sync"
+
+
+class DataflexColocateAsyncTrainer(DataflexTrainer, PPOTrainerColocateAsync):
+    """verl's colocated asynchronous trainer with the mechanism (``dataflex_colocate_async``)."""
+
+    verl_mode = "colocate_async"
+
+
+class DataflexSeparateAsyncTrainer(DataflexTrainer, PPOTrainerSeparateAsync):
+    """verl's separated asynchronous trainer with the mechanism (``dataflex_separate_async``)."""
+
+    verl_mode = "separate_async"
+
+
+# One registration per verl mode, under the names the command builder and the doctor accept.
+TRAINERS: dict[str, type[DataflexTrainer]] = {
+    cls_name: cls
+    for cls in (DataflexSyncTrainer, DataflexColocateAsyncTrainer, DataflexSeparateAsyncTrainer)
+    for cls_name, mode in TRAINER_MODES.items() if mode == cls.verl_mode
+}
+if set(TRAINERS) != set(TRAINER_MODES):
+    raise ImportError(f"dataflex trainers {sorted(TRAINERS)} do not cover the modes {sorted(TRAINER_MODES)}")
+for _name, _cls in TRAINERS.items():
+    register_trainer(_name)(_cls)
+
+
+def merge_histograms(held: Mapping[str, Histogram], new: Mapping[str, Histogram]) -> dict[str, Histogram]:
+    """``held`` plus ``new``, the counts of a name in both added (their edges must be equal)."""
+    merged = dict(held)
+    for name, value in new.items():
+        if name in merged:
+            if not np.array_equal(merged[name].edges, value.edges):
+                raise ValueError(f"histogram {name}: the mini-batches' bin edges differ")
+            value = Histogram(value.edges, merged[name].counts + value.counts)
+        merged[name] = value
+    return merged
 
 
 @contextlib.contextmanager

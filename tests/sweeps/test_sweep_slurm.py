@@ -134,6 +134,7 @@ def test_scancel_of_a_running_job_is_recorded_once_and_resumed(slurm, tmp_path, 
     assert status(run_dir)["state"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_requeued_job_is_waited_for_never_submitted_twice_and_resumes_where_it_stopped(
         slurm, tmp_path, repo_on_path, monkeypatch, capsys):
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")

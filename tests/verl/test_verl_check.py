@@ -73,7 +73,7 @@ def test_raw_verl_overrides_after_a_double_dash(capsys):
     check.check_command(report, ["--", "trainer.v1.trainer_mode=sync", "+dataflex.mechanism=reweight"])
     output = capsys.readouterr().out
     assert report.failures == ["trainer.v1.trainer_mode"]
-    assert "the dataflex trainer runs only with dataflex_sync" in output
+    assert "trainer.v1.trainer_mode = 'sync' is not allowed: the dataflex trainers are ['dataflex_sync'," in output
 
 
 @pytest.mark.slow  # two fresh processes importing verl: 20-40 s on a shared 2-core machine
@@ -84,5 +84,7 @@ def test_the_doctor_passes_in_this_environment(tmp_path):
         capture_output=True, text=True, check=False, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "ok    verl resolves dataflex_sync: dataflex_rl.verl.trainer.DataflexSyncTrainer" in result.stdout
+    assert ("ok    verl resolves dataflex_sync, dataflex_colocate_async, dataflex_separate_async: (fresh process, "
+            "entry point only)") in result.stdout
+    assert "ok    verl trainer modes: colocate_async, separate_async, sync;" in result.stdout
     assert result.stdout.rstrip().endswith("all checks passed")

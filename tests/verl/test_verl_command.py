@@ -14,7 +14,8 @@ from dataflex_rl import ConfigError, build_mechanism
 from dataflex_rl.overrides import hydra_value
 from dataflex_rl.verl.command import (
     EXPERIMENT_DIR,
-    TRAINER_MODE_OVERRIDE,
+    DEFAULT_TRAINER_MODE,
+    TRAINER_MODE_KEY,
     build_verl_command,
     dataflex_arguments,
     main,
@@ -31,7 +32,7 @@ def as_dict(arguments: list[str]) -> dict[str, str]:
 
 def test_command_starts_verl_with_the_dataflex_trainer():
     command = build_verl_command("verl_kk_3b", [], VARIABLES)
-    assert command[:4] == [sys.executable, "-m", "verl.trainer.main_ppo", TRAINER_MODE_OVERRIDE]
+    assert command[:4] == [sys.executable, "-m", "verl.trainer.main_ppo", f"{TRAINER_MODE_KEY}={DEFAULT_TRAINER_MODE}"]
     arguments = as_dict(command[3:])
     # The paper's K&K setup.
     assert arguments["actor_rollout_ref.model.path"] == "/models/qwen"

@@ -20,11 +20,11 @@ from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from dataflex_rl import ConfigError, build_mechanism, keys
+from dataflex_rl.verl.command import DEFAULT_TRAINER_MODE as TRAINER_NAME
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD
 from dataflex_rl.verl.trainer import (
     MECHANISM_TIMER,
-    TRAINER_NAME,
     DataflexSyncTrainer,
     mechanism_from_verl_config,
     prob_change_every,

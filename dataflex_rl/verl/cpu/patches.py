@@ -14,6 +14,8 @@ module attributes verl binds at import, replaced in this process only:
    available``), so the policy is built unpinned.
 5. The rollout ``dataflex_cpu`` (:mod:`dataflex_rl.verl.cpu.rollout`) in ``RolloutReplicaRegistry`` and, for its
    in-worker adapter, ``_ROLLOUT_REGISTRY[("dataflex_cpu", "async")]`` (``workers/rollout/base.py`` L86-112).
+6. The checkpoint engine ``dataflex_cpu`` (:mod:`dataflex_rl.verl.cpu.checkpoint`) in ``CheckpointEngineRegistry``:
+   separate_async syncs its rollout pool through one, and verl's need accelerators or RDMA.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 
 ROLLOUT_NAME = "dataflex_cpu"
+CPU_CHECKPOINT_ENGINE = "dataflex_cpu"  # the checkpoint engine's name (dataflex_rl.verl.cpu.checkpoint)
 PROCESS_GROUP_BACKEND = "cpu:gloo"
 
 
@@ -93,6 +96,15 @@ def register_rollout() -> None:
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "dataflex_rl.verl.cpu.rollout.CPUServerAdapter"
 
 
+def register_checkpoint_engine() -> None:
+    """Work-around 6: the ``dataflex_cpu`` checkpoint engine (weights through Ray's object store)."""
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    from dataflex_rl.verl.cpu.checkpoint import CPUCheckpointEngine
+
+    CheckpointEngineRegistry.register(CPU_CHECKPOINT_ENGINE)(CPUCheckpointEngine)
+
+
 def apply_all() -> None:
     """Every registration and work-around above, in the order verl needs them (idempotent)."""
     register_platform()
@@ -100,3 +112,4 @@ def apply_all() -> None:
     patch_process_group()
     patch_offload_policy()
     register_rollout()
+    register_checkpoint_engine()

@@ -4,8 +4,9 @@ verl 0.9.1 serves rollouts from vLLM, SGLang or TRT-LLM servers only; its ``HFRo
 This module gives verl what those backends give it, through the same two registries
 (:func:`dataflex_rl.verl.cpu.patches.register_rollout`):
 
-- :class:`CPURolloutReplica` (``RolloutReplicaRegistry``): in the sync trainer's hybrid mode, launches one
-  :class:`CPURolloutServer` Ray actor per replica and hands verl its handle.
+- :class:`CPURolloutReplica` (``RolloutReplicaRegistry``): launches one :class:`CPURolloutServer` Ray actor per
+  replica and hands verl its handle, beside the trainer's workers (hybrid: sync and colocate_async) or beside the
+  rollout pool's checkpoint-engine workers (standalone: separate_async's own resource pool).
 - :class:`CPURolloutServer`: verl's agent loop calls its async ``generate(prompt_ids, sampling_params,
   request_id, ...)`` once per sample and gets a ``TokenOutput`` (tokens up to and including EOS, their
   log-probs, ``extra_fields["global_steps"]``). Requests arriving together are sampled as one batch by
@@ -13,11 +14,16 @@ This module gives verl what those backends give it, through the same two registr
   generator seeded from the run's seed, the weights' version, the prompt and its occurrence, so a sample does
   not depend on which requests shared its batch. An architecture the sampler does not cover exactly
   (:func:`dataflex_rl.local.decoder.supported`) is sampled by HF ``generate`` instead (3x slower here, and its one
-  generator per batch makes a sample depend on its batch). Sleep, wake-up, abort, KV-cache and profiler calls are no-ops.
+  generator per batch makes a sample depend on its batch). ``abort_all_requests`` (the asynchronous trainers call it
+  before a weight sync) pauses the server: requests not yet in a sampler call end ``aborted`` with no tokens (verl's
+  ``FullyAsyncLLMServerClient`` asks again), new ones wait for ``resume_generation`` (or end ``aborted`` at once with
+  ``reject_request``); a sampler call under way finishes on the weights it started with (responses are a few tokens
+  long). Sleep, wake-up, KV-cache and profiler calls are no-ops.
 - :class:`CPUServerAdapter` (``_ROLLOUT_REGISTRY[("dataflex_cpu", "async")]``): the in-worker side verl's
   ``update_weights`` (``engine_workers.py``, checkpoint engine ``naive``) pushes the trainer's weights into; every
   rank gathers each full tensor (a collective under FSDP), rank 0 of the replica sends them to the server, and the
-  server's digest of the weights it now holds must equal the digest of what was sent.
+  server's digest of the weights it now holds must equal the digest of what was sent. In a standalone pool it gets
+  the weights from the ``dataflex_cpu`` checkpoint engine (:mod:`dataflex_rl.verl.cpu.checkpoint`).
 
 Only plain sampling is served: temperature (0 is greedy), ``top_k`` off (-1 or 0), ``top_p`` 1,
 ``repetition_penalty`` 1; anything else is refused naming the parameter.
@@ -38,6 +44,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from dataflex_rl.local.decoder import DecoderWeights, supported
 from dataflex_rl.local.sampler import sample
@@ -48,6 +55,8 @@ from dataflex_rl.local.sequences import hf_sample
 COLLECT_SECONDS = 0.05
 # Sampling parameters the project's sampler does not implement, and the value that means "off".
 PLAIN_SAMPLING = {"top_p": (1.0, None), "top_k": (-1, 0, None), "repetition_penalty": (1.0, None)}
+# Hybrid: beside the trainer's workers (sync, colocate_async); standalone: in separate_async's rollout pool.
+SERVED_MODES = (RolloutMode.HYBRID, RolloutMode.STANDALONE)
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
@@ -94,6 +103,11 @@ class Request:
     future: asyncio.Future
 
 
+def aborted_output(global_steps: int | None) -> TokenOutput:
+    """What an aborted request returns: no tokens, ``stop_reason="aborted"`` (verl's client asks again)."""
+    return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted", extra_fields={"global_steps": global_steps})
+
+
 class CPURolloutServer:
     """A Ray actor serving ``generate`` from a copy of the policy on the CPU (see the module docstring)."""
 
@@ -123,6 +137,9 @@ class CPURolloutServer:
         self.pending: list[Request] = []
         self.batcher: asyncio.Task | None = None
         self.lock = asyncio.Lock()
+        self.running = asyncio.Event()  # cleared between abort_all_requests and resume_generation
+        self.running.set()
+        self.rejecting = False
 
     # --- generation -------------------------------------------------------------------------------------------
     def max_tokens(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
@@ -139,6 +156,10 @@ class CPURolloutServer:
                        **unused: Any) -> TokenOutput:
         """Sample one response for ``prompt_ids`` (batched with the requests that arrive with it)."""
         check_sampling(sampling_params)
+        if not self.running.is_set():
+            if self.rejecting:
+                return aborted_output(self.global_steps)
+            await self.running.wait()
         prompt_ids = [int(token) for token in prompt_ids]
         key = (self.version, tuple(prompt_ids))
         occurrence = self.occurrences[key]
@@ -234,12 +255,19 @@ class CPURolloutServer:
     async def wake_up(self, *args: Any, **kwargs: Any) -> None:
         """No device memory to restore."""
 
-    async def abort_all_requests(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Nothing is aborted: the sync trainer waits for its rollouts to finish."""
-        return {"aborted_count": 0, "request_ids": []}
+    async def abort_all_requests(self, reject_request: bool = False, **unused: Any) -> dict[str, Any]:
+        """Pause: end the requests not yet in a sampler call ``aborted`` (see the module docstring)."""
+        self.running.clear()
+        self.rejecting = reject_request
+        waiting, self.pending = self.pending, []
+        for request in waiting:
+            request.future.set_result(aborted_output(self.global_steps))
+        return {"aborted_count": len(waiting), "request_ids": []}
 
     async def resume_generation(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing was paused."""
+        """Let requests in again after :meth:`abort_all_requests`."""
+        self.rejecting = False
+        self.running.set()
 
     async def clear_kv_cache(self, *args: Any, **kwargs: Any) -> None:
         """The sampler's cache lives for one batch."""
@@ -258,7 +286,7 @@ class CPURolloutServer:
 
 
 class CPURolloutReplica(RolloutReplica):
-    """One :class:`CPURolloutServer` per replica, beside the trainer's workers (hybrid mode only)."""
+    """One :class:`CPURolloutServer` per replica, beside the replica's first worker (hybrid or standalone)."""
 
     def rollout_worker_use_gpu(self) -> bool:
         """The server needs no (logical) GPU."""
@@ -266,11 +294,9 @@ class CPURolloutReplica(RolloutReplica):
 
     async def launch_servers(self) -> None:
         """Start the replica's server on its first worker's node and wait until its model is loaded."""
-        if self.rollout_mode != RolloutMode.HYBRID:
-            raise NotImplementedError(
-                f"rollout.name=dataflex_cpu runs in verl's hybrid mode only (the sync trainer's); got "
-                f"{self.rollout_mode}"
-            )
+        if self.rollout_mode not in SERVED_MODES:
+            raise NotImplementedError(f"rollout.name=dataflex_cpu serves verl's rollout modes {SERVED_MODES}; got "
+                                      f"{self.rollout_mode}")
         node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         name = server_name(self.replica_rank, self.name_suffix)
         server = ray.remote(CPURolloutServer).options(
@@ -308,7 +334,7 @@ class CPUServerAdapter(BaseRollout):
         the server now holds exactly them."""
         if wire_format != "named_tensors":
             raise NotImplementedError(f"rollout.name=dataflex_cpu takes full named tensors, not {wire_format!r}")
-        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        state = {name: tensor.detach().to("cpu", copy=True) async for name, tensor in ensure_async_iterator(weights)}
         if not self.sends:
             return
         if self.server is None:

@@ -103,17 +103,19 @@ def start(folder: Path, cpus: int | None = None, memory_mb: int | None = None, t
 
 
 def stop(folder: Path) -> None:
-    """Stop this folder's daemons (by their pid files): slurmd, slurmctld, then munged."""
+    """Stop this folder's daemons (SIGTERM by their pid files) and wait up to 10 s for them to exit."""
     folder = folder.resolve()
+    stopped = []
     for pid_file in (folder / "slurmd.pid", folder / "slurmctld.pid", folder / "munge" / "munged.pid"):
         try:
             pid = int(pid_file.read_text().split()[0])
             os.kill(pid, signal.SIGTERM)
         except (OSError, ValueError, IndexError):
             continue
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            time.sleep(0.1)
+        stopped.append(pid)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in stopped):
+        time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,6 +81,7 @@ def job_of(sweep_dir: Path, run: str) -> str:
                     if (sweep_dir / "sweep.json").exists() else None, what=f"{run}'s job id")
 
 
+@pytest.mark.slow
 def test_a_local_backend_sweep_runs_as_slurm_jobs(slurm, tmp_path, sft_cache, capfd):
     """The real trainer: the SFT warm start and two runs, each a job of the array; no sacct warning."""
     code = main(["alpha=0.5", "seeds=1", "steps=2", f"root={tmp_path / 'runs'}", "name=real", "poll_s=0.2",
@@ -101,7 +102,9 @@ def test_jobs_limits_the_arrays_parallelism_and_the_driver_says_why_a_run_waits(
                                                                               monkeypatch, capfd):
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
     assert main(argv(tmp_path, "jobs=1", "alpha=0.0,0.5", steps=4)) == 0
-    out = capfd.readouterr().out
+    captured = capfd.readouterr()
+    out = captured.out
+    assert "sacct" not in out + captured.err  # states come from squeue: no accounting, no warnings
     waits = [line for line in out.splitlines() if "waits in the queue: PENDING: JobArrayTaskLimit" in line]
     assert len(waits) == 1, out  # said once, not at every poll
     waiting_run = waits[0].split()[0]

@@ -176,6 +176,7 @@ def test_the_doctor_main_stops_before_the_plugin_when_verl_lacks_a_piece(monkeyp
     assert "FAIL  verl: TransferQueue" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a fresh process, as test_every_mode_is_registered_in_a_fresh_process
 def test_the_doctor_resolves_every_mode_through_the_entry_point(capsys):
     report = check.Report()
     check.check_entry_point(report)

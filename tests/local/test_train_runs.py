@@ -87,6 +87,7 @@ def test_same_seed_same_metrics_and_alpha_zero_equals_baseline_preset(tmp_path, 
     assert reweighted.loc[1, keys.WEIGHT_PREFIX + "/std"] > 0 == first.loc[1, keys.WEIGHT_PREFIX + "/std"]
 
 
+@pytest.mark.slow
 def test_resume_after_kill_keeps_metric_rows_unique_and_contiguous(tmp_path, sft_cache):
     run_dir = tmp_path / "run"
     # 20 steps of ~40 ms leave a wide window between "step 3 is logged" and the end of the run for the kill.

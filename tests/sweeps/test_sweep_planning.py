@@ -57,6 +57,7 @@ def test_config_refuses_a_plan_it_cannot_make() -> None:
         parse_sweep_config({"seeds": [1, 2, 3], "target_mde": -0.01})
 
 
+@pytest.mark.slow
 def test_a_planned_sweep_adds_seeds_to_its_folder_then_resumes_without_touching_completed_runs(
         tmp_path, repo_on_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("SCRIPTED_TRAIN_NOISE", "0.02")

@@ -55,6 +55,7 @@ def node_names(address: str) -> dict[str, str]:
             for node in list_nodes(address=address)}
 
 
+@pytest.mark.slow
 def test_ray_launcher_spreads_one_ray_job_per_run_over_two_nodes(tmp_path, ray_cluster, monkeypatch):
     from ray.job_submission import JobStatus, JobSubmissionClient
 

@@ -102,6 +102,7 @@ def test_verl_runs_read_the_prepared_folder_of_their_warm_start(tmp_path):
     assert [run.run_dir.name for run in verl_prepare(shared, expand_grid(shared), tmp_path, 1)] == ["shared"]
 
 
+@pytest.mark.slow
 def test_a_short_real_per_seed_sweep_records_each_warm_start_and_reports_its_design(tmp_path, sft_cache, capsys):
     sweep_dir = tmp_path / "runs" / "ws"
     argv = ["alpha=0.5", "seeds=1,2", "steps=2", "jobs=2", f"root={tmp_path / 'runs'}", "name=ws",

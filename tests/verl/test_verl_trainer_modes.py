@@ -32,6 +32,7 @@ VERL_BASES = {"sync": PPOTrainerSync, "colocate_async": PPOTrainerColocateAsync,
 CPU = ["prepared=/tmp/prepared"]
 
 
+@pytest.mark.slow
 def test_every_mode_is_registered_in_a_fresh_process(tmp_path):
     # As verl's main_ppo resolves it: only verl is imported; its __init__ loads the entry point.
     code = (

@@ -57,6 +57,7 @@ def test_resume_with_a_different_config_is_refused_naming_the_keys(tmp_path, sft
     assert run(compose_train(overrides + ["trainer.total_steps=3"])) == 2
 
 
+@pytest.mark.slow
 def test_two_trainers_on_one_run_dir_one_is_refused_and_steps_stay_unique(tmp_path, sft_cache):
     run_dir = tmp_path / "run"
     # Long enough to be still training while the second process starts (about 10 s of imports); stopped below.

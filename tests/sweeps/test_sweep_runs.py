@@ -94,6 +94,7 @@ def sigkill_one_run_then_resume(tmp_path, argv: list[str], wait_until_logged: bo
     assert json.loads(status.read_text())["state"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_sigkilled_run_fails_alone_and_the_next_invocation_resumes_it(tmp_path, repo_on_path, monkeypatch):
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
     argv = ["alpha=0.5", "seeds=1", "steps=4", "jobs=2", f"root={tmp_path / 'runs'}", "name=demo",
@@ -140,6 +141,7 @@ def test_sigint_stops_every_run_cleanly_and_the_same_command_resumes(tmp_path, r
         assert steps == list(range(1, 31))  # resumed after the last logged step, none twice
 
 
+@pytest.mark.slow
 def test_runs_of_a_sigkilled_driver_stop_and_the_next_invocation_resumes_them(tmp_path, repo_on_path, monkeypatch):
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
     sweep_dir = tmp_path / "runs" / "orphans"

@@ -205,18 +205,11 @@ def test_a_drained_node_is_named_as_the_reason_to_wait_and_a_cancelled_pending_j
 @pytest.mark.slow
 def test_a_verl_cpu_mode_run_as_a_slurm_job(slurm, tmp_path, monkeypatch):
     """verl's real trainer in its CPU mode (its own Ray cluster inside the job), one run as one SLURM job."""
-    import yaml
-
     from dataflex_rl.tracking.run_store import read_status
 
-    from ..verl.cpu_mode import TEST_PREPARE_OVERRIDES
+    from ..verl.cpu_mode import write_test_experiment
 
-    experiment = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
-                                 / "verl_cpu_tiny.yaml").read_text())
-    experiment["prepare"]["overrides"] += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={tmp_path / 'sft-cache'}"]
-    experiment["prepare"].update(train_size=512, test_size=64)
-    path = tmp_path / "verl_cpu_test.yaml"
-    path.write_text(yaml.safe_dump(experiment))
+    path = write_test_experiment(tmp_path)
     monkeypatch.chdir(tmp_path)
     code = main(["backend=verl", f"verl_experiment={path}", "alpha=0.0", "seeds=1", "steps=2", "report=false",
                  f"root={tmp_path / 'runs'}", "name=verl", "launcher=slurm", "slurm.cpus_per_task=2",

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
 from sweeps.cli import load_config, main
 from sweeps.config import available_cores
@@ -36,14 +34,9 @@ def test_a_two_run_verl_cpu_sweep_passes_beside_a_cpu_hog(tmp_path, monkeypatch)
     """Both cores busy with another job: the default sweep (no JOBS) completes both runs."""
     from dataflex_rl.tracking.run_store import read_status
 
-    from ..verl.cpu_mode import TEST_PREPARE_OVERRIDES
+    from ..verl.cpu_mode import write_test_experiment
 
-    experiment = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
-                                 / "verl_cpu_tiny.yaml").read_text())
-    experiment["prepare"]["overrides"] += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={tmp_path / 'sft-cache'}"]
-    experiment["prepare"].update(train_size=512, test_size=64)
-    path = tmp_path / "verl_cpu_test.yaml"
-    path.write_text(yaml.safe_dump(experiment))
+    path = write_test_experiment(tmp_path)
     monkeypatch.chdir(tmp_path)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:

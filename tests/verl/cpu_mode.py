@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataflex_rl.verl.command import build_verl_command, experiment_environment, load_experiment
+from dataflex_rl.verl.command import EXPERIMENT_DIR, build_verl_command, experiment_environment, load_experiment
 from dataflex_rl.verl.cpu.prepare import prepare
 
 EXPERIMENT = "verl_cpu_tiny"
@@ -29,6 +29,19 @@ def prepare_folder(root: Path) -> Path:
     overrides = [str(item) for item in load_experiment(EXPERIMENT).prepare.overrides]
     overrides += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={root / 'sft-cache'}"]
     return prepare(root / "prepared", overrides, train_size=512, test_size=64)
+
+
+def write_test_experiment(root: Path) -> Path:
+    """``verl_cpu_tiny`` with the tests' short prepare step (SFT cached under ``root/sft-cache``), written to
+    ``root/verl_cpu_test.yaml`` for a sweep's ``verl_experiment=``."""
+    import yaml
+
+    experiment = yaml.safe_load((EXPERIMENT_DIR / f"{EXPERIMENT}.yaml").read_text())
+    experiment["prepare"]["overrides"] += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={root / 'sft-cache'}"]
+    experiment["prepare"].update(train_size=512, test_size=64)
+    path = root / "verl_cpu_test.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    return path
 
 
 @dataclass

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from dataflex_rl import keys
 from dataflex_rl.tracking import load_histograms, load_metrics, read_meta, read_status
 
-from cpu_mode import TEST_PREPARE_OVERRIDES, prepare_folder, run_verl  # noqa: E402  (sibling module; tests/verl is on sys.path)
+from cpu_mode import prepare_folder, run_verl, write_test_experiment  # noqa: E402  (sibling module; tests/verl is on sys.path)
 from sweeps.commands import preset_overrides
 
 AR = ["dataflex.actuator.params.alpha=0.5"]
@@ -181,12 +180,7 @@ def is_histogram(row: dict, name: str) -> bool:
 def test_a_two_run_verl_sweep_on_the_cpu_gives_a_report(tmp_path, monkeypatch):
     from sweeps.cli import main as sweep_main
 
-    experiment = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
-                                 / "verl_cpu_tiny.yaml").read_text())
-    experiment["prepare"]["overrides"] += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={tmp_path / 'sft-cache'}"]
-    experiment["prepare"].update(train_size=512, test_size=64)
-    path = tmp_path / "verl_cpu_test.yaml"
-    path.write_text(yaml.safe_dump(experiment))
+    path = write_test_experiment(tmp_path)
     monkeypatch.chdir(tmp_path)
     code = sweep_main(["backend=verl", f"verl_experiment={path}", "alpha=0.5", "seeds=1", "steps=2", "jobs=1",
                        f"root={tmp_path / 'runs'}", "name=cpu"])

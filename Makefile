@@ -7,19 +7,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
-# `make help` lists the "#>" lines below.
+# `make help` lists the "#>" lines below; a default they state is checked against the sweep schema (sweeps/config.py).
 #> EXPERIMENT a named experiment, e.g. kk (Knights and Knaves: GRPO, AR 0.2/0.5, Lopti x 8 seeds; docs/knights_knaves.md)
-#> ALPHA     alpha values, e.g. 0.0,0.25,0.5 (default that, or each preset's own alpha with MECH; 0 is always added)
+#> ALPHA     alpha values, e.g. 0.0,0.25,0.5; 0 is always added; with MECH each preset's own alpha (default 0.0,0.5)
 #> SEEDS     seeds (default 1,2,3,4,5,6,7,8)
 #> MECH      mechanism presets as an axis, e.g. ar,lopti,high_entropy,stapo,ar_sigmoid (conf/dataflex/; the baseline is added)
 #> ETA       eta values as an axis (presets whose actuator has an eta)
-#> STEPS     RL steps per run (default 120 on the local backend; the trainer's own 400 for a single make train)
-#> WARM_START per_seed (default: each seed's runs start from the SFT warm start of sft.seed = seed, so intervals include the warm start's draw) | shared (one warm start for every run)
+#> STEPS     RL steps per run; make train: the trainer's own (default 120 on the local backend)
+#> WARM_START per_seed: each seed's runs start from the SFT warm start of sft.seed = seed, so intervals include the warm start's draw | shared: one warm start for every run (default per_seed)
 #> JOBS      runs at once (default: the core count; 1 in verl's CPU mode, whose runs each start a Ray cluster on every core)
 #> SWEEP     sweep name: folder runs/<SWEEP> (default: a hash of the grid); report and notebook read it
-#> BACKEND   local (CPU trainer, default) | verl (GPUs; on a laptop with VERL_EXPERIMENT=verl_cpu_tiny)
-#> VERL_EXPERIMENT BACKEND=verl: conf/verl_experiment/<name>.yaml (default verl_kk_3b; verl_cpu_tiny: verl's CPU mode)
-#> LAUNCHER  process (child processes here, default) | slurm (submitit job array; a job asks slurm.cpus_per_task=8 CPUs, slurm.mem_gb=4 GB: a local run peaks at 0.7 GB, so runs share a node) | ray (Ray Jobs)
+#> BACKEND   a backend, conf/backend/<name>.yaml; docs/verl.md runs verl on GPUs or a laptop (default local)
+#> VERL_EXPERIMENT BACKEND=verl: conf/verl_experiment/<name>.yaml; verl_cpu_tiny: verl's CPU mode (default verl_kk_3b)
+#> LAUNCHER  process (child processes here) | slurm (submitit job array; a job asks slurm.cpus_per_task=8 CPUs, slurm.mem_gb=4 GB: a local run peaks at 0.7 GB, so runs share a node) | ray (Ray Jobs) (default process)
 #> SWEEP_ARGS more sweep-driver keys (conf/sweeps/), e.g. SWEEP_ARGS="slurm.partition=gpu threads=2"
 #> DRY_RUN   DRY_RUN=1 prints every command line and starts nothing
 #> EXTRA     training overrides for every run, e.g. EXTRA="task=knights_knaves trainer.lr=3e-4"
@@ -28,9 +28,9 @@ STAMP := $(VENV)/.installed
 EXPERIMENT ?=
 ALPHA ?=
 SEEDS ?=
-BACKEND ?= local
+BACKEND ?=
 VERL_EXPERIMENT ?=
-LAUNCHER ?= process
+LAUNCHER ?=
 JOBS ?=
 STEPS ?=
 SWEEP ?=

@@ -1,26 +1,6 @@
 """Aggregates over seeds: per-run summaries, per-group statistics and comparisons against a baseline group.
 
-Everything takes the long table of :mod:`analysis.load` (``sweep, run, ..., alpha, seed, step, metric, value``) or the
-per-run summary table built from it, and returns a new DataFrame; randomness comes only from ``random_state``. The
-statistics themselves (t intervals and tests, Holm, MDE, IQM, probability of improvement) are defined in
-:mod:`analysis.statistics`, the BCa intervals in :mod:`analysis.bootstrap`, curves over steps in :mod:`analysis.curves`.
-
-Per-run summaries of one metric (:data:`SUMMARY_STATISTICS`):
-
-- **Final window**: mean of a run's last ``K`` logged values of a metric (for ``val/accuracy``, the last ``K``
-  evaluations).
-- **AUC**: trapezoid integral of value over step divided by the step span of the run
-  (``last_step - first_step``), i.e. the time-averaged value; a run logged at one step gets that value.
-- **Best**: max (min for lower-is-better metrics) over logged values; **steps to threshold**: first logged step whose
-  value is ``>= threshold`` (``<=`` for lower-is-better), NaN when never reached.
-
-Groups are the runs sharing the values of ``group_keys``; a group's statistics use one value per run (per seed).
-Group values and baseline selectors compare by value and type (:mod:`analysis.groups`): alpha ``0.5`` selects the
-float 0.5, never the text ``"0.5"``, and a missing factor value (NaN, None) matches only a missing one.
-**Comparisons** pair each group with the baseline group on the seed (paired t) or take all runs of both (Welch),
-with Holm over the groups of one metric, the MDE and the probability of improvement. A baseline that selects one
-group per value of another factor (``alpha = 0`` at each learning rate) compares each group with the baseline of its
-own stratum.
+Randomness comes only from ``random_state``; definitions: docs/analysis.md ("Definitions").
 """
 
 from __future__ import annotations
@@ -37,7 +17,6 @@ from analysis.bootstrap import (
     bca_intervals,
     bootstrap_ci,
     improvement_statistic,
-    iqm_statistic,
 )
 from analysis.frames import IDENTITY_COLUMNS, factor_columns
 from analysis.groups import Strata, baseline_strata, check_columns, group_items, group_key, matching_rows
@@ -57,16 +36,13 @@ from analysis.statistics import (
     t_tests,
 )
 from dataflex_rl import keys
-from dataflex_rl.keys import BASELINE_ALPHA, BASELINE_PRESET
+from dataflex_rl.config_keys import BASELINE_ALPHA, BASELINE_PRESET
 
 DEFAULT_FINAL_WINDOW = 5
 SUMMARY_STATISTICS: tuple[str, ...] = ("final", "final_window", "auc", "best", "steps_to_threshold")
-# Metrics where a smaller value is the better one (losses, timings); everything else counts as higher-is-better
-# for ``best`` and thresholds. Tables mark a best group only for metrics with a known direction (see metric_direction).
+# Metrics where smaller is better (losses, timings); any other is higher-is-better
 LOWER_IS_BETTER_KEYS = frozenset({keys.PG_LOSS, keys.KL_LOSS, keys.GRAD_CLIP_FRAC})
 LOWER_IS_BETTER_PREFIXES: tuple[str, ...] = ("timing_s/",)
-HIGHER_IS_BETTER_KEYS = frozenset({keys.TRAIN_ACCURACY})
-HIGHER_IS_BETTER_PREFIXES: tuple[str, ...] = (keys.VAL_ACCURACY, "critic/score/")
 AGGREGATE_COLUMNS: tuple[str, ...] = ("n", "mean", "std", "iqm", "ci_low", "ci_high", "iqm_ci_low", "iqm_ci_high")
 DIFFERENCE_COLUMNS: tuple[str, ...] = (
     "n_pairs", "mean", "baseline_mean", "mean_difference", "std_difference", "ci_low", "ci_high", "p_value",
@@ -74,46 +50,20 @@ DIFFERENCE_COLUMNS: tuple[str, ...] = (
 
 
 def lower_is_better(metric: str, minimize: Collection[str] | None = None) -> bool:
-    """Whether smaller is better for ``metric``: ``minimize`` when given, else the project defaults above."""
+    """Whether smaller is better for ``metric``: ``minimize`` when given, else the defaults above."""
     if minimize is not None:
         return metric in minimize
     return metric in LOWER_IS_BETTER_KEYS or metric.startswith(LOWER_IS_BETTER_PREFIXES)
 
 
-def metric_direction(
-    metric: str, minimize: Collection[str] | None = None, maximize: Collection[str] | None = None
-) -> int:
-    """+1 when larger is better, -1 when smaller is better, 0 when neither (e.g. ``response_length/mean``).
-
-    ``minimize`` / ``maximize`` override the project defaults (accuracy and reward up; losses and timings down).
-    """
-    if minimize is not None and metric in minimize:
-        return -1
-    if maximize is not None and metric in maximize:
-        return 1
-    if metric in LOWER_IS_BETTER_KEYS or metric.startswith(LOWER_IS_BETTER_PREFIXES):
-        return -1
-    if metric in HIGHER_IS_BETTER_KEYS or metric.startswith(HIGHER_IS_BETTER_PREFIXES):
-        return 1
-    return 0
-
-
-# --- per-run summaries -----------------------------------------------------------------------------------------------
-
-
 def _codes(series: pd.Series) -> np.ndarray:
-    """Integer codes of a column (its categorical codes, or codes of a factorisation)."""
     if isinstance(series.dtype, pd.CategoricalDtype):
         return series.cat.codes.to_numpy(dtype=np.int64)
     return pd.factorize(series, use_na_sentinel=False)[0].astype(np.int64)
 
 
 def segments(long: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """Order ``long`` by (sweep, run, metric, step) unless it already is; return it with segment starts and ends.
-
-    A segment is one run's one metric; ``starts``/``ends`` ``(n_segments,)`` are row positions (end exclusive).
-    A step repeated inside a segment keeps its last row.
-    """
+    """``long`` ordered by (sweep, run, metric, step), last row of a repeated step kept, and its segments' bounds."""
     sweep_codes, run_codes, metric_codes = (_codes(long[c]) for c in ("sweep", "run", "metric"))
     n_runs = int(run_codes.max(initial=0)) + 1
     n_metrics = int(metric_codes.max(initial=0)) + 1
@@ -143,13 +93,8 @@ def run_summaries(
     thresholds: Mapping[str, float] | None = None,
     minimize: Collection[str] | None = None,
 ) -> pd.DataFrame:
-    """One row per (run, metric): identity columns (plus any extra per-run columns of ``long``), ``metric``,
-    ``n_points, first_step, last_step``, then
-    :data:`SUMMARY_STATISTICS` (definitions in the module doc; ``final_window`` = mean of the last ``final_window``
-    logged values). ``thresholds``: ``{metric: value}`` for ``steps_to_threshold`` (NaN for other metrics).
-
-    Vectorised over all segments at once (``np.add.reduceat`` and friends), so 8 M rows take well under a second.
-    """
+    """One row per (run, metric): identity, extra per-run columns, ``n_points, first_step, last_step`` and
+    :data:`SUMMARY_STATISTICS`; ``thresholds``: ``{metric: value}`` for ``steps_to_threshold``."""
     if final_window < 1:
         raise ValueError(f"final_window={final_window!r} must be a positive number of logged values")
     if metrics is not None:
@@ -168,60 +113,29 @@ def run_summaries(
     values = frame["value"].to_numpy(dtype=np.float64)
     segment_metrics = identity["metric"].astype(str).to_numpy()
     minimise = np.array([lower_is_better(m, minimize) for m in segment_metrics])
-
-    summary = identity
-    summary["n_points"] = ends - starts
-    summary["first_step"] = steps[starts]
-    summary["last_step"] = steps[ends - 1]
-    summary["final"] = values[ends - 1]
-    summary["final_window"] = _window_means(values, starts, ends, final_window)
-    summary["auc"] = _normalised_areas(steps, values, starts, ends)
-    summary["best"] = np.where(minimise, np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts))
-    summary["steps_to_threshold"] = _steps_to_threshold(steps, values, starts, ends, segment_metrics, minimise,
-                                                        thresholds)
-    return summary
-
-
-def _window_means(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, final_window: int) -> np.ndarray:
-    """Mean of the last ``final_window`` values of each segment ``values[start:end]`` (all of a shorter one)."""
+    count = ends - starts
+    # final window: reduceat over interleaved (window start, end) pairs; a trailing 0 makes `end == len` valid
     window_starts = np.maximum(starts, ends - final_window)
-    # reduceat over interleaved (window start, end) pairs sums each window; a trailing 0 makes `end == len` valid.
-    padded = np.append(values, 0.0)
-    window_sums = np.add.reduceat(padded, np.column_stack([window_starts, ends]).ravel())[::2]
-    return window_sums / (ends - window_starts)
-
-
-def _normalised_areas(steps: np.ndarray, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Trapezoid area under each segment divided by its step span (the single value of a one-step segment)."""
-    # Trapezoids between consecutive rows, zeroed where the next row starts another segment.
+    window_sums = np.add.reduceat(np.append(values, 0.0), np.column_stack([window_starts, ends]).ravel())[::2]
+    # AUC: trapezoids between consecutive rows, zeroed where the next row starts another segment, over the step span
     trapezoids = np.zeros_like(values)
     trapezoids[:-1] = 0.5 * (values[1:] + values[:-1]) * np.diff(steps).astype(np.float64)
     trapezoids[ends - 1] = 0.0
-    areas = np.add.reduceat(trapezoids, starts)
     span = (steps[ends - 1] - steps[starts]).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(span > 0, areas / span, values[starts])
-
-
-def _steps_to_threshold(steps: np.ndarray, values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                        segment_metrics: np.ndarray, minimise: np.ndarray,
-                        thresholds: Mapping[str, float] | None) -> np.ndarray:
-    """First step at which each segment reaches its metric's threshold (``<=`` when lower is better), else NaN."""
+        auc = np.where(span > 0, np.add.reduceat(trapezoids, starts) / span, values[starts])
     reached_step = np.full(starts.size, np.nan)
-    if not thresholds:
-        return reached_step
-    count = ends - starts
-    segment_threshold = np.array([thresholds.get(m, np.nan) for m in segment_metrics], dtype=np.float64)
-    row_threshold = np.repeat(segment_threshold, count)
-    row_minimise = np.repeat(minimise, count)
-    reached = np.where(row_minimise, values <= row_threshold, values >= row_threshold)
-    first = np.minimum.reduceat(np.where(reached, np.arange(values.size), values.size), starts)
-    hit = first < ends
-    reached_step[hit] = steps[first[hit]]
-    return reached_step
-
-
-# --- per-group statistics --------------------------------------------------------------------------------------------
+    if thresholds:  # first step at which a segment reaches its metric's threshold (<= when lower is better)
+        row_threshold = np.repeat(np.array([thresholds.get(m, np.nan) for m in segment_metrics], dtype=np.float64),
+                                  count)
+        reached = np.where(np.repeat(minimise, count), values <= row_threshold, values >= row_threshold)
+        first = np.minimum.reduceat(np.where(reached, np.arange(values.size), values.size), starts)
+        reached_step[first < ends] = steps[first[first < ends]]
+    return identity.assign(
+        n_points=count, first_step=steps[starts], last_step=steps[ends - 1], final=values[ends - 1],
+        final_window=window_sums / (ends - window_starts), auc=auc,
+        best=np.where(minimise, np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)),
+        steps_to_threshold=reached_step)
 
 
 def aggregate_runs(
@@ -234,13 +148,8 @@ def aggregate_runs(
     n_bootstrap: int = DEFAULT_BOOTSTRAP,
     random_state: RandomState = 0,
 ) -> pd.DataFrame:
-    """Per (group, metric) statistics of one per-run ``value`` column of :func:`run_summaries`.
-
-    Returns columns ``[*group_keys, metric, *AGGREGATE_COLUMNS]``: ``n`` runs with a finite value, ``mean``, ``std``
-    with ``ddof=1``, ``iqm``, ``ci_*`` the Student-t interval of the mean (NaN at n < 2), ``iqm_ci_*`` a BCa bootstrap
-    interval of the IQM (NaN below :data:`analysis.bootstrap.MIN_BOOTSTRAP_N` runs). ``stratify_by`` (several sweeps
-    pooled): the IQM interval resamples each stratum to its own size (percentile interval).
-    """
+    """Per (group, metric) :data:`AGGREGATE_COLUMNS` of one per-run ``value``: Student-t interval of the mean, BCa
+    interval of the IQM (stratified percentile interval with ``stratify_by``, for pooled sweeps)."""
     check_columns(summaries, [*group_keys, *stratify_by, "metric", value], "group_keys/stratify_by/value")
     check_confidence(confidence)
     rng = np.random.default_rng(random_state)
@@ -273,14 +182,12 @@ def aggregate_runs(
                            confidence)
     for record, low, high in zip(with_values, lows, highs, strict=True):
         record["ci_low"], record["ci_high"] = float(low), float(high)
-    intervals = bca_intervals([(sample,) for _, sample in bootstrapped], iqm_statistic, paired=False,
+    intervals = bca_intervals([(sample,) for _, sample in bootstrapped], interquartile_mean, paired=False,
                               confidence=confidence, n_bootstrap=n_bootstrap, rng=rng)
     for (index, _), (low, high) in zip(bootstrapped, intervals, strict=True):
         records[index]["iqm_ci_low"], records[index]["iqm_ci_high"] = low, high
     return pd.DataFrame.from_records(records, columns=[*group_keys, "metric", *AGGREGATE_COLUMNS])
 
-
-# --- comparisons against a baseline group ----------------------------------------------------------------------------
 
 Samples = list[tuple[tuple[Any, ...], np.ndarray, np.ndarray]]
 
@@ -289,8 +196,7 @@ def _metric_samples(
     of_metric: pd.DataFrame, metric: str, value: str, group_keys: Sequence[str], baseline_key: tuple[Any, ...],
     pair_on: Sequence[str], paired: bool,
 ) -> Samples:
-    """``(group key, x, y)`` for every group but the baseline: paired, the values of the ``pair_on`` keys present in
-    both (in the group's order; a repeated key keeps its last run); unpaired, all values of each group."""
+    """``(group key, x, y)`` for every group but the baseline, paired on ``pair_on`` (a repeated key keeps its last)."""
     reference_positions = np.flatnonzero(matching_rows(of_metric, dict(zip(group_keys, baseline_key, strict=True))))
     pair_frame = of_metric.iloc[reference_positions][list(pair_on)]
     duplicated = pair_frame.duplicated()
@@ -320,8 +226,7 @@ def _stratified_samples(
     of_metric: pd.DataFrame, metric: str, value: str, group_keys: Sequence[str], strata: Strata,
     pair_on: Sequence[str], paired: bool,
 ) -> Samples:
-    """:func:`_metric_samples` within each stratum (the other factors' values) against that stratum's baseline; a
-    group whose stratum has no baseline run gets empty samples (``n_pairs = 0``)."""
+    """:func:`_metric_samples` within each stratum against its baseline (empty samples where it has none)."""
     strata_keys, baseline_keys = strata
     if not strata_keys:
         (baseline_key,) = baseline_keys.values()
@@ -353,18 +258,8 @@ def paired_differences(
     power: float = DEFAULT_POWER,
     level: float = DEFAULT_LEVEL,
 ) -> pd.DataFrame:
-    """Per (group, metric) against the baseline group, pairing runs on ``pair_on`` (the seed).
-
-    ``baseline``: column values selecting the baseline group (:func:`analysis.groups.matching_rows`), default
-    ``{"alpha": 0.0}``. It selects one group of ``group_keys``, or one per combination of the other factors: with
-    ``group_keys=("alpha", "trainer.lr")`` and ``baseline={"alpha": 0}``, each (alpha, lr) is compared with alpha = 0
-    at the same lr, paired on seed. Returns ``[*group_keys, metric, *DIFFERENCE_COLUMNS]`` for every other group
-    (definitions in :mod:`analysis.statistics`): ``mean_difference`` with its paired-t interval ``ci_low``/``ci_high``
-    and p-value, ``p_holm`` (Holm over the groups of one metric), ``std_difference`` (of the paired differences),
-    ``mde`` (80% power, 5% two-sided by default), ``prob_improvement`` with a paired BCa interval (NaN below
-    :data:`analysis.bootstrap.MIN_BOOTSTRAP_N` pairs). ``paired=False``: Welch's t on all runs of the two groups
-    (``n_pairs`` = the smaller group's size). Groups with no seed in common get ``n_pairs = 0`` and NaN.
-    """
+    """Per (group, metric) :data:`DIFFERENCE_COLUMNS` against the baseline group (default ``alpha = 0``; one per
+    stratum of the other factors), paired on ``pair_on``, or by Welch's t with ``paired=False``."""
     baseline = dict(baseline if baseline is not None else {"alpha": BASELINE_ALPHA})
     check_columns(summaries, [*group_keys, *pair_on, *baseline, "metric", value], "group_keys/pair_on/baseline/value")
     check_confidence(confidence)
@@ -406,13 +301,8 @@ def paired_differences(
     return pd.DataFrame.from_records(records, columns=[*group_keys, "metric", *DIFFERENCE_COLUMNS])
 
 
-# --- defaults for a sweep --------------------------------------------------------------------------------------------
-
-
 def default_group_keys(runs: pd.DataFrame) -> tuple[str, ...]:
-    """The swept non-seed factors of a run table: ``mechanism_label`` when the runs hold more than one mechanism
-    configuration, ``alpha``, then every other factor column (``eta``, ``trainer.lr``, ...) taking more than one
-    value (:func:`analysis.load.factor_columns`)."""
+    """``mechanism_label`` when it varies, ``alpha``, then every other factor column taking more than one value."""
     labels = runs["mechanism_label"].dropna().unique() if "mechanism_label" in runs.columns else []
     summary_columns = ("n_points", "first_step", "last_step", *SUMMARY_STATISTICS)
     factors = tuple(column for column in factor_columns(runs, exclude=summary_columns)
@@ -421,12 +311,7 @@ def default_group_keys(runs: pd.DataFrame) -> tuple[str, ...]:
 
 
 def default_baseline(frame: pd.DataFrame, group_keys: Sequence[str]) -> dict[str, Any] | None:
-    """The baseline selector for :func:`paired_differences`, or None when none is unambiguous.
-
-    With mechanism labels: the ``baseline`` label if present; otherwise (or without labels) ``alpha == 0``. The full
-    group key when that selects one group; the selector alone when it selects one group per value of the other
-    factors (``trainer.lr``: deltas against alpha = 0 at the same lr); never across mechanism configurations.
-    """
+    """The baseline selector (mechanism label ``baseline``, else ``alpha == 0``), or None when ambiguous."""
     candidates: list[dict[str, Any]] = []
     if "mechanism_label" in group_keys and matching_rows(frame, {"mechanism_label": BASELINE_PRESET}).any():
         candidates.append({"mechanism_label": BASELINE_PRESET})

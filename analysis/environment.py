@@ -1,55 +1,70 @@
-"""The numeric environments of a sweep's runs, for the report: which CPU kernels, BLAS, threads and CPU each included
-run's numbers came from (the run table's ``environment`` label, :func:`analysis.load.environment_label`).
-
-The same warm start gives a different greedy accuracy under torch's AVX512 and AVX2 kernels, so runs from several
-environments may differ by machine rather than by mechanism. :func:`environment_table` lists the environments (the
-report's Environment section); :func:`mixed_environment_warning` is the report's warning when the included runs come
-from more than one, or a run changed environment on resume. A run whose ``meta.json`` records no environment counts
-as the environment ``unknown``.
-"""
+"""The numeric environment of runs (CPU kernels, BLAS, threads, CPU): the run table's label, and the report's
+Environment section and warning."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
-
-from analysis.load import ENVIRONMENT_PARTS, ENVIRONMENT_SEPARATOR, RESUMED_UNDER
 
 UNKNOWN_ENVIRONMENT = "unknown"
 SHOWN_RUN_NAMES = 4
 ENVIRONMENT_NOTE = ("Each included run's numeric environment, from its `meta.json`: the CPU kernel set torch "
                     "dispatched to (with `ATEN_CPU_CAPABILITY` when it capped it), the BLAS torch was built with, "
                     "torch's threads and the CPU; runs of different environments can differ by these alone.")
+# A label's parts, in order, joined by the separator; a run resumed under another environment has the last part.
+ENVIRONMENT_PARTS: tuple[str, ...] = ("CPU kernels", "BLAS", "threads", "CPU", "resumed under")
+ENVIRONMENT_SEPARATOR = " · "
+RESUMED_UNDER = "resumed under "
 
 
-def _included_labels(runs: pd.DataFrame) -> pd.Series:
-    """The ``environment`` label of every included run (``unknown`` where none is recorded), indexed by run name."""
-    included = runs[runs["included"]]
-    labels = included["environment"] if "environment" in included.columns else pd.Series(None, index=included.index)
-    return pd.Series([UNKNOWN_ENVIRONMENT if pd.isna(label) else str(label) for label in labels],
-                     index=included["run"].astype(str).to_numpy(), dtype=object)
+def environment_parts(environment: Mapping[str, Any]) -> list[str]:
+    """The first four :data:`ENVIRONMENT_PARTS` of one ``meta.json`` environment record."""
+    kernels = str(environment.get("cpu_capability") or "unknown kernels")
+    if environment.get("aten_cpu_capability") is not None:
+        kernels += f" (ATEN_CPU_CAPABILITY={environment['aten_cpu_capability']})"
+    threads = environment.get("threads")
+    cpu, machine = environment.get("cpu"), environment.get("machine")
+    return [kernels, str(environment.get("blas") or "unknown BLAS"),
+            f"{threads} thread{'' if threads == 1 else 's'}",
+            f"{cpu} ({machine})" if cpu and machine and cpu != machine else str(cpu or machine or "unknown CPU")]
+
+
+def environment_label(meta: Mapping[str, Any]) -> str | None:
+    """A run's numeric environment as one label (None when unrecorded); a resume elsewhere adds what changed."""
+    environment = meta.get("environment")
+    if not isinstance(environment, Mapping):
+        return None
+    parts = environment_parts(environment)
+    changed, previous = [], parts
+    for change in meta.get("environment_changes") or ():
+        current = environment_parts(change)
+        changed.append(", ".join(part for part, before in zip(current, previous, strict=True) if part != before))
+        previous = current
+    if changed:
+        parts.append(RESUMED_UNDER + "; then ".join(changed))
+    return ENVIRONMENT_SEPARATOR.join(parts)
 
 
 def _by_environment(runs: pd.DataFrame) -> dict[str, list[str]]:
     """Environment label -> the included runs' names, the most common environment first (ties by label)."""
+    included = runs[runs["included"]]
+    labels = included["environment"] if "environment" in included.columns else [None] * len(included)
     groups: dict[str, list[str]] = {}
-    for run, label in _included_labels(runs).items():
-        groups.setdefault(label, []).append(run)
+    for run, label in zip(included["run"].astype(str), labels, strict=True):
+        groups.setdefault(UNKNOWN_ENVIRONMENT if pd.isna(label) else str(label), []).append(run)
     return dict(sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])))
 
 
 def abbreviated(names: Sequence[str], shown: int = SHOWN_RUN_NAMES) -> str:
-    """``a, b, c, d, ... (9 in all)``: the first ``shown`` names, and how many there are when some are left out."""
+    """``a, b, c, d, ... (9 in all)``."""
     names = list(names)
-    if len(names) <= shown:
-        return ", ".join(names)
-    return ", ".join(names[:shown]) + f", ... ({len(names)} in all)"
+    return ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
 
 
 def _label_parts(label: str) -> dict[str, str]:
-    """A label's :data:`~analysis.load.ENVIRONMENT_PARTS` (``resumed under`` empty for a run never resumed elsewhere);
-    every part ``unknown`` for the unknown environment."""
+    """A label's :data:`ENVIRONMENT_PARTS` (``resumed under`` empty for a run never resumed elsewhere)."""
     if label == UNKNOWN_ENVIRONMENT:
         return dict.fromkeys(ENVIRONMENT_PARTS[:-1], UNKNOWN_ENVIRONMENT) | {ENVIRONMENT_PARTS[-1]: ""}
     parts = label.split(ENVIRONMENT_SEPARATOR)
@@ -59,9 +74,7 @@ def _label_parts(label: str) -> dict[str, str]:
 
 
 def environment_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per distinct numeric environment among the included runs of a run table, the most common first:
-    the label's parts (``CPU kernels``, ``BLAS``, ``threads``, ``CPU``, and ``resumed under`` when a run was resumed
-    under another environment), ``runs`` (how many) and ``run names`` (abbreviated). No rows without included runs."""
+    """One row per numeric environment of the included runs, the most common first: its parts, runs, run names."""
     rows = [{**_label_parts(label), "runs": len(names), "run names": abbreviated(names)}
             for label, names in _by_environment(runs).items()]
     table = pd.DataFrame(rows, columns=[*ENVIRONMENT_PARTS, "runs", "run names"])
@@ -71,8 +84,7 @@ def environment_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def mixed_environment_warning(runs: pd.DataFrame) -> str | None:
-    """The report's warning when the included runs come from more than one numeric environment or a run changed
-    environment on resume (its label then says ``resumed under``); None when all share one."""
+    """The warning for included runs of several numeric environments or resumed under another; None otherwise."""
     groups = _by_environment(runs)
     resumed = [label for label in groups if ENVIRONMENT_SEPARATOR + RESUMED_UNDER in label]
     if len(groups) <= 1 and not resumed:

@@ -1,17 +1,4 @@
-"""Sweep-level tables that join: ``runs/<sweep>/metrics.parquet`` and ``runs/<sweep>/runs.parquet``.
-
-One ``read_parquet`` (pandas, polars, duckdb) then has a whole sweep with its identity on every row, no filename
-parsing and no join with ``meta.json``:
-
-- ``metrics.parquet``, long: ``sweep, run, backend, mechanism, mechanism_label, alpha, <every other swept factor>,
-  seed, step, metric, value`` (one row per logged finite value of an included run);
-- ``runs.parquet``: the run table of :func:`analysis.load.load_sweep` (identity, state, exclusion reason, timings,
-  the resolved config as ``config.<key>`` columns), one row per run, excluded runs included.
-
-The other swept factors are the run's axes (``meta.json``'s ``axes``), as columns named by the axis (``eta``,
-``trainer.lr``). Written
-at the end of a sweep and by ``python -m analysis.report``; both files are replaced atomically.
-"""
+"""Sweep-level tables ``runs/<sweep>/metrics.parquet`` (long) and ``runs.parquet`` (runs), replaced atomically."""
 
 from __future__ import annotations
 
@@ -28,7 +15,7 @@ RUNS_FILE = "runs.parquet"
 
 
 def long_table(data: SweepData) -> pd.DataFrame:
-    """The long metrics table with every swept factor as a column (placed after ``alpha``, as the loader puts it)."""
+    """The long table with every swept factor as a column after ``alpha``."""
     factors = [c for c in factor_columns(data.runs) if c in data.metrics.columns]
     identity = [c for c in data.metrics.columns if c not in ("seed", "step", "metric", "value", *factors)]
     return data.metrics[[*identity, *factors, "seed", "step", "metric", "value"]].copy()
@@ -47,5 +34,5 @@ def write_sweep_tables(data: SweepData, sweep_dir: str | os.PathLike[str]) -> di
 
 
 def export_sweep(sweep_dir: str | os.PathLike[str]) -> dict[str, Path]:
-    """Load the sweep folder (completed runs in the long table, every run in the run table) and write its tables."""
+    """Load the sweep folder and write its tables."""
     return write_sweep_tables(load_sweep(sweep_dir, histograms=False), sweep_dir)

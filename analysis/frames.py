@@ -1,10 +1,5 @@
-"""The tables every loader returns (run store, W&B online, W&B offline), and how they are built.
-
-Column sets (:data:`IDENTITY_COLUMNS`, :data:`LONG_COLUMNS`, :data:`RUN_COLUMNS`, :data:`HISTOGRAM_COLUMNS`), the
-result type :class:`SweepData`, one run's metrics :class:`RunMetrics`, and the builders every loader shares: the run
-table (:func:`make_run_table`), the long table (:func:`build_long_table`), the histogram table
-(:func:`histogram_table`) and the factor columns (a run's recorded axes, :func:`axis_factors`, :func:`pop_factors`).
-:mod:`analysis.load` documents the tables' columns; this module reads no file, so every loader can import it.
+"""The tables every loader returns (run store, W&B online, W&B offline): column sets, :class:`SweepData`, and the
+builders the loaders share (columns: docs/analysis.md, "The tables"). Reads no file, so every loader can import it.
 """
 
 from __future__ import annotations
@@ -28,15 +23,14 @@ LONG_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "metric", "value")
 HISTOGRAM_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "name", "edges", "counts")
 RUN_COLUMNS: tuple[str, ...] = (
     *IDENTITY_COLUMNS, "state", "status_step", "error", "wall_time_s", "git_commit", "config_hash", "start_time",
-    "end_time", "environment", "warm_start", "warm_start_design", "warm_start_seed", "path", "metrics_source", "included", "exclusion_reason",
+    "end_time", "environment", "warm_start", "warm_start_design", "warm_start_seed", "path", "metrics_source",
+    "included", "exclusion_reason",
 )
-COMPLETED = run_store.COMPLETED
-RUN_STATES: tuple[str, ...] = run_store.STATES
 
 
 @dataclass(frozen=True)
 class SweepData:
-    """What a loader returns: the run table, the long metrics table and the histogram table (see module doc)."""
+    """The run table, the long metrics table and the histogram table (docs/analysis.md, "The tables")."""
 
     runs: pd.DataFrame
     metrics: pd.DataFrame
@@ -70,8 +64,7 @@ class RunMetrics:
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "config.") -> dict[str, Any]:
-    """The run store's :func:`~dataflex_rl.tracking.run_store.flatten_config` as table columns: ``{prefix +
-    "a.b.c": value}``, lists and empty mappings as JSON text (a cell holds one scalar)."""
+    """The run store's flattened config as ``{prefix + "a.b.c": value}`` columns, lists and mappings as JSON."""
     return {prefix + key: json.dumps(value, default=str) if isinstance(value, (list, tuple, Mapping)) else value
             for key, value in run_store.flatten_config(config).items()}
 
@@ -86,53 +79,54 @@ def as_float(value: Any) -> float:
 
 def as_seed(value: Any) -> int | None:
     """``value`` as an int (seeds, steps); None for None, NaN or anything that is not an integer."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
     try:
         return int(value)
     except (TypeError, ValueError):
         return None
 
 
-def select_names(names: Iterable[str], patterns: Sequence[str] | None) -> list[str]:
-    """Names matching any of ``patterns`` (exact keys or ``fnmatch`` globs such as ``grad_norm/by_prob/*``)."""
-    names = list(names)
-    if patterns is None:
-        return names
-    return [name for name in names if any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)]
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-# --- factors ---------------------------------------------------------------------------------------------------
+def wide_metrics(by_step: Mapping[int, Mapping[str, Any]], metrics: Sequence[str] | None) -> RunMetrics:
+    """``{step: {key: value}}`` history -> :class:`RunMetrics` of its numeric keys matching ``metrics`` (globs)."""
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    numeric = {key for row in by_step.values() for key, value in row.items() if _is_number(value)}
+    names = tuple(name for name in sorted(numeric) if metrics is None
+                  or any(name == pattern or fnmatch.fnmatchcase(name, pattern) for pattern in metrics))
+    index = {name: i for i, name in enumerate(names)}
+    values = np.full((len(names), len(steps)), np.nan)
+    for column, step in enumerate(steps):
+        for key, value in by_step[int(step)].items():
+            if key in index and _is_number(value):
+                values[index[key], column] = float(value)
+    return RunMetrics(steps, names, values)
 
 
 def axis_factors(axes: Any) -> dict[str, Any]:
-    """A run's recorded axes (``meta.json``'s or the W&B config's ``run_identity.axes``) -> its factor columns: every
-    axis but those the identity columns already hold (alpha, seed, the preset label). Not a mapping: none."""
+    """A run's recorded axes -> its factor columns (the axes the identity columns do not hold)."""
     if not isinstance(axes, Mapping):
         return {}
     return {str(name): value for name, value in axes.items() if name not in IDENTITY_COLUMNS}
 
 
 def pop_factors(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Move each run-table row's ``factors`` mapping into columns of the row (in place); return the factor column
-    names in first-seen order (a row without one of them gets NaN from :func:`make_run_table`)."""
-    names: dict[str, None] = {}
-    for row in rows:
-        for name, value in (row.pop("factors", None) or {}).items():
-            row[name] = value
-            names[name] = None
-    return list(names)
+    """Move each row's ``factors`` into columns of the row (in place); return their names in first-seen order."""
+    factors = [row.pop("factors", None) or {} for row in rows]
+    for row, row_factors in zip(rows, factors, strict=True):
+        row.update(row_factors)
+    return list(dict.fromkeys(name for row_factors in factors for name in row_factors))
 
 
 def factor_columns(frame: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
-    """The swept factors of a run table or long table beyond the identity columns (``eta``, ``trainer.lr``, ...), in
-    table order: the columns that are neither run-table, long-table nor ``config.*`` columns, nor in ``exclude``."""
+    """The swept factors beyond the identity columns: columns neither run-table, long-table nor ``config.*``."""
     known = {*RUN_COLUMNS, *LONG_COLUMNS, "loadable", *exclude}
     return [c for c in frame.columns if c not in known and not str(c).startswith("config.")]
 
 
 def _factor_values(values: pd.Series) -> pd.Series:
-    """Numbers as float64 (NaN where a run lacks the factor); anything else as text (None stays missing)."""
+    """Numbers as float64 (NaN where missing), anything else as text."""
     present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in present):
         return pd.to_numeric(values, errors="coerce").astype(np.float64)
@@ -140,13 +134,8 @@ def _factor_values(values: pd.Series) -> pd.Series:
                      index=values.index, dtype=object)
 
 
-
-# --- building the tables ---------------------------------------------------------------------------------------
-
-
 def make_run_table(rows: Sequence[Mapping[str, Any]], factors: Sequence[str] = ()) -> pd.DataFrame:
-    """Run-table rows (dicts with the :data:`RUN_COLUMNS` keys, any missing one left empty, plus ``factors`` and
-    ``config.*`` keys) -> the run table with fixed column order and dtypes (factors, then config columns, sorted)."""
+    """Run-table rows -> the run table: :data:`RUN_COLUMNS`, ``factors``, then config columns sorted; fixed dtypes."""
     frame = pd.DataFrame.from_records(list(rows)) if rows else pd.DataFrame(columns=list(RUN_COLUMNS))
     for column in (*RUN_COLUMNS, *factors):
         if column not in frame.columns:
@@ -165,45 +154,24 @@ def make_run_table(rows: Sequence[Mapping[str, Any]], factors: Sequence[str] = (
     return frame
 
 
-
 def build_long_table(runs: pd.DataFrame, run_metrics: Mapping[int, RunMetrics]) -> pd.DataFrame:
-    """Long table (module doc) from the run table and ``{run-table row position: RunMetrics}``.
-
-    Every array is built once: per run, the ``(m, n)`` value block is flattened metric-major (so rows come out ordered
-    by run, metric, step), non-finite values are dropped, and the blocks are concatenated in one call per column.
-    """
+    """Long table from the run table and ``{run-table row position: RunMetrics}``, ordered by run, metric, step."""
     vocabulary = sorted({name for metrics in run_metrics.values() for name in metrics.names})
     code_of = {name: code for code, name in enumerate(vocabulary)}
-    run_blocks, metric_blocks, step_blocks, value_blocks = [], [], [], []
+    blocks = []  # per run: (run position, metric code, step, value), flattened metric-major
     for position in sorted(run_metrics):
         metrics = run_metrics[position]
         if not metrics.names or len(metrics.steps) == 0:
             continue
         codes = np.fromiter((code_of[name] for name in metrics.names), dtype=np.int32, count=len(metrics.names))
         order = np.argsort(codes, kind="stable")
-        values = metrics.values[order]
-        n_steps = len(metrics.steps)
-        flat_values = values.ravel()
-        flat_steps = np.tile(metrics.steps, len(codes))
-        flat_metrics = np.repeat(codes[order], n_steps)
-        finite = np.isfinite(flat_values)
-        if not finite.all():  # steps a metric was not logged at (NaN in the wide table) are dropped
-            flat_values, flat_steps, flat_metrics = flat_values[finite], flat_steps[finite], flat_metrics[finite]
-        value_blocks.append(flat_values)
-        step_blocks.append(flat_steps)
-        metric_blocks.append(flat_metrics)
-        run_blocks.append(np.full(flat_values.size, position, dtype=np.int32))
-    if value_blocks:
-        run_positions = np.concatenate(run_blocks)
-        metric_codes = np.concatenate(metric_blocks)
-        steps = np.concatenate(step_blocks)
-        values = np.concatenate(value_blocks)
-    else:
-        run_positions = np.empty(0, np.int32)
-        metric_codes = np.empty(0, np.int32)
-        steps = np.empty(0, np.int64)
-        values = np.empty(0, np.float64)
-
+        flat_values = metrics.values[order].ravel()
+        finite = np.isfinite(flat_values)  # steps a metric was not logged at (NaN in the wide table) are dropped
+        blocks.append((np.full(int(finite.sum()), position, dtype=np.int32),
+                       np.repeat(codes[order], len(metrics.steps))[finite],
+                       np.tile(metrics.steps, len(codes))[finite], flat_values[finite]))
+    empty = (np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.float64))
+    run_positions, metric_codes, steps, values = (np.concatenate(parts) for parts in zip(empty, *blocks, strict=True))
     columns: dict[str, Any] = {}
     for column in CATEGORY_COLUMNS:
         per_run = pd.Categorical(runs[column].astype(str))
@@ -218,20 +186,13 @@ def build_long_table(runs: pd.DataFrame, run_metrics: Mapping[int, RunMetrics]) 
     return pd.DataFrame(columns, copy=False)
 
 
-
 def empty_histogram_table() -> pd.DataFrame:
-    """A histogram table with no rows and the columns of :data:`HISTOGRAM_COLUMNS`."""
-    frame = pd.DataFrame({column: pd.Series(dtype=object) for column in HISTOGRAM_COLUMNS})
-    frame["alpha"] = frame["alpha"].astype(np.float64)
-    frame["seed"] = frame["seed"].astype("Int64")
-    frame["step"] = frame["step"].astype(np.int64)
-    return frame
-
+    return pd.DataFrame({column: pd.Series(dtype=object) for column in HISTOGRAM_COLUMNS}).astype(
+        {"alpha": np.float64, "seed": "Int64", "step": np.int64})
 
 
 def histogram_table(records: Sequence[Mapping[str, Any]], factors: Sequence[str] = ()) -> pd.DataFrame:
-    """Histogram records (identity columns, factor values, ``step``, ``name``, ``edges``, ``counts``) -> the histogram
-    table: :data:`HISTOGRAM_COLUMNS` with the ``factors`` between the identity columns and ``step``."""
+    """Histogram records -> :data:`HISTOGRAM_COLUMNS` with the ``factors`` between the identity columns and ``step``."""
     if not records:
         return empty_histogram_table()  # like a run store's sweep without histograms: no factor columns
     columns = [*IDENTITY_COLUMNS, *factors, *HISTOGRAM_COLUMNS[len(IDENTITY_COLUMNS):]]
@@ -241,9 +202,6 @@ def histogram_table(records: Sequence[Mapping[str, Any]], factors: Sequence[str]
     table["alpha"] = table["alpha"].astype(np.float64)
     table["seed"] = table["seed"].astype("Int64")
     return table
-
-
-# --- parquet -----------------------------------------------------------------------------------------------------
 
 
 def parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
@@ -258,8 +216,7 @@ def parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    """Write ``frame`` to ``path`` through the run store's atomic writer (group-readable, no temp file left behind)."""
+    """Write ``frame`` to ``path`` through the run store's atomic writer."""
     with run_store.atomic_path(path) as temporary:
         frame.to_parquet(temporary, index=False)
-
 

@@ -1,9 +1,5 @@
-"""The group columns of the analysis tables: checking them, grouping runs by them, selecting runs by their values.
-
-Group values compare by value and type everywhere (never through their text): a selector's ``0.5`` selects the float
-0.5 of a float column (within ``np.isclose``, so a computed 0.30000000000000004 selects alpha 0.3) and never the text
-``"0.5"``; ``1`` and ``1.0`` are equal numbers; a missing value (None, NaN, ``pd.NA``) matches only a missing one.
-"""
+"""Group columns: checking them, grouping runs by them, selecting runs by their values (by value and type, never
+through their text; a missing value matches only a missing one)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ Strata = tuple[list[str], dict[tuple[Any, ...], tuple[Any, ...]]]
 
 
 def check_columns(frame: pd.DataFrame, columns: Sequence[str], argument: str) -> None:
-    """Raise a KeyError naming ``argument`` and the available columns unless ``frame`` has every one of ``columns``."""
+    """Raise a KeyError naming ``argument`` unless ``frame`` has every one of ``columns``."""
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise KeyError(f"{argument}={list(columns)!r}: no column {missing} (columns: {list(frame.columns)})")
@@ -31,19 +27,13 @@ def _missing(value: Any) -> bool:
 
 
 def group_key(values: Iterable[Any]) -> tuple[Any, ...]:
-    """Group-column values as a dict key that compares by value and type: numpy scalars become Python scalars and
-    every missing value (None, NaN, ``pd.NA``) the same None; ``0.5`` and ``np.float64(0.5)`` are one key, ``"0.5"``
-    another."""
+    """Group values as a dict key by value and type: numpy scalars as Python scalars, every missing value None."""
     return tuple(None if _missing(value) else value.item() if isinstance(value, np.generic) else value
                  for value in values)
 
 
 def matching_rows(frame: pd.DataFrame, selector: Mapping[str, Any]) -> np.ndarray:
-    """Boolean mask ``(len(frame),)`` of the rows whose columns equal every ``selector`` item by value and type.
-
-    A number selects equal numbers (in a float column within ``np.isclose``, so a computed 0.30000000000000004 selects
-    alpha 0.3), text selects equal text (``"0.5"`` never selects 0.5), a missing value (None, NaN) the missing ones.
-    """
+    """Mask of the rows equal to every ``selector`` item by value and type (floats within ``np.isclose``)."""
     mask = np.ones(len(frame), dtype=bool)
     for column, wanted in selector.items():
         values = frame[column]
@@ -58,20 +48,15 @@ def matching_rows(frame: pd.DataFrame, selector: Mapping[str, Any]) -> np.ndarra
 
 
 def group_items(frame: pd.DataFrame, by: Sequence[str]) -> list[tuple[tuple[Any, ...], np.ndarray]]:
-    """``(key tuple, row positions)`` per group of the ``by`` columns, in a stable order (so a fixed random_state gives
-    fixed draws): by the keys' text, which also orders keys of mixed types and NaN."""
+    """``(key tuple, row positions)`` per group of ``by``, ordered by the keys' text (stable for random draws)."""
     indices = frame.groupby(list(by), dropna=False, sort=True, observed=True).indices
     items = [((key if isinstance(key, tuple) else (key,)), positions) for key, positions in indices.items()]
     return sorted(items, key=lambda item: tuple(str(part) for part in item[0]))
 
 
 def baseline_strata(summaries: pd.DataFrame, group_keys: Sequence[str], baseline: Mapping[str, Any]) -> Strata:
-    """``(stratum keys, {stratum's group_key: baseline group key})``.
-
-    The stratum keys are the group keys outside ``baseline`` on which the baseline runs differ (``trainer.lr`` when
-    ``baseline={"alpha": 0}`` selects alpha = 0 at each learning rate): each group is compared with the baseline
-    group of its own stratum. None such: one stratum, and ``baseline`` must select exactly one group.
-    """
+    """``(stratum keys, {stratum: baseline group key})``: the group keys outside ``baseline`` on which the baseline
+    runs differ (``trainer.lr`` for alpha = 0 at each learning rate); without any, one baseline group."""
     baseline_groups = summaries.loc[matching_rows(summaries, baseline), list(group_keys)].drop_duplicates()
     strata_keys = [key for key in group_keys
                    if key not in baseline and baseline_groups[key].nunique(dropna=False) > 1]
@@ -88,3 +73,9 @@ def baseline_strata(summaries: pd.DataFrame, group_keys: Sequence[str], baseline
                              f"{baseline_keys[stratum]} and {tuple(row)}; add keys to the baseline")
         baseline_keys[stratum] = tuple(row)
     return strata_keys, baseline_keys
+
+
+def group_text(values: Mapping[str, Any]) -> str:
+    """``alpha=0.5, trainer.lr=0.0001``."""
+    return ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                     for key, value in values.items())

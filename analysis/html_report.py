@@ -1,9 +1,4 @@
-"""``report.md`` -> ``report.html``: the same report as one page a browser renders well.
-
-Markdown goes through markdown-it-py (rich's own Markdown parser, so no extra dependency) with GitHub-style tables;
-the page's stylesheet keeps numbers on one line (``white-space: nowrap``), right-aligns them in tabular figures, draws
-booktabs-like rules and scales figures to the page width. Figures stay the report's PNG files, linked relatively.
-"""
+"""``report.md`` -> ``report.html``: the same report as one page, numbers unwrapped and right-aligned."""
 
 from __future__ import annotations
 
@@ -29,7 +24,6 @@ code { background: #f3f3f3; padding: 0 3px; border-radius: 3px; }
 
 
 def render_report_html(markdown_text: str, title: str) -> str:
-    """A standalone HTML page of a report's Markdown."""
     # commonmark plus tables and strikethrough (gfm-like would also need linkify-it-py)
     body = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"]).render(markdown_text)
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

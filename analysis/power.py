@@ -1,8 +1,5 @@
-"""Report sections on what a sweep can tell: detectable differences and seeds needed, evaluation against training
-noise, and the seed plan of a planned sweep. Each writes Markdown lines through ``add(*lines)``.
-
-Definitions (MDE, seeds needed, the variance split, Stein's test) are in :mod:`analysis.statistics`.
-"""
+"""Report sections on what a sweep can tell (detectable differences, evaluation against training noise, the seed
+plan); each writes Markdown lines through ``add(*lines)``."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.aggregate import default_baseline, paired_differences
-from analysis.groups import matching_rows
+from analysis.groups import group_text, matching_rows
 from analysis.statistics import (
     DEFAULT_CONFIDENCE,
     DEFAULT_LEVEL,
@@ -30,24 +27,17 @@ VAL_SIZE_COLUMN = "config.trainer.val_size"
 TEST_SIZE_COLUMN = "config.task.test_size"
 
 
-def _label(row: Mapping[str, Any], group_keys: Sequence[str]) -> str:
-    return ", ".join(f"{key}={row[key]:g}" if isinstance(row[key], float) else f"{key}={row[key]}"
-                     for key in group_keys)
-
-
 def detectable_sentence(n: int, std: float, mde: float, target: float) -> str:
-    """"with n seeds this sweep can detect |Δ| >= X; to detect E you need N seeds" (or why it cannot say)."""
     if n < 2 or not np.isfinite(std):
         return f"{n} seed pair(s): no spread to judge from; run at least {MIN_SEEDS_FOR_INTERVAL} seeds"
     needed = seeds_needed(std, target) if std > 0 else 2
     needed_text = "more than 100000" if needed is None else str(needed)
-    return (f"with {n} seeds this sweep can detect |Δ| >= {mde:.4f}; to detect {target:g} you need {needed_text} "
-            f"seeds")
+    return f"with {n} seeds this sweep can detect |Δ| >= {mde:.4f}; to detect {target:g} you need {needed_text} seeds"
 
 
 def power_section(add: Add, summaries: pd.DataFrame, metric: str, group_keys: Sequence[str], target: float,
                   confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame | None:
-    """"## What this sweep can detect": one sentence per comparison against the baseline; returns the deltas."""
+    """One sentence per comparison against the baseline; returns the deltas."""
     rows = summaries[summaries["metric"].astype(str) == metric]
     baseline = default_baseline(rows, group_keys)
     add("## What this sweep can detect", "")
@@ -59,27 +49,23 @@ def power_section(add: Add, summaries: pd.DataFrame, metric: str, group_keys: Se
     add(f"`{metric}` (final-window mean), paired by seed, {DEFAULT_POWER:.0%} power at a two-sided "
         f"{DEFAULT_LEVEL:g} level, from the observed spread of the paired differences:", "")
     for _, row in deltas.iterrows():
-        add(f"- {_label(row, group_keys)} against the baseline: "
+        add(f"- {group_text({key: row[key] for key in group_keys})} against the baseline: "
             + detectable_sentence(int(row["n_pairs"]), float(row["std_difference"]), float(row["mde"]), target)
             + ".")
     add("")
     return deltas
 
 
-def _val_items(runs: pd.DataFrame) -> pd.Series:
-    """Validation items per run: ``min(trainer.val_size, task.test_size)`` (the trainer evaluates at most the pool)."""
+def variance_split_table(summaries: pd.DataFrame, runs: pd.DataFrame, metric: str,
+                         group_keys: Sequence[str]) -> pd.DataFrame:
+    """Per group: the between-seed SD of an accuracy ``metric``, its evaluation and training parts and their share."""
+    rows = summaries[summaries["metric"].astype(str) == metric]
+    # validation items per run: min(trainer.val_size, task.test_size)
     items = pd.to_numeric(runs[VAL_SIZE_COLUMN], errors="coerce")
     if TEST_SIZE_COLUMN in runs.columns:
         items = np.fmin(items, pd.to_numeric(runs[TEST_SIZE_COLUMN], errors="coerce"))
-    return pd.Series(items.to_numpy(dtype=np.float64), index=pd.MultiIndex.from_frame(runs[["sweep", "run"]].astype(str)))
-
-
-def variance_split_table(summaries: pd.DataFrame, runs: pd.DataFrame, metric: str,
-                         group_keys: Sequence[str]) -> pd.DataFrame:
-    """Per group: ``n, mean, between_seed_sd, eval_sd`` (binomial ``sqrt(p(1-p)/N)``), ``training_sd``, ``eval_share``
-    (evaluation variance / between-seed variance) and ``val_items`` of ``metric`` (an accuracy in [0, 1])."""
-    rows = summaries[summaries["metric"].astype(str) == metric]
-    items = _val_items(runs)
+    items = pd.Series(items.to_numpy(dtype=np.float64),
+                      index=pd.MultiIndex.from_frame(runs[["sweep", "run"]].astype(str)))
     keys = pd.MultiIndex.from_frame(rows[["sweep", "run"]].astype(str))
     rows = rows.assign(val_items=items.reindex(keys).to_numpy())
     records = []
@@ -91,7 +77,6 @@ def variance_split_table(summaries: pd.DataFrame, runs: pd.DataFrame, metric: st
         p, variance = float(values.mean()), float(values.var(ddof=1))
         val_items = float(group["val_items"].mean())
         split = variance_split(p, variance, val_items)
-        key = key if isinstance(key, tuple) else (key,)
         records.append({**dict(zip(group_keys, key, strict=True)), "n": int(values.size), "mean": p,
                         "val_items": val_items, "between_seed_sd": float(np.sqrt(variance)),
                         "eval_sd": float(np.sqrt(split["eval_variance"])),
@@ -102,7 +87,6 @@ def variance_split_table(summaries: pd.DataFrame, runs: pd.DataFrame, metric: st
 
 def variance_section(add: Add, summaries: pd.DataFrame, runs: pd.DataFrame, metric: str,
                      group_keys: Sequence[str]) -> None:
-    """"## Evaluation noise against training noise" for an accuracy metric whose runs record ``trainer.val_size``."""
     if not metric.startswith("val/accuracy") or VAL_SIZE_COLUMN not in runs.columns:
         return
     table = variance_split_table(summaries, runs, metric, group_keys)
@@ -136,20 +120,15 @@ def variance_section(add: Add, summaries: pd.DataFrame, runs: pd.DataFrame, metr
         add(f"Evaluation noise is at most {EVAL_SHARE_TARGET:.0%} of the between-seed variance in every group.", "")
 
 
-def plan_text(plan: Mapping[str, Any]) -> str:
-    """The plan recorded in ``sweep.json`` (by :mod:`sweeps.planning`) as one sentence."""
+def plan_section(add: Add, plan: Mapping[str, Any], summaries: pd.DataFrame, group_keys: Sequence[str],
+                 confidence: float = DEFAULT_CONFIDENCE) -> None:
+    """The plan recorded in ``sweep.json``, and Stein's two-stage test of each planned comparison."""
     text = (f"seed plan for {plan['metric']}: the pilot ({len(plan['pilot_seeds'])} seeds) needs {plan['seeds_needed']} "
             f"seeds to detect |Δ| >= {plan['target_mde']:g} with {plan.get('power', DEFAULT_POWER):.0%} power at a "
             f"two-sided {plan.get('level', DEFAULT_LEVEL):g} level; planned {len(plan['seeds'])} seeds")
     if plan.get("capped"):
         text += f" (capped by max_seeds = {plan['max_seeds']})"
-    return text + f", expected MDE {plan['expected_mde']:.4f}."
-
-
-def plan_section(add: Add, plan: Mapping[str, Any], summaries: pd.DataFrame, group_keys: Sequence[str],
-                 confidence: float = DEFAULT_CONFIDENCE) -> None:
-    """"## Seed plan": the plan, and Stein's two-stage test of each planned comparison (its level is exact)."""
-    add("## Seed plan", "", plan_text(plan), "",
+    add("## Seed plan", "", text + f", expected MDE {plan['expected_mde']:.4f}.", "",
         f"Pilot seeds {plan['pilot_seeds']}; all planned seeds {plan['seeds']}. The planned test is Stein's two-stage "
         "t (the spread comes from the pilot alone, so its level is exact however many seeds the plan chose); the "
         "tables' paired t over all seeds is slightly liberal after a plan.", "")
@@ -164,7 +143,7 @@ def plan_section(add: Add, plan: Mapping[str, Any], summaries: pd.DataFrame, gro
         values = group.set_index("seed")["final_window"]
         seeds = [s for s in order if s in values.index and s in reference.index]
         pilot = [s for s in plan["pilot_seeds"] if s in seeds]
-        label = _label(dict(zip(group_keys, key if isinstance(key, tuple) else (key,), strict=True)), group_keys)
+        label = group_text(dict(zip(group_keys, key, strict=True)))
         if len(pilot) < 2 or len(pilot) != len(plan["pilot_seeds"]):
             add(f"- {label}: pilot seeds missing from the completed runs; no planned test.")
             continue

@@ -1,19 +1,6 @@
 """Sweep report: ``python -m analysis.report runs/<sweep> [--out DIR] [--metric KEY ...]``.
 
-Writes into ``runs/<sweep>/report/`` (or ``--out``):
-
-- ``report.md`` (and ``report.html``, the same page for a browser): the summary table, runs per group, excluded runs
-  with their state and error, the comparison tables (final-window mean and time-averaged AUC, with paired deltas
-  against the baseline), what each comparison could detect (MDE, seeds needed for a target difference), the split of
-  each group's variance into evaluation and training noise, the seed plan of a planned sweep, the figures as
-  relative PNG links, and where in training the groups differ (per-step paired differences against the baseline with
-  a simultaneous band, :mod:`analysis.curves`, and mean / IQM sample-efficiency curves);
-- ``table_final_window.{md,csv,tex,html}``, ``table_auc.{md,csv,tex,html}`` (CSV = the numbers behind the table);
-- ``fig_*.png`` (200 dpi) and ``fig_*.pdf`` (vector); ``runs.csv`` (the run table, config columns included).
-
-Sections whose data the sweep lacks (no histograms, no gradient statistics, ...) are skipped with a line saying so;
-a figure that cannot be drawn leaves its error in the report instead of stopping it; failed or unfinished runs are
-excluded by the loader and listed.
+Writes report.md/.html, tables and figures into ``runs/<sweep>/report/``; sections: docs/analysis.md ("The report").
 """
 
 from __future__ import annotations
@@ -25,7 +12,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -34,14 +20,16 @@ from analysis.aggregate import (
     aggregate_runs,
     default_baseline,
     default_group_keys,
-    metric_direction,
+    lower_is_better,
     paired_differences,
     run_summaries,
 )
 from analysis.bootstrap import DEFAULT_BOOTSTRAP, MIN_BOOTSTRAP_N
 from analysis.export import write_sweep_tables
+from analysis.groups import group_text
 from analysis.html_report import write_report_html
-from analysis.load import IDENTITY_COLUMNS, SeveralSweepsError, SweepData, add_run_columns, check_one_sweep, load_sweep
+from analysis.frames import IDENTITY_COLUMNS, SweepData
+from analysis.load import SeveralSweepsError, add_run_columns, check_one_sweep, load_sweep
 from analysis.power import plan_section, power_section, variance_section
 from analysis.report_figures import Document, ReportOptions, figure_sections, where_groups_differ_section
 from analysis.statistics import DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL
@@ -54,113 +42,64 @@ logger = logging.getLogger(__name__)
 DEFAULT_METRICS: tuple[str, ...] = (keys.VAL_ACCURACY, keys.SCORE_MEAN, keys.TRAIN_ACCURACY, keys.RESPONSE_LENGTH_MEAN)
 TABLE_VALUES: tuple[tuple[str, str], ...] = (
     ("final_window", "Final-window mean"), ("auc", "Area under the curve (time-averaged value)"))
-
-
 SUMMARY_METRIC = keys.VAL_ACCURACY
-
-
-def summary_columns(metric: str, final_window: int) -> tuple[str, str]:
-    """Titles of the summary table's two value columns: ``metric`` after SFT and at the end of training."""
-    return f"{metric} after SFT (step 0)", f"{metric} final (mean of the last {final_window})"
 
 
 def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
                   metric: str = SUMMARY_METRIC) -> ComparisonTable | None:
-    """The sweep's headline table, one row per group: ``metric`` after SFT (each run's step-0 evaluation of its
-    warm start; over seeds, the warm starts' spread under ``warm_start=per_seed``), its final-window mean with interval (n) and the paired delta against the baseline. It heads
-    ``report.md`` and is what the sweep driver prints at the end, so the two never disagree. None when no included
-    run logged ``metric``."""
+    """Per group: ``metric`` after SFT (step 0), its final-window mean and paired delta; None when not logged."""
     if metric not in set(data.metric_names):
         return None
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
-    metrics = data.metrics
-    extra_keys = [k for k in group_keys if k not in IDENTITY_COLUMNS]
-    if extra_keys:
-        metrics = add_run_columns(metrics, data.runs, extra_keys)
-    after_title, final_title = summary_columns(metric, options.final_window)
+    metrics = with_group_columns(data, group_keys).metrics
+    after_title = f"{metric} after SFT (step 0)"
+    final_title = f"{metric} final (mean of the last {options.final_window})"
     final = run_summaries(metrics, metrics=[metric], final_window=options.final_window)
     # the step-0 value as a one-point summary of its own, so both columns go through the same aggregation
     at_start = metrics[(metrics["metric"].astype(str) == metric).to_numpy() & (metrics["step"] == 0).to_numpy()]
     after_sft = run_summaries(at_start, final_window=1) if len(at_start) else final.iloc[:0]
     summaries = pd.concat([after_sft.assign(metric=after_title), final.assign(metric=final_title)],
                           ignore_index=True)
-    statistics = {"confidence": options.confidence, "n_bootstrap": options.n_bootstrap,
-                  "random_state": options.random_state}
     baseline = default_baseline(final, group_keys)
-    # the renamed columns keep the metric's direction (which group is best, which delta is an improvement)
-    direction = metric_direction(metric)
-    minimize, maximize = ([final_title], []) if direction < 0 else ([], [final_title] if direction > 0 else [])
+    # the renamed column keeps the metric's direction (which delta is an improvement)
+    minimize = [final_title] if lower_is_better(metric) else []
     deltas = None if baseline is None else paired_differences(
         summaries[summaries["metric"] == final_title], group_keys=group_keys, baseline=baseline, minimize=minimize,
-        **statistics)
-    aggregates = aggregate_runs(summaries, group_keys=group_keys, **statistics)
+        **options.statistics)
+    aggregates = aggregate_runs(summaries, group_keys=group_keys, **options.statistics)
     present = [title for title in (after_title, final_title) if title in set(aggregates["metric"])]
-    table = comparison_table(aggregates, deltas=deltas, metrics=present, group_keys=group_keys, style=options.style,
-                             minimize=minimize, maximize=maximize,
-                             caption=f"{metric} after SFT and at the end of training, per group")
-    if after_title in table.best:  # the groups share their warm starts: none is best before RL
-        table.best[after_title] = False
-    return table
-
-
-def _runs_overview(data: SweepData, group_keys: Sequence[str]) -> pd.DataFrame:
-    runs = data.runs
-    included = runs[runs["included"]]
-    if included.empty:
-        return pd.DataFrame()
-    overview = included.groupby(list(group_keys), dropna=False, sort=True, observed=True).agg(
-        runs=("run", "count"), seeds=("seed", lambda s: ", ".join(str(v) for v in sorted(s.dropna()))))
-    return overview.reset_index()
-
-
-def _excluded_table(data: SweepData) -> pd.DataFrame:
-    excluded = data.excluded_runs
-    return excluded[["run", "alpha", "seed", "state", "exclusion_reason"]].rename(
-        columns={"exclusion_reason": "reason"}).reset_index(drop=True)
+    return comparison_table(aggregates, deltas=deltas, metrics=present, group_keys=group_keys, style=options.style,
+                            caption=f"{metric} after SFT and at the end of training, per group")
 
 
 # Files a report folder holds (what write_report writes); only a folder of these is replaced whole.
 REPORT_FILES = ("report.md", "report.html", "runs.csv", "table_*", "fig_*")
 
 
-def _is_report_folder(folder: Path) -> bool:
-    import fnmatch
-
-    return all(entry.is_file() and any(fnmatch.fnmatch(entry.name, pattern) for pattern in REPORT_FILES)
-               for entry in folder.iterdir())
-
-
-def report_lock(out_dir: str | os.PathLike[str]) -> Any:
-    """The lock of the report folder ``out_dir`` (``filelock``, on ``.<name>.lock`` beside it): one report writer
-    at a time; another waits for it."""
-    import filelock
-
-    out_dir = Path(out_dir)
-    return filelock.FileLock(out_dir.parent / f".{out_dir.name}.lock", thread_local=False)
-
-
 def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: ReportOptions = ReportOptions()) -> Path:
-    """Write the report of already loaded sweep data into ``out_dir``; return the path of ``report.md``.
-
-    The report is written into a hidden folder beside ``out_dir`` and swapped in when complete, so a report stopped
-    half way (a kill, a full disk) leaves the previous report whole and no empty figure beside it. An ``out_dir``
-    holding files a report does not write is written in place instead (nothing of it is removed). Two reports of
-    one folder take turns (:func:`report_lock`); a staging folder is removed as stale only under the lock, when its
-    writer is gone."""
+    """Write the report into ``out_dir`` (swapped in whole when complete, one writer at a time); return report.md."""
+    import fnmatch
     import shutil
     import tempfile
 
+    import filelock
+
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with report_lock(out_dir):
-        if out_dir.is_dir() and not _is_report_folder(out_dir):
+    with filelock.FileLock(out_dir.parent / f".{out_dir.name}.lock", thread_local=False):
+        # a folder holding other files than a report's is written in place
+        if out_dir.is_dir() and not all(entry.is_file() and any(fnmatch.fnmatch(entry.name, pattern)
+                                                                for pattern in REPORT_FILES)
+                                        for entry in out_dir.iterdir()):
             return _write_report_files(data, out_dir, options)
         for stale in out_dir.parent.glob(f".{out_dir.name}.*.partial"):  # left by a report that was killed
             shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
         try:
             _write_report_files(data, staging, options)
-            staging.chmod(0o777 & ~_umask())
+            mask = os.umask(0)
+            os.umask(mask)
+            staging.chmod(0o777 & ~mask)
             previous = out_dir.parent / f".{out_dir.name}.{staging.name.split('.')[-2]}.old.partial"
             if out_dir.exists():
                 os.replace(out_dir, previous)
@@ -172,20 +111,13 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
     return out_dir / "report.md"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) -> Path:
-    """Every file of the report, into ``out_dir``; returns ``report.md``."""
     from analysis.environment import ENVIRONMENT_NOTE, environment_table
 
     out_dir.mkdir(parents=True, exist_ok=True)
     document = Document(out_dir)
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
-    data = _with_group_columns(data, group_keys)
+    data = with_group_columns(data, group_keys)
     _header_section(document, data, group_keys, options)
     _warning_section(document, data)
     data.runs.to_csv(out_dir / "runs.csv", index=False)
@@ -199,7 +131,14 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
         summaries = run_summaries(data.metrics, metrics=table_metrics, final_window=options.final_window,
                                   thresholds=dict(options.thresholds))
         _table_sections(document, summaries, table_metrics, group_keys, options)
-        _power_sections(document, data, summaries, table_metrics, group_keys, options)
+        # what each comparison of the primary metric can detect, its variance split and the sweep's seed plan
+        primary = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
+        plan = (data.manifest or {}).get("plan")
+        target = float(plan["target_mde"]) if plan and plan.get("target_mde") else options.target_effect
+        power_section(document.add, summaries, primary, group_keys, target, options.confidence)
+        variance_section(document.add, summaries, data.runs, primary, group_keys)
+        if plan:
+            plan_section(document.add, plan, summaries, group_keys, options.confidence)
     else:
         document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
     document.add("## Figures", "")
@@ -211,9 +150,8 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
     return report_path
 
 
-def _with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:
-    """``data`` with the group keys that are run-table columns only (``config.<key>`` as a factor) copied onto the
-    metrics and histogram tables the report groups; raises when a group key is not a run-table column."""
+def with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:
+    """``data`` with group keys found only in the run table (``config.<key>``) copied onto metrics and histograms."""
     unknown = [k for k in group_keys if k not in data.runs.columns]
     if unknown:
         raise KeyError(f"group keys {unknown} are not run-table columns; use identity columns such as alpha, "
@@ -227,7 +165,6 @@ def _with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData
 
 
 def _header_section(document: Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
-    """Title, source, run counts and how to read the tables."""
     sweep_names = sorted(data.runs["sweep"].astype(str).unique()) if len(data.runs) else ["(empty)"]
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     n_included = int(data.runs["included"].sum())
@@ -252,31 +189,13 @@ def _header_section(document: Document, data: SweepData, group_keys: Sequence[st
     )
 
 
-def run_lengths(data: SweepData) -> dict[str, int]:
-    """run -> the last step it logged, for every included run with metrics."""
-    if not len(data.metrics):
-        return {}
-    return {str(run): int(step) for run, step in
-            data.metrics.groupby(data.metrics["run"].astype(str), observed=True)["step"].max().items()}
-
-
-def runs_without(data: SweepData, metric: str) -> list[str]:
-    """Included runs that logged no finite value of ``metric`` while others did (they drop out of its n)."""
-    included = [str(run) for run in data.included_runs["run"]]
-    rows = data.metrics[data.metrics["metric"].astype(str) == metric]
-    if not len(rows):
-        return []
-    have = set(rows["run"].astype(str))
-    return [run for run in included if run not in have]
-
-
 def _warning_section(document: Document, data: SweepData) -> None:
-    """What makes the comparisons weaker than they look: runs of different lengths, runs without a table metric, runs
-    from several numeric environments."""
     from analysis.environment import mixed_environment_warning
 
     lines = []
-    lengths = run_lengths(data)
+    metrics = data.metrics
+    lengths = {str(run): int(step) for run, step in
+               metrics.groupby(metrics["run"].astype(str), observed=True)["step"].max().items()}
     if len(set(lengths.values())) > 1:
         by_length: dict[int, list[str]] = {}
         for run, step in sorted(lengths.items()):
@@ -287,7 +206,9 @@ def _warning_section(document: Document, data: SweepData) -> None:
                      "that end at different steps are not comparable; rerun the short ones to the same length "
                      "(a larger `steps` resumes them).")
     for metric in DEFAULT_METRICS:
-        missing = runs_without(data, metric)
+        # included runs that logged no finite value of a metric others logged drop out of its n
+        logged = set(metrics.loc[metrics["metric"].astype(str) == metric, "run"].astype(str))
+        missing = [str(run) for run in data.included_runs["run"] if logged and str(run) not in logged]
         if missing:
             lines.append(f"- {len(missing)} included run(s) logged no finite `{metric}`, so they are left out of its "
                          f"n: {', '.join(missing)}.")
@@ -299,7 +220,6 @@ def _warning_section(document: Document, data: SweepData) -> None:
 
 
 def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
-    """The summary table, the included runs per group and the excluded runs with their reasons."""
     headline = summary_table(data, options)
     if headline is not None:
         document.add("## Summary", "", to_markdown(headline), "", design_sentence(data), "",
@@ -309,10 +229,15 @@ def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str
         document.add("## Warm starts", "", "Each warm start the included runs started from, with its evaluation "
                      "after SFT (step 0, before any RL step):", "", to_markdown_frame(warm_starts), "")
     document.add("## Runs", "")
-    overview = _runs_overview(data, group_keys)
-    document.add(to_markdown_frame(overview) if not overview.empty else "No completed runs.", "")
+    if data.included_runs.empty:
+        document.add("No completed runs.", "")
+    else:
+        overview = data.included_runs.groupby(list(group_keys), dropna=False, sort=True, observed=True).agg(
+            runs=("run", "count"), seeds=("seed", lambda s: ", ".join(str(v) for v in sorted(s.dropna()))))
+        document.add(to_markdown_frame(overview.reset_index()), "")
     document.add("## Excluded runs", "")
-    excluded = _excluded_table(data)
+    excluded = data.excluded_runs[["run", "alpha", "seed", "state", "exclusion_reason"]].rename(
+        columns={"exclusion_reason": "reason"}).reset_index(drop=True)
     if excluded.empty:
         document.add("None: every run completed.", "")
     else:
@@ -320,7 +245,7 @@ def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str
 
 
 def _table_metrics(document: Document, data: SweepData, options: ReportOptions) -> list[str]:
-    """The requested (else default) table metrics that are logged; the others are named in the report."""
+    """The requested (else default) table metrics that are logged; names the others."""
     available = set(data.metric_names)
     requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
     missing = [m for m in requested if m not in available]
@@ -329,46 +254,25 @@ def _table_metrics(document: Document, data: SweepData, options: ReportOptions) 
     return [m for m in requested if m in available]
 
 
-def _power_sections(document: Document, data: SweepData, summaries: pd.DataFrame, table_metrics: Sequence[str],
-                    group_keys: Sequence[str], options: ReportOptions) -> None:
-    """What each comparison of the primary metric can detect, its variance split and the sweep's seed plan."""
-    primary = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
-    plan = (data.manifest or {}).get("plan")
-    target = float(plan["target_mde"]) if plan and plan.get("target_mde") else options.target_effect
-    power_section(document.add, summaries, primary, group_keys, target, options.confidence)
-    variance_section(document.add, summaries, data.runs, primary, group_keys)
-    if plan:
-        plan_section(document.add, plan, summaries, group_keys, options.confidence)
-
-
 def to_markdown_frame(frame: pd.DataFrame) -> str:
-    """A plain DataFrame as a Markdown table (floats in ``%g``)."""
-    shown = frame.copy()
-    for column in shown.columns:
-        if pd.api.types.is_float_dtype(shown[column].dtype):
-            shown[column] = [f"{v:g}" for v in shown[column]]
-    return shown.to_markdown(index=False)
+    floats = [column for column in frame.columns if pd.api.types.is_float_dtype(frame[column].dtype)]
+    return frame.assign(**{column: [f"{v:g}" for v in frame[column]] for column in floats}).to_markdown(index=False)
 
 
-def _table_sections(
-    document: Document, summaries: pd.DataFrame, metrics: Sequence[str], group_keys: Sequence[str],
-    options: ReportOptions,
-) -> None:
+def _table_sections(document: Document, summaries: pd.DataFrame, metrics: Sequence[str], group_keys: Sequence[str],
+                    options: ReportOptions) -> None:
     baseline = default_baseline(summaries, group_keys)
+    statistics = {"group_keys": group_keys, **options.statistics}
     for value, title in TABLE_VALUES:
         document.add(f"## {title}", "")
-        aggregates = aggregate_runs(summaries, value=value, group_keys=group_keys, confidence=options.confidence,
-                                    n_bootstrap=options.n_bootstrap, random_state=options.random_state)
+        aggregates = aggregate_runs(summaries, value=value, **statistics)
         deltas = None
         if baseline is None:
             document.add("No deltas: no single baseline group (alpha = 0 or mechanism label `baseline`).", "")
         else:
-            deltas = paired_differences(summaries, value=value, group_keys=group_keys, baseline=baseline,
-                                        confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                                        random_state=options.random_state)
-            shown = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in baseline.items())
+            deltas = paired_differences(summaries, value=value, baseline=baseline, **statistics)
             within = [key for key in group_keys if key not in baseline]
-            document.add(f"Baseline: {shown}" + (f", at the same {', '.join(within)}" if within else "") + ".", "")
+            document.add(f"Baseline: {group_text(baseline)}" + (f", at the same {', '.join(within)}" if within else "") + ".", "")
         table = comparison_table(aggregates, deltas=deltas, metrics=metrics, group_keys=group_keys,
                                  style=options.style, caption=f"{title} per group")
         files = write_table(table, document.out_dir, f"table_{value}")
@@ -377,19 +281,15 @@ def _table_sections(
     if options.thresholds:
         document.add("## Steps to threshold", "")
         reached = aggregate_runs(summaries[summaries["metric"].isin(list(options.thresholds))],
-                                 value="steps_to_threshold", group_keys=group_keys, confidence=options.confidence,
-                                 n_bootstrap=options.n_bootstrap, random_state=options.random_state)
+                                 value="steps_to_threshold", **statistics)
         document.add("First step at which a run reached the threshold; n counts the runs that reached it.", "",
-                     to_markdown(comparison_table(reached, group_keys=group_keys, style=options.style, digits=1,
-                                                  minimize=set(options.thresholds))), "")
+                     to_markdown(comparison_table(reached, group_keys=group_keys, style=options.style, digits=1)),
+                     "")
 
 
-def build_report(
-    sweep_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
-    options: ReportOptions = ReportOptions(),
-) -> Path:
-    """Load ``sweep_dir``, write its sweep-level ``metrics.parquet`` and ``runs.parquet`` (:mod:`analysis.export`)
-    and its report into ``out_dir`` (default ``<sweep_dir>/report``); return ``report.md``."""
+def build_report(sweep_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
+                 options: ReportOptions = ReportOptions()) -> Path:
+    """Load ``sweep_dir``, write its sweep-level parquet tables and its report (default ``<sweep_dir>/report``)."""
     check_one_sweep(sweep_dir)  # nothing is written into a folder of several sweeps (runs/ itself)
     data = load_sweep(sweep_dir, include_incomplete=options.include_incomplete, require_runs=True)
     # the sweep-level tables hold the completed runs' metrics; a single run folder keeps its own files
@@ -408,8 +308,8 @@ def _threshold(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"--threshold {text!r}: expected METRIC=VALUE, e.g. val/accuracy=0.5") from None
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line of ``python -m analysis.report``."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status 0, or 2 for a missing sweep folder or group key, or a folder of several sweeps."""
     parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", help="sweep folder runs/<sweep> (holding run folders and optionally sweep.json)")
     parser.add_argument("--out", help="output folder (default: <sweep_dir>/report)")
@@ -430,13 +330,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="difference for 'to detect E you need N seeds' (default %(default)s)")
     parser.add_argument("--include-incomplete", action="store_true",
                         help="aggregate failed / unfinished runs too (they stay listed by state)")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0, or 2 when the sweep folder or a group key does not exist, or the folder
-    holds several sweeps)."""
-    arguments = parse_args(argv)
+    arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     options = ReportOptions(
         metrics=tuple(arguments.metrics) if arguments.metrics else None,

@@ -1,6 +1,4 @@
-"""The report's figure sections and the document they write into (:class:`Document`: markdown lines, and one
-figure per section drawn so that a failure leaves its error in the report instead of stopping it), with the options
-that shape a report (:class:`ReportOptions`). :mod:`analysis.report` assembles the page."""
+"""The report's figure sections, the :class:`Document` they write into and the :class:`ReportOptions`."""
 
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -18,7 +17,7 @@ from analysis.aggregate import DEFAULT_FINAL_WINDOW, aggregate_runs, default_bas
 from analysis.bootstrap import DEFAULT_BOOTSTRAP
 from analysis.curves import BAND_METHOD, MEASURED_BAND_COVERAGE, curve_differences
 from analysis.groups import group_key
-from analysis.load import SweepData
+from analysis.frames import SweepData
 from analysis.statistics import DEFAULT_CONFIDENCE, MIN_SEEDS_FOR_INTERVAL
 from dataflex_rl import keys
 
@@ -42,23 +41,21 @@ class ReportOptions:
     include_incomplete: bool = False
     target_effect: float = 0.01  # "to detect E you need N seeds" (a planned sweep's target_mde takes precedence)
 
+    @property
+    def statistics(self) -> dict[str, Any]:
+        return {"confidence": self.confidence, "n_bootstrap": self.n_bootstrap, "random_state": self.random_state}
+
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()
 
 
-def save_figure_file(figure: Figure, out_dir: Path, name: str) -> str:
-    """``fig_<name>.png`` (200 dpi) and ``fig_<name>.pdf`` (vector, for a paper); returns the PNG's name."""
-    return plots.save_figure(figure, out_dir / f"fig_{name}")[0].name
-
-
 class Document:
-    """Markdown lines plus a helper that draws one figure section without letting a failure stop the report."""
+    """Markdown lines, and figure sections whose failure leaves its error in the report instead of stopping it."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
         self.lines: list[str] = []
-        self.figures: list[str] = []
 
     def add(self, *lines: str) -> None:
         self.lines.extend(lines)
@@ -68,36 +65,29 @@ class Document:
         figure = Figure(figsize=size, layout="constrained")
         try:
             draw(figure)
-            file_name = save_figure_file(figure, self.out_dir, name)
+            file_name = plots.save_figure(figure, self.out_dir / f"fig_{name}")[0].name
         except Exception as exc:
             logger.warning("figure %r failed: %s", name, exc, exc_info=True)
             self.add(f"_Could not draw this figure: {type(exc).__name__}: {exc}_", "")
             return
-        self.figures.append(file_name)
         self.add(f"![{title}]({file_name})", "", f"Vector version: [{Path(file_name).stem}.pdf]"
                  f"({Path(file_name).stem}.pdf).", "")
 
 
 SMOOTHING = 0.9  # EMA factor of per-step curves in the report (W&B's default range); sparse curves are not smoothed
-
-
 SMOOTH_MIN_POINTS = 50
 
 
 def curve_smoothing(long: pd.DataFrame, metric: str) -> float | None:
-    """:data:`SMOOTHING` for a metric logged at least :data:`SMOOTH_MIN_POINTS` times per run (per-step training
-    statistics), None for sparse ones (validation accuracy every N steps), whose every point is a measurement."""
+    """:data:`SMOOTHING` for a metric logged at least :data:`SMOOTH_MIN_POINTS` times per run, else None."""
     rows = long[long["metric"].astype(str) == metric]
     points = rows.groupby(rows["run"].astype(str))["step"].size()
     return SMOOTHING if len(points) and points.median() >= SMOOTH_MIN_POINTS else None
 
 
-def figure_sections(
-    document: Document, data: SweepData, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
-    group_keys: Sequence[str], options: ReportOptions,
-) -> None:
-    """Every figure section, in order: curves, final metric against alpha, histograms, gradient statistics, the
-    low-probability share. A figure whose data is missing gets a line saying why it is skipped."""
+def figure_sections(document: Document, data: SweepData, summaries: pd.DataFrame | None,
+                    table_metrics: Sequence[str], group_keys: Sequence[str], options: ReportOptions) -> None:
+    """Every figure section, in order; one whose data is missing says why it is skipped."""
     _curve_figures(document, data, table_metrics, group_keys, options)
     _final_metric_figure(document, data, summaries, table_metrics, group_keys, options)
     _histogram_figures(document, data, group_keys)
@@ -108,8 +98,7 @@ def figure_sections(
 
 def _curve_figures(document: Document, data: SweepData, table_metrics: Sequence[str], group_keys: Sequence[str],
                    options: ReportOptions) -> None:
-    """One curve figure per metric of :data:`CURVE_METRICS` and of the tables; a metric equal to one drawn above at
-    every step of every run is not drawn again."""
+    """One curve figure per metric of :data:`CURVE_METRICS` and of the tables, each distinct series once."""
     available = set(data.metric_names)
     curve_metrics = list(dict.fromkeys([*(m for m, _ in CURVE_METRICS), *table_metrics]))
     titles = dict(CURVE_METRICS)
@@ -125,22 +114,20 @@ def _curve_figures(document: Document, data: SweepData, table_metrics: Sequence[
             continue
         document.figure(title, f"curve_{slug(metric)}", lambda figure, m=metric: plots.plot_curves(
             data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
-            random_state=options.random_state, smoothing=curve_smoothing(data.metrics, m)))
+            smoothing=curve_smoothing(data.metrics, m)))
 
 
 def _final_metric_figure(document: Document, data: SweepData, summaries: pd.DataFrame | None,
                          table_metrics: Sequence[str], group_keys: Sequence[str], options: ReportOptions) -> None:
-    """The final value of the first table metric (``val/accuracy`` when tabled) against alpha, one series per value
-    of the next group key."""
+    """The primary table metric's final value against alpha, one series per value of the next group key."""
     final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
     if summaries is None or final_metric is None or "alpha" not in group_keys:
         document.add("### Final metric against alpha", "", "Skipped: no table metric, or alpha is not a group key.", "")
         return
     series_key = next((k for k in group_keys if k != "alpha"), None)
-    aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys,
-                                confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                                random_state=options.random_state)
-    reference = after_sft_reference(data.metrics, final_metric)
+    aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys, **options.statistics)
+    at_start = data.metrics[(data.metrics["metric"].astype(str) == final_metric) & (data.metrics["step"] == 0)]
+    reference = float(at_start["value"].mean()) if len(at_start) else None  # after SFT, before any RL step
     document.figure(f"Final {final_metric} against alpha", f"final_vs_alpha_{slug(final_metric)}",
                     lambda figure: plots.plot_metric_vs_alpha(
                         aggregates, final_metric, series_key=series_key, ax=figure.add_subplot(),
@@ -149,7 +136,6 @@ def _final_metric_figure(document: Document, data: SweepData, summaries: pd.Data
 
 
 def _histogram_figures(document: Document, data: SweepData, group_keys: Sequence[str]) -> None:
-    """Advantage-weight heatmaps (one panel per group) and the last step's token-probability histogram."""
     histogram_names = set(data.histograms["name"].astype(str).unique()) if len(data.histograms) else set()
     if keys.HIST_WEIGHT in histogram_names:
         n_groups = len(data.histograms[list(group_keys)].drop_duplicates())
@@ -172,7 +158,6 @@ def _histogram_figures(document: Document, data: SweepData, group_keys: Sequence
 
 def _gradient_figures(document: Document, data: SweepData, group_keys: Sequence[str],
                       options: ReportOptions) -> None:
-    """Gradient norm by token-probability bucket, one figure per logged statistic."""
     grad_stats = plots.available_grad_stats(set(data.metric_names))
     if not grad_stats:
         document.add("### Gradient norm by token probability", "",
@@ -183,13 +168,11 @@ def _gradient_figures(document: Document, data: SweepData, group_keys: Sequence[
         document.figure(f"Gradient norm by token probability ({stat})", f"grad_by_prob_{stat}",
                         lambda figure, s=stat: plots.plot_grad_by_bucket(
                             data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
-                            confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                            random_state=options.random_state, ax=figure.add_subplot()))
+                            **options.statistics, ax=figure.add_subplot()))
 
 
 def _prob_change_figures(document: Document, data: SweepData, group_keys: Sequence[str],
                          options: ReportOptions) -> None:
-    """How one update moved each token's probability, by advantage sign and bucket (next to the gradient shares)."""
     names = set(data.metric_names)
     stats = [stat for stat in plots.PROB_CHANGE_LABELS
              if any(plots.prob_change_metrics(names, sign, stat) for sign in keys.ADVANTAGE_SIGNS)]
@@ -204,14 +187,12 @@ def _prob_change_figures(document: Document, data: SweepData, group_keys: Sequen
         document.figure(f"Probability change by token probability ({stat})", f"prob_change_{stat}",
                         lambda figure, s=stat: plots.plot_prob_change(
                             data.metrics, stat=s, group_keys=group_keys, final_window=options.final_window,
-                            confidence=options.confidence, n_bootstrap=options.n_bootstrap,
-                            random_state=options.random_state, axes=figure.subplots(1, 2, sharey=True)),
+                            **options.statistics, axes=figure.subplots(1, 2, sharey=True)),
                         size=(11.0, 4.2))
 
 
 def _low_prob_share_figure(document: Document, data: SweepData, group_keys: Sequence[str],
                            options: ReportOptions) -> None:
-    """The share of low-probability tokens over training."""
     if keys.TOKEN_PROB_LOW_FRAC not in set(data.metric_names):
         document.add("### Low-probability token share over training", "",
                      f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")
@@ -219,15 +200,13 @@ def _low_prob_share_figure(document: Document, data: SweepData, group_keys: Sequ
     document.figure("Low-probability token share over training", "low_prob_share",
                     lambda figure: plots.plot_low_prob_share(
                         data.metrics, group_keys=group_keys, ax=figure.add_subplot(),
-                        confidence=options.confidence, random_state=options.random_state,
+                        confidence=options.confidence,
                         smoothing=curve_smoothing(data.metrics, keys.TOKEN_PROB_LOW_FRAC)))
 
 
 def where_groups_differ_section(document: Document, data: SweepData, table_metrics: Sequence[str],
                                  group_keys: Sequence[str], options: ReportOptions) -> None:
-    """"## Where in training the groups differ": per evaluation metric of the tables, one figure per comparison with
-    the baseline (:func:`analysis.curves.curve_differences`), then the primary metric's sample-efficiency curves.
-    Nothing without a baseline group and another group to compare with it."""
+    """Per evaluation metric, one curve-difference figure per comparison, then the sample-efficiency curves."""
     if not table_metrics:
         return
     runs = data.included_runs  # the groups and their values, without scanning the metrics table
@@ -262,8 +241,7 @@ def where_groups_differ_section(document: Document, data: SweepData, table_metri
 
 def _curve_difference_figures(document: Document, data: SweepData, metric: str, group_keys: Sequence[str],
                               baseline: Mapping[str, object], options: ReportOptions) -> None:
-    """One curve-difference figure per comparison of ``metric`` with at least ``MIN_SEEDS_FOR_INTERVAL`` paired
-    seeds; a line naming the others."""
+    """One figure per comparison with ``MIN_SEEDS_FOR_INTERVAL`` paired seeds; a line naming the others."""
     try:
         frame = curve_differences(data.metrics, metric, group_keys=group_keys, baseline=baseline,
                                   confidence=options.confidence)
@@ -274,7 +252,6 @@ def _curve_difference_figures(document: Document, data: SweepData, metric: str, 
     colors = plots.group_color_map(data.metrics[data.metrics["metric"].astype(str) == metric], group_keys)
     too_few = []
     for group, rows in frame.groupby(list(group_keys), sort=True, dropna=False, observed=True):
-        group = group if isinstance(group, tuple) else (group,)
         label = plots.group_label(group_keys, group)
         if int(rows["n"].max()) < MIN_SEEDS_FOR_INTERVAL:
             too_few.append(f"{label} ({int(rows['n'].max())})")
@@ -290,8 +267,7 @@ def _curve_difference_figures(document: Document, data: SweepData, metric: str, 
 
 def _sample_efficiency_figure(document: Document, data: SweepData, table_metrics: Sequence[str],
                               group_keys: Sequence[str], options: ReportOptions) -> None:
-    """Mean and IQM curves of the primary metric with their intervals, when at least two groups have
-    ``MIN_SEEDS_FOR_INTERVAL`` runs to give them."""
+    """Mean and IQM curves of the primary metric, when two groups have ``MIN_SEEDS_FOR_INTERVAL`` runs."""
     metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
     rows = data.metrics[data.metrics["metric"].astype(str) == metric]
     runs = rows.groupby(list(group_keys), dropna=False, observed=True)["run"].nunique()
@@ -311,8 +287,3 @@ def _sample_efficiency_figure(document: Document, data: SweepData, table_metrics
                         axes=figure.subplots(1, 2, sharey=True)),
                     size=(11.0, 4.2))
 
-
-def after_sft_reference(long: pd.DataFrame, metric: str) -> float | None:
-    """Mean over runs of ``metric`` at step 0 (the evaluation of the SFT warm start before any RL step), or None."""
-    at_start = long[(long["metric"].astype(str) == metric) & (long["step"] == 0)]
-    return float(at_start["value"].mean()) if len(at_start) else None

@@ -1,16 +1,6 @@
-"""Results files: the tables the docs show, written from a sweep by one command, and the docs kept equal to them.
-
-    python -m analysis.results runs/<sweep> --name <name>      (make docs-results SWEEP=<sweep> RESULTS=<name>)
-
-writes ``docs/results/<name>.md`` from the sweep's run stores: a comment naming the command, the sweep and the
-commit; the report's summary table (:func:`analysis.report.summary_table`); the mechanism's time-averaged figures per
-group (:data:`MECHANISM_METRICS`: the share of the logit-gradient norm from tokens with pi < 0.5, the gradient norm
-before clipping, the share of updates that clipping rescaled, the share of confident tokens with a negative advantage
-that the update moved down) with paired deltas; the design sentence (:func:`analysis.warm_starts.design_sentence`:
-which sources of variation the intervals include); and the machine (each numeric environment the runs came from,
-torch's version). It then rewrites, in ``README.md`` and ``docs/**/*.md``, every block between
-``<!-- results: <name> -->`` and ``<!-- /results -->`` with the file's text, so the docs show exactly what the
-command wrote. ``python -m analysis.results --check`` (and a fast test) fails when a block differs from its file.
+"""Results files: ``python -m analysis.results runs/<sweep> --name <name>`` (``make docs-results``) writes
+``docs/results/<name>.md`` from a sweep and rewrites every ``<!-- results: <name> -->`` block of the docs with it;
+``--check`` fails when a block differs from its file.
 """
 
 from __future__ import annotations
@@ -24,8 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.aggregate import aggregate_runs, default_baseline, default_group_keys, paired_differences, run_summaries
-from analysis.load import SweepData, add_run_columns, load_sweep
-from analysis.report import summary_table
+from analysis.frames import SweepData
+from analysis.load import load_sweep
+from analysis.report import summary_table, with_group_columns
 from analysis.tables import comparison_table, to_markdown
 from analysis.warm_starts import design_sentence
 from dataflex_rl import keys
@@ -34,39 +25,16 @@ from dataflex_rl.tracking.run_store import atomic_write_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "docs" / "results"
-# The mechanism's figures a results file gives per group (time-averaged over each run's steps, then over seeds): the
-# logit-gradient share of tokens with pi < 0.5, the gradient norm before clipping, the share of clipped updates, and
-# the share of confident tokens (pi >= 0.75) with a negative advantage whose pi the update lowered (the paper's "why").
+# The mechanism's figures per group (time-averaged, then over seeds); the last: the share of confident tokens
+# (pi >= 0.75) with a negative advantage whose pi the update lowered (the paper's "why").
 MECHANISM_METRICS = (keys.GRAD_LOW_PROB_SHARE, keys.GRAD_NORM, keys.GRAD_CLIP_FRAC,
                      keys.prob_change("neg", keys.bucket_label(0.75, 1.0), "correct_share"))
 _BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.DOTALL)
 _NAME = re.compile(r"[\w.-]+")
 
 
-def mechanism_table(data: SweepData) -> str | None:
-    """The :data:`MECHANISM_METRICS` the runs logged, each run's time average (AUC / step span), mean and interval
-    over seeds per group, with paired deltas against the baseline, as Markdown; None when none was logged."""
-    metrics = [metric for metric in MECHANISM_METRICS if metric in set(data.metric_names)]
-    if not metrics:
-        return None
-    group_keys = tuple(default_group_keys(data.included_runs))
-    long = data.metrics
-    extra_keys = [key for key in group_keys if key not in long.columns]
-    if extra_keys:
-        long = add_run_columns(long, data.runs, extra_keys)
-    summaries = run_summaries(long, metrics=metrics)
-    aggregates = aggregate_runs(summaries, value="auc", group_keys=group_keys)
-    baseline = default_baseline(summaries, group_keys)
-    deltas = None if baseline is None else paired_differences(summaries, value="auc", group_keys=group_keys,
-                                                              baseline=baseline)
-    table = comparison_table(aggregates, deltas=deltas, metrics=metrics, group_keys=group_keys,
-                             caption="the mechanism, time-averaged over training")
-    return to_markdown(table)
-
-
 def machine_lines(data: SweepData) -> list[str]:
-    """Where and how long: each numeric environment with its run count, torch's version, and the sweep's wall time
-    (its invocations in ``sweep.json``, warm starts included) with the runs it ran at once."""
+    """Each numeric environment with its run count, torch's version, and the sweep's wall time."""
     included = data.included_runs
     environments = included["environment"].fillna("unknown").astype(str).value_counts()
     lines = [f"- numeric environment: `{label}` ({count} run{'s' if count > 1 else ''})"
@@ -84,7 +52,6 @@ def machine_lines(data: SweepData) -> list[str]:
 
 
 def results_text(data: SweepData, name: str, sweep_dir: Path) -> str:
-    """The whole results file (see the module doc)."""
     included = data.included_runs
     commits = sorted({str(commit)[:7] for commit in included["git_commit"].dropna()})
     parts = [f"<!-- {name}: written by `make docs-results SWEEP={sweep_dir.name} RESULTS={name}` from "
@@ -94,16 +61,24 @@ def results_text(data: SweepData, name: str, sweep_dir: Path) -> str:
     if headline is None:
         raise ValueError(f"sweep {sweep_dir} has no included run that logged {keys.VAL_ACCURACY}: nothing to write")
     parts += [to_markdown(headline), "", design_sentence(data), ""]
-    mechanism = mechanism_table(data)
-    if mechanism is not None:
+    metrics = [metric for metric in MECHANISM_METRICS if metric in set(data.metric_names)]
+    if metrics:
+        group_keys = tuple(default_group_keys(data.included_runs))
+        summaries = run_summaries(with_group_columns(data, group_keys).metrics, metrics=metrics)
+        baseline = default_baseline(summaries, group_keys)
+        deltas = None if baseline is None else paired_differences(summaries, value="auc", group_keys=group_keys,
+                                                                  baseline=baseline)
+        table = comparison_table(aggregate_runs(summaries, value="auc", group_keys=group_keys), deltas=deltas,
+                                 metrics=metrics, group_keys=group_keys,
+                                 caption="the mechanism, time-averaged over training")
         parts += ["The mechanism, each run's time average over its steps (mean over seeds, paired Δ):", "",
-                  mechanism, ""]
+                  to_markdown(table), ""]
     parts += ["Measured on:", "", *machine_lines(data), ""]
     return "\n".join(parts)
 
 
 def doc_files(root: Path = REPO) -> list[Path]:
-    """The Markdown files that may embed results: ``README.md`` and ``docs/**/*.md`` (the results files aside)."""
+    """``README.md`` and ``docs/**/*.md``, the results files aside."""
     return [root / "README.md", *sorted(path for path in (root / "docs").rglob("*.md")
                                         if RESULTS_DIR not in path.parents)]
 
@@ -153,7 +128,6 @@ def write_results(sweep_dir: Path, name: str, root: Path = REPO) -> tuple[Path, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Write a results file and sync the docs (exit 0), or ``--check`` them (exit 1 naming each stale block)."""
     parser = argparse.ArgumentParser(prog="python -m analysis.results", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", nargs="?", type=Path, help="the sweep folder (runs/<sweep>)")
     parser.add_argument("--name", help="the results file's name: docs/results/<name>.md")

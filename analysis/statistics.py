@@ -1,47 +1,11 @@
 """Statistics of seeds on plain arrays: t intervals and tests, Holm, power, MDE, seeds needed, IQM and its interval.
 
-Nothing here knows about tables; :mod:`analysis.aggregate` and :mod:`analysis.curves` apply these per group. The
-t tests, intervals and power come from scipy and statsmodels; what they lack or do slowly is written out below.
-
-Definitions (``x`` holds one value per run, i.e. per seed, of a group; ``n`` its size):
-
-- **Mean interval**: Student t, ``mean +- t_{1-a/2, n-1} s / sqrt(n)`` (``s`` with ``ddof=1``;
-  ``scipy.stats.t.interval``); exact coverage for normal data at every ``n >= 2`` (the percentile bootstrap covers
-  ~46% at n = 2 and ~75% at n = 3). NaN at n < 2.
-- **Paired difference** against the baseline on the same seed: ``d_i = x_i - y_i``, ``scipy.stats.ttest_rel`` (interval
-  ``mean(d) +- t_{1-a/2, n-1} s_d / sqrt(n)``, p-value ``2 P(T_{n-1} > |mean(d)| sqrt(n) / s_d)``); **Welch**
-  (unpaired): ``scipy.stats.ttest_ind(equal_var=False)``, standard error ``sqrt(s_x^2/n_x + s_y^2/n_y)`` and
-  Welch-Satterthwaite degrees of freedom. Colas, Sigaud and Oudeyer 2018 ("How Many Random Seeds?") recommend both.
-  Identical values (zero spread): the point interval, p = 0, or p = 1 when the difference is 0 (scipy gives NaN).
-- **Holm**: with ``m`` comparisons against one baseline, the ``i``-th smallest p-value becomes
-  ``max_{j <= i} min(1, (m - j + 1) p_(j))`` (family-wise error <= the level for any dependence); the values of
-  statsmodels' ``multipletests(method="holm")``, computed here (:func:`holm_adjust` says why).
-- **Power** of the two-sided level-``a`` t-test at a true difference ``E``: ``P(|T'| > t_{1-a/2, df})`` with ``T'``
-  noncentral t; paired ``df = n - 1``, noncentrality ``E sqrt(n) / s_d`` (statsmodels ``TTestPower``); unpaired
-  ``df = 2n - 2``, noncentrality ``E / (s sqrt(2/n))``, ``n`` per group (``TTestIndPower``). **MDE** (minimum
-  detectable effect): the ``E`` at which the power is ``power`` (default 80%, 5%). **Seeds needed** for a
-  difference ``E``: the smallest ``n`` whose power reaches ``power``. statsmodels' ``solve_power`` stops at
-  ``xtol = 1e-5`` in the effect and returns NaN or a bound where its power underflows (``d >= 5``), so both are solved
-  here on its power function: Brent's method to 1e-12 for the MDE, bisection over integers for seeds.
-- **Stein's two-stage test** (a seed count planned from a pilot): ``T = sqrt(n) mean(d) / s_0`` with ``s_0`` the
-  pilot's spread follows ``t_{n0-1}`` without a difference, whatever ``n`` the plan chose (Stein 1945).
-- **IQM**: interquartile mean, ``scipy.stats.trim_mean(x, 0.25)`` (rliable's definition).
-- **IQM interval** (:func:`iqm_t_interval`): the Tukey-McLaughlin trimmed-mean t interval,
-  ``iqm +- t_{(1+c)/2, h-1} sqrt(SSW / (h (h - 1)))`` with ``g = floor(0.25 n)`` values trimmed at each end,
-  ``h = n - 2g`` kept and ``SSW`` the sum of squared deviations of the winsorised sample (the ``g`` lowest values set
-  to the next one up, the ``g`` highest to the next one down) from its mean: Yuen's (1974) standard error, the one
-  ``scipy.stats.ttest_ind(..., trim=0.25)`` uses. With ``g = 0`` (n < 4) it is the Student-t interval of the mean.
-  Simulated coverage of a nominal 95% for normal data: 0.95 at n = 3, 0.94 at n = 5 and 10 (``docs/analysis.md``).
-  ``scipy.stats.mstats.trimmed_mean_ci`` divides by the nominal ``1 - 2 * 0.25`` instead of ``h / n``, which doubles
-  the interval at n = 3 (coverage 0.99) and swings between 0.92 and 0.98 with n.
-- **Probability of improvement** ``P(X > Y) = mean_ij([x_i > y_j] + 0.5 [x_i == y_j])`` over all pairs (the
-  Mann-Whitney ``U / (n_x n_y)`` rliable uses), ``P(X < Y)`` for lower-is-better metrics.
-- **Evaluation noise** of a mean accuracy ``p`` measured on ``N`` validation items: the binomial variance
-  ``p(1-p)/N``; **training noise**: the between-seed variance ``s^2`` minus it (floored at 0).
+Definitions: docs/analysis.md ("Definitions").
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import warnings
@@ -64,13 +28,11 @@ _PAIRED_POWER, _UNPAIRED_POWER = TTestPower(), TTestIndPower()
 
 
 def check_confidence(confidence: Any) -> None:
-    """Raise unless every ``confidence`` lies strictly between 0 and 1."""
     if not np.all((np.asarray(confidence) > 0.0) & (np.asarray(confidence) < 1.0)):
         raise ValueError(f"confidence={confidence!r} must lie strictly between 0 and 1 (e.g. 0.95)")
 
 
 def check_power_arguments(power: float, level: float) -> None:
-    """Raise unless ``power`` and ``level`` lie strictly between 0 and 1."""
     if not 0.0 < power < 1.0:
         raise ValueError(f"power={power!r} must lie strictly between 0 and 1 (e.g. 0.8)")
     if not 0.0 < level < 1.0:
@@ -78,14 +40,12 @@ def check_power_arguments(power: float, level: float) -> None:
 
 
 def finite_values(values: Any) -> np.ndarray:
-    """The finite entries of ``values``, flattened to ``(n,)`` float64."""
     array = np.asarray(values, dtype=np.float64).ravel()
     return array[np.isfinite(array)]
 
 
 def indices_by_size(samples: Sequence[Sequence[np.ndarray]]) -> list[tuple[tuple[int, ...], list[int]]]:
-    """``(sizes, indices)`` per distinct tuple of sample sizes of ``samples`` (each a tuple of 1-D arrays), sizes in
-    increasing order: the entries one vectorised call can take stacked."""
+    """``(sizes, indices)`` per distinct tuple of sample sizes: the entries one vectorised call can take stacked."""
     by_size: dict[tuple[int, ...], list[int]] = {}
     for index, arrays in enumerate(samples):
         by_size.setdefault(tuple(array.size for array in arrays), []).append(index)
@@ -93,21 +53,12 @@ def indices_by_size(samples: Sequence[Sequence[np.ndarray]]) -> list[tuple[tuple
 
 
 def _as_floats(result: dict[str, Any]) -> dict[str, Any]:
-    """0-d arrays of a test's result as floats (1-D samples give floats, batches arrays)."""
     return {key: float(value) if np.ndim(value) == 0 else value for key, value in result.items()}
-
-
-# --- t intervals and tests ------------------------------------------------------------------------------------------
 
 
 def t_bounds(center: Any, standard_error: Any, df: Any, confidence: Any = DEFAULT_CONFIDENCE
              ) -> tuple[np.ndarray, np.ndarray]:
-    """``center +- t_{(1+c)/2, df} standard_error`` elementwise by ``scipy.stats.t.interval``.
-
-    The arguments broadcast (``confidence`` may vary, as in a Bonferroni band); returns ``(low, high)`` arrays of the
-    broadcast shape. A zero standard error gives the point ``(center, center)``; ``df <= 0`` or a non-finite standard
-    error gives NaN.
-    """
+    """``center +- t_{(1+c)/2, df} standard_error``, broadcast; NaN where ``df <= 0`` or the error is not finite."""
     check_confidence(confidence)
     center, standard_error, df, confidence = np.broadcast_arrays(
         *(np.asarray(argument, dtype=np.float64) for argument in (center, standard_error, df, confidence)))
@@ -120,23 +71,8 @@ def t_bounds(center: Any, standard_error: Any, df: Any, confidence: Any = DEFAUL
     return low, high
 
 
-def t_interval(values: Any, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
-    """Student-t interval of the mean of the finite ``values``: ``mean +- t_{(1+c)/2, n-1} s / sqrt(n)``; NaN at n < 2."""
-    check_confidence(confidence)
-    sample = finite_values(values)
-    if sample.size < 2:
-        return np.nan, np.nan
-    low, high = t_bounds(sample.mean(), sample.std(ddof=1) / np.sqrt(sample.size), sample.size - 1, confidence)
-    return float(low), float(high)
-
-
 def paired_t(x: Any, y: Any, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
-    """Paired t on ``d = x - y`` along the last axis (pair ``i`` = seed ``i``) by ``scipy.stats.ttest_rel``.
-
-    ``x``, ``y``: equal shapes ``(n,)``, or ``(..., n)`` for a batch of comparisons. Returns ``n, mean_difference,
-    std_difference, ci_low, ci_high, p_value``: floats for 1-D samples, arrays ``(...)`` for a batch; interval and
-    p-value NaN at n < 2 (zero spread: module doc).
-    """
+    """Paired t (``scipy.stats.ttest_rel``) along the last axis: floats for ``(n,)`` samples, arrays for a batch."""
     check_confidence(confidence)
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape != y.shape or x.ndim == 0:
@@ -159,13 +95,7 @@ def paired_t(x: Any, y: Any, confidence: float = DEFAULT_CONFIDENCE) -> dict[str
 
 
 def welch_t(x: Any, y: Any, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
-    """Welch's unpaired t for ``mean(x) - mean(y)`` along the last axis by ``scipy.stats.ttest_ind(equal_var=False)``.
-
-    ``x`` ``(..., n_x)`` and ``y`` ``(..., n_y)``; 1-D samples drop their non-finite values first. Returns
-    ``mean_difference, std_difference`` (the pooled ``sqrt((s_x^2 + s_y^2)/2)``, the spread the MDE uses),
-    ``ci_low, ci_high, p_value, df``: floats for 1-D samples, arrays for a batch; NaN where a sample has fewer than 2
-    values. Both samples constant: ``df = n_x + n_y - 2`` and the point interval.
-    """
+    """Welch's t along the last axis; ``std_difference`` is the pooled ``sqrt((s_x^2 + s_y^2)/2)`` the MDE uses."""
     check_confidence(confidence)
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.ndim == 1 and y.ndim == 1:
@@ -190,12 +120,10 @@ def welch_t(x: Any, y: Any, confidence: float = DEFAULT_CONFIDENCE) -> dict[str,
 
 def t_tests(samples: Sequence[tuple[np.ndarray, np.ndarray]], *, paired: bool,
             confidence: float = DEFAULT_CONFIDENCE) -> list[dict[str, float]]:
-    """:func:`paired_t` (``paired``) or :func:`welch_t` of each ``(x, y)`` of 1-D finite samples, one vectorised scipy
-    call per distinct pair of sizes (so a table of many groups costs a few calls, not one per group)."""
+    """:func:`paired_t` or :func:`welch_t` of each ``(x, y)``, one vectorised call per distinct pair of sizes."""
     results: list[dict[str, float]] = [{} for _ in samples]
     for _, indices in indices_by_size(samples):
-        x = np.stack([samples[i][0] for i in indices])
-        y = np.stack([samples[i][1] for i in indices])
+        x, y = (np.stack([samples[i][side] for i in indices]) for side in (0, 1))
         batch = paired_t(x, y, confidence) if paired else welch_t(x, y, confidence)
         for position, index in enumerate(indices):
             results[index] = {key: float(np.broadcast_to(value, (len(indices),))[position])
@@ -204,12 +132,7 @@ def t_tests(samples: Sequence[tuple[np.ndarray, np.ndarray]], *, paired: bool,
 
 
 def holm_adjust(p_values: Any) -> np.ndarray:
-    """Holm step-down adjusted p-values (module doc), in the order given; NaN stays NaN and is not counted in ``m``.
-
-    The values of statsmodels' ``multipletests(method="holm")`` (``tests/analysis/test_analysis_statistics.py``),
-    without its call: that one runs ``gc.collect()`` every time (~60 ms in an analysis session, once per metric of a
-    table).
-    """
+    """Holm-adjusted p-values in the given order (NaN not counted); statsmodels' values without its gc per call."""
     p = np.asarray(p_values, dtype=np.float64).ravel()
     adjusted = np.full(p.shape, np.nan)
     finite = np.flatnonzero(np.isfinite(p))
@@ -219,17 +142,8 @@ def holm_adjust(p_values: Any) -> np.ndarray:
     return adjusted
 
 
-# --- power, MDE and seeds needed ------------------------------------------------------------------------------------
-
-
 def t_power(effect: float, std: float, n: int, *, level: float = DEFAULT_LEVEL, paired: bool = True) -> float:
-    """Power of the two-sided level-``level`` t-test at a true difference ``effect`` (module doc), from statsmodels'
-    ``TTestPower`` (``paired``) or ``TTestIndPower``.
-
-    ``std``: the spread of the paired differences (``paired``) or of each group (unpaired, ``n`` runs per group).
-    NaN when ``n`` leaves no degrees of freedom or ``std`` is unknown; with ``std = 0``, 1 (``level`` if
-    ``effect = 0``).
-    """
+    """Power of the two-sided t-test at a true difference ``effect`` (``n`` per group when unpaired)."""
     df = n - 1 if paired else 2 * n - 2
     if df < 1 or not np.isfinite(std) or std < 0:
         return np.nan
@@ -251,12 +165,7 @@ def t_power(effect: float, std: float, n: int, *, level: float = DEFAULT_LEVEL, 
 def minimum_detectable_effect(
     std: float, n: int, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL, paired: bool = True
 ) -> float:
-    """Smallest ``|difference|`` the t-test detects with probability ``power`` at ``n`` seeds (pairs, or runs per group
-    when unpaired) and spread ``std``; NaN when ``n`` is too small for a test or ``std`` is unknown.
-
-    The MDE is ``std`` times a factor of ``n`` alone (the noncentrality is ``E / std`` times a function of ``n``), so the
-    factor is solved once per ``n`` and cached.
-    """
+    """Smallest ``|difference|`` the t-test detects with probability ``power`` at ``n`` seeds and spread ``std``."""
     check_power_arguments(power, level)
     if (n - 1 if paired else 2 * n - 2) < 1 or not np.isfinite(std):
         return np.nan
@@ -265,7 +174,7 @@ def minimum_detectable_effect(
 
 @functools.lru_cache(maxsize=4096)
 def _standardised_mde(n: int, power: float, level: float, paired: bool) -> float:
-    """The MDE at ``std = 1``: the root of ``t_power(E, 1, n) = power`` (Brent, to 1e-12; module doc)."""
+    """The MDE at ``std = 1`` (Brent, to 1e-12); cached, the MDE scales with ``std``."""
     upper = 1.0
     while t_power(upper, 1.0, n, level=level, paired=paired) < power:  # power grows with the effect: bracket it
         upper *= 2.0
@@ -277,9 +186,8 @@ def seeds_needed(
     std: float, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL, paired: bool = True,
     max_seeds: int = 100_000,
 ) -> int | None:
-    """Smallest number of seeds (pairs, or runs per group when unpaired) at which a true difference ``effect`` is
-    detected with probability ``power`` given the spread ``std`` (e.g. of a pilot's paired differences); None when even
-    ``max_seeds`` is not enough."""
+    """Smallest number of seeds detecting ``effect`` with probability ``power`` at spread ``std`` (None past
+    ``max_seeds``)."""
     check_power_arguments(power, level)
     if not np.isfinite(std) or std < 0:
         raise ValueError(f"std={std!r} must be a finite non-negative spread (of a pilot with >= 2 seeds)")
@@ -289,36 +197,28 @@ def seeds_needed(
     def enough(n: int) -> bool:
         return t_power(effect, std, n, level=level, paired=paired) >= power
 
-    if enough(2):
-        return 2
     if not enough(max_seeds):
         return None
-    low, high = 2, max_seeds  # power(low) < power <= power(high); power grows with n
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if enough(middle) else (middle, high)
-    return high
+    return 2 + bisect.bisect_left(range(2, max_seeds + 1), True, key=enough)  # power grows with n
 
 
 def stein_seeds_needed(
     pilot_std: float, pilot_size: int, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
 ) -> int:
-    """Seeds for Stein's two-stage test (:func:`stein_two_stage`) to detect ``effect`` with probability ``power``:
-    ``max(pilot_size, ceil(((t_{1-a/2, n0-1} + t_{power, n0-1}) s_0 / effect)^2))`` (Stein 1945), ``s_0`` the spread of
-    the pilot's ``n0`` paired differences. A small pilot pays for its uncertain spread with its t quantiles."""
+    """Seeds for Stein's two-stage test to detect ``effect``: ``max(n0, ceil(((t_{1-a/2} + t_power) s_0 / E)^2))``
+    on ``n0 - 1`` degrees of freedom (Stein 1945)."""
     check_power_arguments(power, level)
     if pilot_size < 2 or not np.isfinite(pilot_std) or pilot_std < 0:
         raise ValueError(f"pilot_std={pilot_std!r}, pilot_size={pilot_size!r}: a pilot needs >= 2 paired seeds")
     if not np.isfinite(effect) or effect == 0:
         raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
-    factor = stats.t.ppf(1.0 - level / 2.0, pilot_size - 1) + stats.t.ppf(power, pilot_size - 1)
-    return max(int(pilot_size), int(math.ceil((factor * pilot_std / abs(effect)) ** 2)))
+    detectable = stein_mde(pilot_std, pilot_size, 1, power=power, level=level)
+    return max(int(pilot_size), int(math.ceil((detectable / abs(effect)) ** 2)))
 
 
 def stein_mde(pilot_std: float, pilot_size: int, n: int, *, power: float = DEFAULT_POWER,
               level: float = DEFAULT_LEVEL) -> float:
-    """The effect Stein's test detects with probability ``power`` at ``n`` seeds: ``(t_{1-a/2} + t_power) s_0 / sqrt(n)``
-    on ``n0 - 1`` degrees of freedom."""
+    """The effect Stein's test detects at ``n`` seeds: ``(t_{1-a/2} + t_power) s_0 / sqrt(n)``, ``n0 - 1`` df."""
     check_power_arguments(power, level)
     factor = stats.t.ppf(1.0 - level / 2.0, pilot_size - 1) + stats.t.ppf(power, pilot_size - 1)
     return float(factor * pilot_std / np.sqrt(n))
@@ -327,11 +227,7 @@ def stein_mde(pilot_std: float, pilot_size: int, n: int, *, power: float = DEFAU
 def stein_two_stage(
     differences: Any, pilot_size: int, confidence: float = DEFAULT_CONFIDENCE
 ) -> dict[str, float]:
-    """Stein's (1945) two-stage test of seed-paired ``differences`` whose count was planned from the first
-    ``pilot_size`` of them: ``T = sqrt(n) mean(d) / s_0`` (``s_0`` the pilot's spread) follows ``t_{n0-1}`` when there is
-    no difference, whatever ``n`` the plan chose, so its level is exact (the ordinary paired t over all seeds is not:
-    its spread and ``n`` both depend on the pilot). Returns ``n, mean_difference, pilot_std, ci_low, ci_high,
-    p_value``."""
+    """Stein's (1945) two-stage test of paired ``differences`` planned from the first ``pilot_size``: exact level."""
     d = np.asarray(differences, dtype=np.float64).ravel()
     if pilot_size < 2 or d.size < pilot_size:
         raise ValueError(f"pilot_size={pilot_size!r} with {d.size} differences: need >= 2 pilot seeds, all present")
@@ -347,16 +243,13 @@ def stein_two_stage(
             "ci_high": float(high), "p_value": p_value}
 
 
-# --- interquartile mean, probability of improvement, noise split ----------------------------------------------------
-
-
 def interquartile_mean(values: Any, axis: int | None = None) -> Any:
-    """IQM: ``scipy.stats.trim_mean(values, 0.25, axis)``, the mean of the middle 50% of the sorted values."""
+    """IQM: the mean of the middle 50% of the sorted values."""
     return stats.trim_mean(values, 0.25, axis=axis)
 
 
 def _rowwise_interquartile_mean(block: np.ndarray) -> np.ndarray:
-    """IQM of each row of ``(rows, n)`` ignoring NaN: per row, scipy's trim_mean(finite values, 0.25)."""
+    """IQM of each row of ``(rows, n)`` ignoring NaN."""
     finite = np.isfinite(block)
     count = finite.sum(axis=1)
     ordered = np.sort(np.where(finite, block, np.inf), axis=1)  # finite values first, in order
@@ -372,9 +265,7 @@ def _rowwise_interquartile_mean(block: np.ndarray) -> np.ndarray:
 
 def _rowwise_iqm_interval(block: np.ndarray, confidence: float,
                           center: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Tukey-McLaughlin interval (module doc) of the IQM of each row of ``(rows, n)`` ignoring NaN: ``(low, high)``
-    each ``(rows,)``, NaN where fewer than 2 values are kept after trimming. ``center``: the rows' IQMs when the
-    caller has them (:func:`_rowwise_interquartile_mean`)."""
+    """Tukey-McLaughlin interval of the IQM of each row ignoring NaN; ``center``: the rows' IQMs if known."""
     finite = np.isfinite(block)
     count = finite.sum(axis=1)
     ordered = np.sort(np.where(finite, block, np.inf), axis=1)  # finite values first, in order
@@ -397,8 +288,7 @@ def _rowwise_iqm_interval(block: np.ndarray, confidence: float,
 
 
 def iqm_t_interval(values: Any, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
-    """Tukey-McLaughlin interval of the IQM of the finite ``values`` (module doc); the Student-t interval of the mean
-    below 4 values (nothing is trimmed); NaN at n < 2."""
+    """Tukey-McLaughlin interval of the IQM of the finite ``values`` (the t interval below 4 values)."""
     check_confidence(confidence)
     sample = finite_values(values)
     low, high = _rowwise_iqm_interval(sample[None, :], confidence) if sample.size else ([np.nan], [np.nan])
@@ -406,7 +296,7 @@ def iqm_t_interval(values: Any, confidence: float = DEFAULT_CONFIDENCE) -> tuple
 
 
 def probability_of_improvement(x: Any, y: Any) -> float:
-    """``P(X > Y)`` over all pairs ``(x_i, y_j)``, ties counting half: ``mean([x_i > y_j] + 0.5 [x_i == y_j])``."""
+    """``P(X > Y)`` over all pairs, ties counting half."""
     x = np.asarray(x, dtype=np.float64).ravel()
     y = np.asarray(y, dtype=np.float64).ravel()
     if not x.size or not y.size:
@@ -417,8 +307,7 @@ def probability_of_improvement(x: Any, y: Any) -> float:
 
 
 def variance_split(p: float, variance: float, val_items: float) -> dict[str, float]:
-    """Split a group's between-seed variance of a mean accuracy ``p`` into binomial evaluation noise
-    ``p(1-p)/val_items`` and training noise ``max(0, variance - evaluation)``; ``eval_share`` = evaluation/variance."""
+    """Between-seed variance of an accuracy ``p`` split into binomial evaluation noise and training noise."""
     evaluation = p * (1.0 - p) / val_items if val_items and np.isfinite(val_items) else np.nan
     training = max(0.0, variance - evaluation) if np.isfinite(variance) and np.isfinite(evaluation) else np.nan
     with np.errstate(invalid="ignore", divide="ignore"):

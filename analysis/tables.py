@@ -1,21 +1,13 @@
-"""Comparison tables: one row per group (alpha, or mechanism configuration and alpha), one column per metric.
-
-A cell reads ``mean ± half-width (n)`` (style ``pm``; half-width = half the 95% Student-t interval over seeds) or
-``mean [low, high] (n)`` (style ``interval``); below :data:`analysis.statistics.MIN_SEEDS_FOR_INTERVAL` seeds it reads
-``mean (n, too few seeds)``, never a range. A ``Δ <metric>`` column gives the difference against the baseline paired
-by seed: ``+diff [low, high] p=... MDE ...`` (paired-t interval, paired t-test p-value, Holm-adjusted p when several
-groups are compared with one baseline, minimum detectable effect at 80% power). **Bold marks exactly the differences
-whose paired interval excludes 0**; no group mean is bold (the best-looking mean is not evidence). Writers: Markdown
-(``pandas.to_markdown``, which needs ``tabulate``), LaTeX and HTML (pandas Styler, which needs ``jinja2``) and CSV (the
-numbers behind the table in tidy form: one row per group and metric).
-"""
+"""Comparison tables (one row per group, ``mean ± half-width (n)`` cells, paired deltas, bold where the paired
+interval excludes 0) as Markdown, LaTeX, HTML and CSV."""
 
 from __future__ import annotations
 
-import math
+import itertools
 import os
 import re
-from collections.abc import Collection, Mapping, Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,20 +26,12 @@ DELTA_PREFIX = "Δ "
 
 @dataclass(frozen=True)
 class ComparisonTable:
-    """``cells`` ``(n_groups, n_keys + n_columns)`` text without markup (group-key columns first), ``best`` the same
-    shape (True where a cell is bold: a difference whose paired interval excludes 0), ``numbers`` the tidy numbers
-    (one row per group and metric)."""
+    """``cells``: text without markup, group keys first; ``best``: where a cell is bold; ``numbers``: tidy numbers."""
 
     cells: pd.DataFrame
     best: pd.DataFrame
     numbers: pd.DataFrame
     caption: str = ""
-
-
-def _format_key(value: object) -> str:
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:g}"
-    return str(value)
 
 
 def _format_cell(mean: float, low: float, high: float, n: int, style: TableStyle, digits: int) -> str:
@@ -65,7 +49,7 @@ def _format_p(value: float) -> str:
 
 
 def _format_delta(row: pd.Series, digits: int, multiple: bool) -> str:
-    """``+diff [low, high] p=.. (Holm ..) MDE ..``; without an interval below MIN_SEEDS_FOR_INTERVAL pairs."""
+    """``+diff [low, high] p=.. (Holm ..) MDE ..``."""
     if row["n_pairs"] == 0 or not np.isfinite(row["mean_difference"]):
         return "n/a (no common seed)"
     text = f"{row['mean_difference']:+.{digits}f}"
@@ -96,24 +80,27 @@ def comparison_table(
     statistic: Literal["mean", "iqm"] = "mean",
     style: TableStyle = "pm",
     digits: int = 3,
-    minimize: Collection[str] | None = None,
-    maximize: Collection[str] | None = None,
     caption: str = "",
 ) -> ComparisonTable:
-    """Build the table from :func:`analysis.aggregate.aggregate_runs` output (and optionally
-    :func:`analysis.aggregate.paired_differences` output as ``deltas``).
-
-    ``statistic``: ``mean`` (Student-t interval of the mean) or ``iqm`` (BCa interval of the IQM, given from
-    :data:`analysis.bootstrap.MIN_BOOTSTRAP_N` runs). ``metrics``: the columns, in order (default: every metric of
-    ``aggregates``). Baseline rows get ``baseline`` in their delta cells. Bold (``best``): the delta cells whose paired
-    interval excludes 0 (:func:`significant`), whatever the metric's direction; ``minimize`` / ``maximize`` are
-    accepted for existing callers and no longer pick a best group.
-    """
-    del minimize, maximize
-    metrics = _check_table_arguments(aggregates, metrics, group_keys, statistic, style)
+    """The table of :func:`~analysis.aggregate.aggregate_runs` (and ``deltas`` of ``paired_differences``) output;
+    ``statistic``: ``mean`` (Student-t interval) or ``iqm`` (BCa interval); ``metrics``: the columns, in order."""
+    if style not in TABLE_STYLES:
+        raise ValueError(f"style={style!r} is not one of {TABLE_STYLES}")
+    if statistic not in ("mean", "iqm"):
+        raise ValueError(f"statistic={statistic!r} is not one of ('mean', 'iqm')")
+    missing = [k for k in (*group_keys, "metric") if k not in aggregates.columns]
+    if missing:
+        raise KeyError(f"aggregates lack columns {missing} (group_keys={list(group_keys)!r}); "
+                       f"columns: {list(aggregates.columns)}")
+    present = list(dict.fromkeys(aggregates["metric"].astype(str)))
+    metrics = list(metrics) if metrics is not None else present
+    unknown = [m for m in metrics if m not in present]
+    if unknown:
+        raise KeyError(f"metrics {unknown} are not in the aggregates; available: {present}")
     groups = aggregates[list(group_keys)].drop_duplicates().sort_values(list(group_keys)).reset_index(drop=True)
     identities = [group_key(row) for row in groups.itertuples(index=False)]
-    cells = pd.DataFrame({key: [_format_key(value) for value in groups[key]] for key in group_keys})
+    cells = pd.DataFrame({key: [f"{value:g}" if isinstance(value, float) else str(value) for value in groups[key]]
+                          for key in group_keys})
     best = pd.DataFrame(False, index=cells.index, columns=cells.columns)
     for metric in metrics:
         cells[metric] = _value_cells(_rows_by_group(aggregates, metric, group_keys), identities, statistic, style,
@@ -131,50 +118,23 @@ def comparison_table(
                            caption=caption)
 
 
-def _check_table_arguments(aggregates: pd.DataFrame, metrics: Sequence[str] | None, group_keys: Sequence[str],
-                           statistic: str, style: str) -> list[str]:
-    """The table's metrics (default: every metric of ``aggregates``, in order); raises on a style, statistic, group
-    key or metric the aggregates do not have."""
-    if style not in TABLE_STYLES:
-        raise ValueError(f"style={style!r} is not one of {TABLE_STYLES}")
-    if statistic not in ("mean", "iqm"):
-        raise ValueError(f"statistic={statistic!r} is not one of ('mean', 'iqm')")
-    missing = [k for k in (*group_keys, "metric") if k not in aggregates.columns]
-    if missing:
-        raise KeyError(f"aggregates lack columns {missing} (group_keys={list(group_keys)!r}); "
-                       f"columns: {list(aggregates.columns)}")
-    present = list(dict.fromkeys(aggregates["metric"].astype(str)))
-    metrics = list(metrics) if metrics is not None else present
-    unknown = [m for m in metrics if m not in present]
-    if unknown:
-        raise KeyError(f"metrics {unknown} are not in the aggregates; available: {present}")
-    return metrics
-
-
 def _rows_by_group(frame: pd.DataFrame, metric: str, group_keys: Sequence[str]) -> dict[tuple[Any, ...], pd.Series]:
-    """``frame``'s rows of ``metric`` by their group (:func:`analysis.groups.group_key`: typed values, not labels)."""
+    """``frame``'s rows of ``metric`` by their :func:`~analysis.groups.group_key`."""
     rows = frame[frame["metric"].astype(str) == metric]
     return {group_key(row[list(group_keys)]): row for _, row in rows.iterrows()}
 
 
 def _value_cells(by_group: Mapping[tuple[Any, ...], pd.Series], groups: Sequence[tuple[Any, ...]],
                  statistic: str, style: str, digits: int) -> list[str]:
-    """One metric's column: each group's ``statistic`` with its interval and n (``n/a`` for a group without runs)."""
     low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
-    column = []
-    for key in groups:
-        row = by_group.get(key)
-        if row is None or not row["n"]:
-            column.append("n/a")
-            continue
-        column.append(_format_cell(float(row[statistic]), float(row[low_column]), float(row[high_column]),
-                                   int(row["n"]), style, digits))
-    return column
+    rows = [by_group.get(key) for key in groups]
+    return [_format_cell(float(row[statistic]), float(row[low_column]), float(row[high_column]), int(row["n"]), style,
+                         digits) if row is not None and row["n"] else "n/a" for row in rows]
 
 
 def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metrics: Sequence[str],
                    group_keys: Sequence[str]) -> pd.DataFrame:
-    """The aggregates of the table's metrics joined with the deltas (their interval as ``difference_ci_*``)."""
+    """The aggregates joined with the deltas (their interval as ``difference_ci_*``)."""
     numbers = aggregates[aggregates["metric"].astype(str).isin(metrics)]
     if deltas is not None and len(deltas):
         renamed = deltas.rename(columns={"ci_low": "difference_ci_low", "ci_high": "difference_ci_high"}).drop(
@@ -186,24 +146,13 @@ def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metric
 
 
 def to_markdown(table: ComparisonTable) -> str:
-    """GitHub Markdown (best cells in ``**bold**``); needs the ``tabulate`` package."""
+    """GitHub Markdown (best cells in ``**bold**``)."""
     try:
         import tabulate  # noqa: F401 - pandas.to_markdown imports it; fail here with the fix in the message
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("Markdown tables need the 'tabulate' package: pip install tabulate") from exc
-    marked = table.cells.copy()
-    for column in marked.columns:
-        marked[column] = [f"**{text}**" if flag else text for text, flag in zip(
-            marked[column], table.best[column], strict=True)]
+    marked = table.cells.where(~table.best.to_numpy(dtype=bool), "**" + table.cells.astype(str) + "**")
     return marked.to_markdown(index=False)
-
-
-def _styler(table: ComparisonTable) -> pd.io.formats.style.Styler:
-    def bold(frame: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame(np.where(table.best.to_numpy(), "font-weight: bold;", ""), index=frame.index,
-                            columns=frame.columns)
-
-    return table.cells.style.hide(axis="index").apply(bold, axis=None)
 
 
 LATEX_MAX_WIDTH = 46  # characters of cell text per tabular: one column of a two-column 10pt paper at \small
@@ -223,23 +172,12 @@ def latex_escape(text: str) -> str:
 
 
 def _key_columns(table: ComparisonTable) -> list[str]:
-    """The group-key columns of a table (the leading columns that are also columns of its numbers)."""
-    keys = []
-    for column in table.cells.columns:
-        if column == "metric" or column not in table.numbers.columns:
-            break
-        keys.append(column)
-    return keys
+    """The leading columns that are also columns of the numbers: the group keys."""
+    return list(itertools.takewhile(lambda c: c != "metric" and c in table.numbers.columns, table.cells.columns))
 
 
 def _header_lines(text: str, width: int = LATEX_HEADER_LINE) -> list[str]:
-    lines: list[str] = []
-    for word in str(text).split(" "):
-        if lines and len(lines[-1]) + 1 + len(word) <= width:
-            lines[-1] += " " + word
-        else:
-            lines.append(word)
-    return lines
+    return textwrap.wrap(str(text), width, break_long_words=False, break_on_hyphens=False) or [""]
 
 
 def _column_width(table: ComparisonTable, column: str) -> int:
@@ -249,8 +187,7 @@ def _column_width(table: ComparisonTable, column: str) -> int:
 
 
 def latex_column_groups(table: ComparisonTable, max_width: int = LATEX_MAX_WIDTH) -> list[list[str]]:
-    """The value columns split into groups that fit ``max_width`` characters beside the group keys (each group
-    becomes its own ``tabular``, the keys repeated); a column wider than that gets a group of its own."""
+    """The value columns in groups that fit ``max_width`` characters beside the group keys, one ``tabular`` each."""
     keys = _key_columns(table)
     budget = max_width - sum(_column_width(table, key) for key in keys)
     groups: list[list[str]] = []
@@ -290,10 +227,7 @@ def _latex_tabular(table: ComparisonTable, columns: Sequence[str]) -> list[str]:
 
 
 def to_latex(table: ComparisonTable, max_width: int = LATEX_MAX_WIDTH) -> str:
-    r"""A LaTeX ``table`` float for one paper column: ``booktabs`` rules (needs ``\usepackage{booktabs}``), numbers
-    right-aligned, ``\small`` type, headers wrapped onto short lines, best cells ``\bfseries``; a table wider than
-    ``max_width`` characters is split into stacked ``tabular`` blocks (:func:`latex_column_groups`), each repeating
-    the group keys."""
+    """A LaTeX ``booktabs`` table for one paper column, split into stacked blocks (:func:`latex_column_groups`)."""
     keys = _key_columns(table)
     lines = [r"% needs \usepackage{booktabs}", r"\begin{table}[tbp]", r"\centering", r"\small",
              r"\setlength{\tabcolsep}{4pt}"]
@@ -318,16 +252,20 @@ table.dataflex tr:last-child td { border-bottom: 2px solid #333; }
 
 
 def to_html(table: ComparisonTable) -> str:
-    """HTML table (best cells bold) through pandas Styler: values never wrap mid-number (``white-space: nowrap``),
-    right-aligned in tabular figures, header and bottom rules as in a paper; the ``<style>`` travels with it."""
-    styler = _styler(table).set_table_attributes('class="dataflex"')
+    """HTML table (best cells bold, numbers unwrapped and right-aligned) with its ``<style>``."""
+
+    def bold(frame: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame(np.where(table.best.to_numpy(), "font-weight: bold;", ""), index=frame.index,
+                            columns=frame.columns)
+
+    styler = table.cells.style.hide(axis="index").apply(bold, axis=None).set_table_attributes('class="dataflex"')
     if table.caption:
         styler = styler.set_caption(table.caption)
     return f"<style>{HTML_STYLE}</style>\n" + styler.to_html()
 
 
 def to_rich(table: ComparisonTable) -> Any:
-    """A :class:`rich.table.Table` with the same cells (best cells bold, numbers right-aligned), for terminals."""
+    """A :class:`rich.table.Table` with the same cells, for terminals."""
     from rich.table import Table
 
     rendered = Table(title=table.caption or None, title_justify="left")
@@ -341,13 +279,9 @@ def to_rich(table: ComparisonTable) -> Any:
     return rendered
 
 
-def write_table(
-    table: ComparisonTable,
-    out_dir: str | os.PathLike[str],
-    stem: str,
-    formats: Sequence[str] = TABLE_FORMATS,
-) -> dict[str, Path]:
-    """Write ``<stem>.<format>`` for each of ``formats`` (``md``, ``csv``, ``tex``, ``html``); return the paths."""
+def write_table(table: ComparisonTable, out_dir: str | os.PathLike[str], stem: str,
+                formats: Sequence[str] = TABLE_FORMATS) -> dict[str, Path]:
+    """Write ``<stem>.<format>`` for each of ``formats``; return the paths."""
     unknown = [f for f in formats if f not in TABLE_FORMATS]
     if unknown:
         raise ValueError(f"formats {unknown} are not among {TABLE_FORMATS}")
@@ -359,7 +293,6 @@ def write_table(
         if fmt == "csv":
             table.numbers.to_csv(path, index=False)
         else:
-            renderer = {"md": to_markdown, "tex": to_latex, "html": to_html}[fmt]
-            path.write_text(renderer(table) + "\n")
+            path.write_text({"md": to_markdown, "tex": to_latex, "html": to_html}[fmt](table) + "\n")
         written[fmt] = path
     return written

@@ -1,12 +1,4 @@
-"""What a sweep's intervals cover: its warm-start design, the warm starts' spread and the sources of variation.
-
-Every run starts from an SFT warm start, itself a random draw. Under ``warm_start=per_seed`` (the sweep default) the
-runs of seed s share the warm start of ``sft.seed = s``: the n seeds are n independent (warm start, RL seed) draws,
-paired within a warm start, so the intervals over seeds cover the recipe. Under ``warm_start=shared`` every run
-starts from one warm start and the intervals cover the RL seed only: the answer is for that warm start. Neither
-covers the choice of evaluation items (every run is scored on the same held-out problems, so that noise is shared
-and cancels in paired deltas). ``docs/analysis.md`` ("Warm starts") has the measured coverage of both designs.
-"""
+"""What a sweep's intervals cover: its warm-start design and the warm starts' spread (docs/analysis.md)."""
 
 from __future__ import annotations
 
@@ -18,8 +10,7 @@ from dataflex_rl import keys
 
 
 def warm_start_design(data: SweepData) -> str | None:
-    """The sweep's design (``per_seed`` | ``shared``): ``sweep.json``'s, else the one its runs recorded; None when
-    neither says (runs outside a sweep) or the runs recorded several."""
+    """``per_seed`` or ``shared``: ``sweep.json``'s, else the one the runs recorded; None when unknown or mixed."""
     recorded = (data.manifest or {}).get("warm_start")
     if recorded:
         return str(recorded)
@@ -28,9 +19,7 @@ def warm_start_design(data: SweepData) -> str | None:
 
 
 def warm_start_table(data: SweepData, metric: str = keys.VAL_ACCURACY) -> pd.DataFrame:
-    """One row per warm start of the included runs: its SFT seed, checkpoint (folder name), how many runs and seeds
-    started from it, and ``metric`` at step 0 (its evaluation after SFT, before any RL step: the same for every run
-    of the warm start under greedy evaluation; their mean otherwise). Empty when no run recorded its warm start."""
+    """One row per warm start of the included runs: SFT seed, checkpoint, runs, seeds and ``metric`` at step 0."""
     runs = data.included_runs
     if "warm_start_design" not in runs or runs[["warm_start", "warm_start_design"]].isna().all(axis=None):
         return pd.DataFrame()
@@ -61,21 +50,17 @@ def _spread(values: pd.Series) -> str:
     return f"{values.min():.3f} to {values.max():.3f}, SD {values.std(ddof=1):.3f}"
 
 
-def _evaluation_items(data: SweepData) -> str:
-    sizes = set(data.included_runs.get("config.trainer.val_size", pd.Series(dtype=object)).dropna())
-    return f"the same {int(sizes.pop())} held-out problems" if len(sizes) == 1 else "the same held-out problems"
-
-
 def design_sentence(data: SweepData, metric: str = keys.VAL_ACCURACY) -> str:
-    """The design the sweep used and the sources of variation its intervals include (RL seed, warm start) and
-    leave out (evaluation items), with the warm starts' spread of ``metric`` after SFT."""
+    """The sweep's design, the sources of variation its intervals include and leave out, the warm starts' spread."""
     design = warm_start_design(data)
     table = warm_start_table(data, metric)
     count = len(table)
     counted = f"{count} warm start{'' if count == 1 else 's'}"
     spread = _spread(table[f"{metric} after SFT"]) if count else ""
     after = f"; {metric} after SFT {spread}" if spread else ""
-    items = (f"They leave out the choice of evaluation items: every run is scored on {_evaluation_items(data)}, "
+    sizes = set(data.included_runs.get("config.trainer.val_size", pd.Series(dtype=object)).dropna())
+    problems = f"the same {int(sizes.pop())} held-out problems" if len(sizes) == 1 else "the same held-out problems"
+    items = (f"They leave out the choice of evaluation items: every run is scored on {problems}, "
              "a noise that is shared and cancels in the paired deltas.")
     if design == "per_seed":
         return (f"Design: each seed its own SFT warm start (warm_start=per_seed: {counted}, sft.seed = "

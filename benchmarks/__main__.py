@@ -3,6 +3,7 @@ one table of their rows at the end (each module also prints its own details as i
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import traceback
@@ -12,15 +13,21 @@ from dataflex_rl.registry import plugin_modules
 
 
 def main(argv: list[str] | None = None) -> int:
-    wanted = set(sys.argv[1:] if argv is None else argv)
+    modules = plugin_modules("benchmarks", prefix="bench_")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("names", nargs="*", metavar="name", help=f"one of {', '.join(sorted(modules))} (default: all)")
+    wanted = parser.parse_args(argv).names
+    unknown = sorted(set(wanted) - set(modules))
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}; allowed: {', '.join(sorted(modules))}")
     failures = 0
     rows: list[Row] = []
-    for name, module in plugin_modules("benchmarks", prefix="bench_").items():
+    for name, module in modules.items():
         if wanted and name not in wanted:
             continue
         print(f"== bench_{name}", flush=True)
         try:
-            rows += importlib.import_module(module).main([]) or []
+            rows += importlib.import_module(module).main([])
         except Exception:  # one broken benchmark must not hide the others
             failures += 1
             traceback.print_exc()

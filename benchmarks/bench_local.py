@@ -1,24 +1,5 @@
-"""Local backend: the default training step as users run it, each speed lever before/after, and the achieved
-GFLOP/s against this machine's matmul rate on the model's own shapes, all measured in this one process.
-
-Held fixed: the default config (``conf/train.yaml``: arithmetic, 32 prompts x 8 rollouts, the tiny model after its
-cached SFT warm start, the default stats and validation schedule, the run store and W&B offline loggers) and one
-thread, except where a row changes it. One trainer serves every side: a lever is switched on the trainer between
-steps (``trainer.sampler``, ``trainer.pack``, ``trainer.compile``, the thread count), and the sides take turns
-within each round, so they see the same machine load and the same (slowly training) weights. A "default step" is
-a plain step plus its share of the periodic work of a ``total_steps`` run: validations (at the start, every
-``val_every`` steps and at the end), the exact bucket gradients (every ``stats.exact_every`` steps) and logging,
-main thread and W&B's service process both. The compiled update's first step (compilation, or loading the
-persistent cache) is timed apart and set against what compiling saves over a default run.
-
-FLOPs count the linear layers (2 per weight per token forward, 6 forward and backward) and the LM head at the
-positions whose logits are used, over the work the step needs: valid tokens only, each distinct prompt once (the
-rollouts of a group share it); attention scores and elementwise work are not counted, so the achieved rate is a
-lower bound. The "before" side does more work for the same FLOPs (padding, repeated prompts). The matmul rate is
-this machine's single-thread ``torch.mm`` on the model's update shapes (forward, input-gradient and
-weight-gradient products of every linear layer at the update's token count), timed between the steps of each
-round.
-"""
+"""Local backend: the default step, each speed lever before/after, and the achieved GFLOP/s against this machine's
+matmul rate (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import Row, min_median
+from benchmarks.common import Row, format_table, min_median
+from sweeps.seed_plan import evaluations_in
 
 BEFORE = ("hf", False)  # HF generate, HF forward over the padded batch: the trainer before its own decoder
 AFTER = ("cached", True)  # the defaults: KV-cached sampler, packed forward
@@ -37,20 +19,15 @@ AFTER = ("cached", True)  # the defaults: KV-cached sampler, packed forward
 
 def build_trainer(run_dir: Path, overrides: list[str]):
     """The default run's trainer, built as ``dataflex_rl.train`` builds it (loggers entered by the caller)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     from dataflex_rl import build_mechanism
+    from dataflex_rl.compose import compose_train_config
     from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.local.sft import warm_start
+    from dataflex_rl.lm.sft import warm_start
     from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tasks import build_task
     from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
-    from dataflex_rl.train import CONF_DIR
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"run_dir={run_dir}", *overrides])
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = compose_train_config([f"run_dir={run_dir}", *overrides])
     config = parse_train_config(resolved)
     task = build_task(config.task.name, config.task.params)
     model, tokenizer, _ = warm_start(config.model, config.task, config.sft, task)
@@ -62,21 +39,6 @@ def build_trainer(run_dir: Path, overrides: list[str]):
     return trainer, loggers
 
 
-class StepProbe:
-    """Wraps a trainer's ``rollout`` to keep the last batch, whose token counts give the step's FLOPs."""
-
-    def __init__(self, trainer) -> None:
-        self.batch = None
-        original = trainer.rollout
-
-        def rollout(step):
-            result = original(step)
-            self.batch = result.batch
-            return result
-
-        trainer.rollout = rollout
-
-
 def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
     """``(in, out)`` of every linear layer of the decoder layers (the LM head is counted apart)."""
     return [(module.in_features, module.out_features) for name, module in model.named_modules()
@@ -84,10 +46,8 @@ def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
 
 
 def step_flops(batch, shapes: list[tuple[int, int]], vocab: int, hidden: int) -> dict[str, float]:
-    """FLOPs one step needs with each distinct prompt run once and no padding: rollout (each prompt token once
-    per distinct prompt, each generated token once) and update (forward and backward over the same tokens but
-    each row's last, which feeds no prediction)."""
-    from dataflex_rl.local.decoder import distinct_prompts
+    """FLOPs one step needs with each distinct prompt run once and no padding."""
+    from dataflex_rl.lm.decoder import distinct_prompts
 
     per_token = 2 * sum(i * o for i, o in shapes)
     prompt_mask = batch.attention_mask[:, : batch.prompt_length]
@@ -97,8 +57,7 @@ def step_flops(batch, shapes: list[tuple[int, int]], vocab: int, hidden: int) ->
     head = 2 * vocab * hidden
     rows = batch.input_ids.shape[0]
     return {"rollout": per_token * tokens + head * generated,
-            "update": 3 * (per_token * (tokens - rows) + head * generated),
-            "tokens": tokens - rows}
+            "update": 3 * (per_token * (tokens - rows) + head * generated), "tokens": tokens - rows}
 
 
 def matmul_rate(shapes: list[tuple[int, int]], tokens: int, repeats: int = 3) -> float:
@@ -127,25 +86,32 @@ def wandb_service_cpu() -> float:
     total = 0.0
     for child in psutil.Process().children(recursive=True):
         try:
-            times = child.cpu_times()
-            total += times.user + times.system
+            total += sum(child.cpu_times()[:2])  # user + system
         except psutil.Error:
             continue
     return total
 
 
 class LeverBench:
-    """One trainer whose levers are switched between steps; every timing goes to ``results[side/part]``."""
+    """One trainer whose levers are switched between steps."""
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer
         self.results: dict[str, list[float]] = {}
         self.step_number = 0
-        # Every measured step runs the exact bucket gradients (as the step numbered exact_every would); the step
-        # keeps its own number otherwise (histograms every hist_every steps, as in a run).
+        # Every measured step runs the exact bucket gradients, as the step numbered exact_every would.
         every = trainer.config.stats.exact_every
         exact_pass = trainer.exact_bucket_gradients
         trainer.exact_bucket_gradients = lambda step, *args: exact_pass(every or step, *args)
+        self.batch = None  # the last rollout's batch, whose token counts give the step's FLOPs
+        rollout = trainer.rollout
+
+        def keep_batch(step):
+            result = rollout(step)
+            self.batch = result.batch
+            return result
+
+        trainer.rollout = keep_batch
 
     def step(self, name: str, sampler: str, pack: bool, threads: int = 1, compiled: bool = False) -> None:
         """One training step (and its logging) with the given levers, recorded under ``name``."""
@@ -174,23 +140,20 @@ class LeverBench:
 
 
 def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
-    """Every timing of this benchmark, side by side in one process (see the module docstring)."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-local-") as directory:
         trainer, loggers = build_trainer(Path(directory) / "run", overrides)
-        probe, bench = StepProbe(trainer), LeverBench(trainer)
+        bench = LeverBench(trainer)
         shapes = linear_shapes(trainer.model)
         vocab, hidden = trainer.model.config.vocab_size, trainer.model.config.hidden_size
         flops: list[dict[str, float]] = []
         rates: list[float] = []
         with loggers:
-            sides = {
-                "before": lambda: bench.step("before", *BEFORE),
-                "after": lambda: bench.step("after", *AFTER),
-                "sampler only": lambda: bench.step("sampler only", "cached", False),
-                "pack only": lambda: bench.step("pack only", "hf", True),
-                "after, 2 threads": lambda: bench.step("after, 2 threads", *AFTER, threads=2),
-            }
+            sides = {"before": lambda: bench.step("before", *BEFORE),
+                     "after": lambda: bench.step("after", *AFTER),
+                     "sampler only": lambda: bench.step("sampler only", "cached", False),
+                     "pack only": lambda: bench.step("pack only", "hf", True),
+                     "after, 2 threads": lambda: bench.step("after, 2 threads", *AFTER, threads=2)}
             for side in sides.values():  # warm-up
                 side()
             # The compiled update's first step compiles (or loads the persistent cache): its extra time, apart.
@@ -205,7 +168,7 @@ def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
                     for _ in range(steps_per_side):
                         sides[name]()
                     if name == "after":
-                        flops.append(step_flops(probe.batch, shapes, vocab, hidden))
+                        flops.append(step_flops(bench.batch, shapes, vocab, hidden))
                 for sampler in (("hf", "cached") if index % 2 == 0 else ("cached", "hf")):
                     bench.validate(sampler)
                 rates.append(matmul_rate(shapes, int(flops[-1]["tokens"])))
@@ -217,10 +180,8 @@ def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
 def amortised(config) -> dict[str, float]:
     """Validations and exact-gradient passes per step of a ``total_steps`` run at the config's schedule."""
     total = max(config.trainer.total_steps, 1)
-    every = config.trainer.val_every
-    validations = 1 + (total // every if every else 0) + (1 if not every or total % every else 0)
     exact = total // config.stats.exact_every if config.stats.exact_every else 0
-    return {"validate": validations / total, "exact": exact / total}
+    return {"validate": evaluations_in(total, config.trainer.val_every) / total, "exact": exact / total}
 
 
 def default_steps(measured: dict, name: str, sampler: str) -> list[float]:
@@ -249,25 +210,23 @@ def rows_from(measured: dict) -> list[Row]:
     def of_rate(steps: list[float]) -> list[float]:
         return [value / rate[i // per_round] for i, value in enumerate(achieved(steps))]
 
-    rows = [
-        Row("local step", "default step (before: HF generate + padded HF forward)", "s", min_median(before),
-            min_median(after), note="goal: >= 1.5x faster (ratio <= 0.67x)"),
-        Row("local step", "rollout: sampler=hf -> cached", "s", min_median(results["before/rollout"]),
-            min_median(results["sampler only/rollout"])),
-        Row("local step", "update: pack=false -> true", "s", min_median(results["before/update"]),
-            min_median(results["pack only/update"])),
-        compile_row(results, measured["compile_s"], config.trainer.total_steps),
-        Row("local step", "default step: 1 -> 2 threads (both levers on)", "s", min_median(after),
-            min_median(two_threads), note="> 1x: one thread is faster"),
-        Row("local step", "validation (256 greedy prompts): hf -> cached", "s",
-            min_median(results["validate/hf"]), min_median(results["validate/cached"]),
-            note=f"{share['validate']:.3f} per step"),
-        Row("local step", "achieved GFLOP/s (useful FLOPs / default step)", "GFLOP/s", min_median(achieved(before)),
-            min_median(achieved(after)), note=f"1-thread matmul on the model's shapes: "
-            f"{min(rate):.1f} / {sorted(rate)[len(rate) // 2]:.1f} GFLOP/s"),
-        Row("local step", "achieved share of that matmul rate (same round)", "", min_median(of_rate(before)),
-            min_median(of_rate(after)), note="goal: >= 0.55"),
-    ]
+    rows = [Row("local step", "default step (before: HF generate + padded HF forward)", "s", min_median(before),
+                min_median(after), note="goal: >= 1.5x faster (ratio <= 0.67x)"),
+            Row("local step", "rollout: sampler=hf -> cached", "s", min_median(results["before/rollout"]),
+                min_median(results["sampler only/rollout"])),
+            Row("local step", "update: pack=false -> true", "s", min_median(results["before/update"]),
+                min_median(results["pack only/update"])),
+            compile_row(results, measured["compile_s"], config.trainer.total_steps),
+            Row("local step", "default step: 1 -> 2 threads (both levers on)", "s", min_median(after),
+                min_median(two_threads), note="> 1x: one thread is faster"),
+            Row("local step", "validation (256 greedy prompts): hf -> cached", "s",
+                min_median(results["validate/hf"]), min_median(results["validate/cached"]),
+                note=f"{share['validate']:.3f} per step"),
+            Row("local step", "achieved GFLOP/s (useful FLOPs / default step)", "GFLOP/s", min_median(achieved(before)),
+                min_median(achieved(after)), note=f"1-thread matmul on the model's shapes: "
+                f"{min(rate):.1f} / {sorted(rate)[len(rate) // 2]:.1f} GFLOP/s"),
+            Row("local step", "achieved share of that matmul rate (same round)", "", min_median(of_rate(before)),
+                min_median(of_rate(after)), note="goal: >= 0.55")]
     step_total = sum(after)
     parts = {"rollout": sum(results["after/rollout"]), "update": sum(results["after/update"]),
              "mechanism + statistics": sum(results["after/mechanism"]),
@@ -291,15 +250,12 @@ def compile_row(results: dict[str, list[float]], compile_s: float, total_steps: 
 
 
 def main(argv=None) -> list[Row]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps-per-side", type=int, default=1)
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     args = parser.parse_args(argv)
-    measured = measure(args.rounds, args.steps_per_side, args.override)
-    rows = rows_from(measured)
-    from benchmarks.common import format_table
-
+    rows = rows_from(measure(args.rounds, args.steps_per_side, args.override))
     print(format_table(rows))
     return rows
 

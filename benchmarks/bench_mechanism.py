@@ -1,20 +1,5 @@
-"""Mechanism overhead: ``mech.apply`` against the same computation written plainly, side by side in one process; and
-the mechanism's share of a training step at verl's batch size, on the device present (CUDA when available).
-
-The reference does all the work ``apply`` must do for advantage reweighting, in eager torch: mask the weights
-``w = alpha * exp(old_log_prob) + 1 - alpha``, divide by their mean over valid tokens, multiply the advantages
-(masked positions pass through).
-``apply`` also computes its metrics (token-probability and weight statistics); that is its overhead. Held fixed:
-the batch ``(bs, L)`` float32, alpha, the thread count. Target: at most 1.5x of the reference.
-
-Share of a step: ``process`` (eager, histograms on, as verl's trainer calls it once per step) on a verl-like batch
-(int64 response mask, float32 advantages) with ``old_log_probs`` in float32, then in bfloat16 (the one thing that
-changes between the two rows), against a measured stand-in for the actor update on the same batch: forward and
-backward of a small transformer stack (embedding, 2 encoder layers of width 64, a 512-token LM head, log-probs of
-the given tokens; bfloat16 autocast on CUDA) over ``--ref-rows`` rows of length ``L``, scaled by ``bs / ref-rows``
-(micro-batches run one after another, so a step is linear in them). A real actor (billions of parameters, several
-micro-batches and optimizer steps) costs far more than this stand-in, so the share printed is an upper bound.
-"""
+"""Mechanism: ``apply`` (eager, compiled, integer mask) against plain torch (target: at most 1.5x), and its share of a
+training step at verl's batch size (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -32,15 +17,14 @@ REFERENCE_VOCAB, REFERENCE_WIDTH, REFERENCE_LAYERS = 512, 64, 2
 
 def plain_reweight(advantages: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor,
                    alpha: float) -> torch.Tensor:
-    """The reference: masked weights, mean-normalised over valid tokens, applied (masked positions pass through,
-    as ``apply`` leaves them)."""
+    """The reference: masked weights, mean-normalised over valid tokens, applied."""
     mask = response_mask.to(advantages.dtype)
     weights = (alpha * old_log_probs.exp() + (1 - alpha)) * mask
     return torch.where(response_mask, advantages * (weights / (weights.sum() / mask.sum())), advantages)
 
 
 def reference_step(rows: int, length: int, device: torch.device) -> Callable[[], None]:
-    """Forward and backward of the stand-in actor (module docstring) on ``rows`` random sequences of ``length``."""
+    """Forward and backward of the stand-in actor (docs/performance.md) on ``rows`` random sequences of ``length``."""
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(REFERENCE_VOCAB, (rows, length), generator=generator).to(device)
     layer = torch.nn.TransformerEncoderLayer(REFERENCE_WIDTH, nhead=4, dim_feedforward=4 * REFERENCE_WIDTH,
@@ -65,7 +49,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def step_share(args: argparse.Namespace) -> list[Row]:
-    """The mechanism's share of a step (module docstring), one row per ``old_log_probs`` dtype."""
+    """The mechanism's share of a step (docs/performance.md), one row per ``old_log_probs`` dtype."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ref_rows = args.ref_rows or (16 if device.type == "cuda" else 1)
     generator = torch.Generator().manual_seed(0)
@@ -94,7 +78,7 @@ def step_share(args: argparse.Namespace) -> list[Row]:
 
 
 def main(argv=None) -> list[Row]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bs", type=int, default=512)
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=15)
@@ -127,12 +111,9 @@ def main(argv=None) -> list[Row]:
     reference = plain_reweight(advantages, old_log_probs, response_mask, args.alpha)
     torch.testing.assert_close(eager.apply(1, fields)[0], reference)  # the same computation
 
-    times = interleaved({
-        "plain": lambda: plain_reweight(advantages, old_log_probs, response_mask, args.alpha),
-        "eager": lambda: eager.apply(1, fields),
-        "compiled": lambda: compiled.apply(1, fields),
-        "compiled, int mask": lambda: compiled.apply(1, verl_fields),
-    }, rounds=args.rounds, warmup=2)
+    times = interleaved({"plain": lambda: plain_reweight(advantages, old_log_probs, response_mask, args.alpha),
+                         "eager": lambda: eager.apply(1, fields), "compiled": lambda: compiled.apply(1, fields),
+                         "compiled, int mask": lambda: compiled.apply(1, verl_fields)}, rounds=args.rounds, warmup=2)
     plain = min_median([seconds * 1e3 for seconds in times["plain"]])
     rows = []
     for name in ("eager", "compiled", "compiled, int mask"):

@@ -1,12 +1,5 @@
-"""SFT warm start: one SFT step with the HF forward over the padded batch against the packed forward pass the SFT
-uses (:func:`dataflex_rl.local.sequences.response_token_outputs`, ``packed=True``), on each laptop task.
-
-Holds fixed: the default model (``conf/model/tiny.yaml``), the default SFT batch (``sft.batch_size``, 128 solved
-problems a step, the same problems on both sides), the SFT's own step (:func:`dataflex_rl.local.sft.sft_step`: AdamW,
-gradient clipping), one thread (as a sweep runs each warm start). Changes one thing: ``packed``. Both sides are warmed
-up and timed in interleaved rounds on the same model, min and median printed. A sweep with ``warm_start=per_seed``
-runs one warm start per seed, so this step is the per-seed design's cost.
-"""
+"""SFT warm start: one SFT step (``sft_step``, the default batch and model, one thread) with the HF forward over the
+padded batch against the packed forward pass the SFT uses, on each laptop task: the per-seed warm start's cost."""
 
 from __future__ import annotations
 
@@ -18,10 +11,10 @@ from benchmarks.common import Row, interleaved, min_median
 
 
 def _task_rows(label: str, overrides: list[str], rounds: int) -> list[Row]:
-    from dataflex_rl.local.cli import compose_train_config
+    from dataflex_rl.compose import compose_train_config
     from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.local.model import build_model
-    from dataflex_rl.local.sft import sft_batch, sft_step, sft_step_seed
+    from dataflex_rl.lm.model import build_model
+    from dataflex_rl.lm.sft import sft_batch, sft_step, sft_step_seed
 
     config = parse_train_config(compose_train_config([*overrides, "run_dir=unused", "mode=sft"]))
     task = config.task.built
@@ -38,7 +31,7 @@ def _task_rows(label: str, overrides: list[str], rounds: int) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sft", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=20)
     options = parser.parse_args(argv)
     threads = torch.get_num_threads()

@@ -1,13 +1,5 @@
-"""Sweep throughput: the same runs one at a time (``jobs=1``) against ``jobs=cores`` at once, one thread per run.
-
-Only the number of runs at once changes: both sides run the same ``cores`` runs (alphas differ, seed 1) of the
-default training config (``conf/train.yaml``: 32 prompts x 8 rollouts, default validation and statistics, W&B
-offline) with ``steps`` RL steps each and ``threads=1``, through the real sweep driver, timed whole (driver,
-process start-up, runs). A warm-up sweep builds the SFT cache and warms imports and the page cache first; the
-sides take turns in each round. Reported: RL steps per hour (all runs' steps over the sweep's wall time), default
-400-step runs per hour (steps per hour / 400, start-up amortised as in the short runs) and the parallel
-efficiency, speed-up / jobs, which is at most 1 when both sides use the same threads per run.
-"""
+"""Sweep throughput: ``jobs=1`` against ``jobs=cores`` through the real sweep driver: RL steps and runs per hour,
+parallel efficiency."""
 
 from __future__ import annotations
 
@@ -39,7 +31,7 @@ def run_sweep(root: Path, name: str, alphas: str, jobs: int, steps: int) -> floa
 
 
 def main(argv=None) -> list[Row]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=15, help="RL steps per run")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="folder for the sweeps (default: a temp folder)")
@@ -61,15 +53,13 @@ def main(argv=None) -> list[Row]:
     one, many = per_hour(times[1]), per_hour(times[cores])
     efficiency = [m / o / cores for m, o in zip(sorted(many), sorted(one))]
     note = f"{cores} runs of {args.steps} steps, 1 thread each"
-    rows = [
-        Row("sweep", f"RL steps per hour: jobs=1 -> jobs={cores}", "steps/h", min_median(one), min_median(many),
-            note=note),
-        Row("sweep", f"default {DEFAULT_RUN_STEPS}-step runs per hour: jobs=1 -> jobs={cores}", "runs/h",
-            min_median([value / DEFAULT_RUN_STEPS for value in one]),
-            min_median([value / DEFAULT_RUN_STEPS for value in many]), note="extrapolated from the short runs"),
-        Row("sweep", "parallel efficiency (speed-up / jobs)", "", None, min_median(efficiency),
-            note="<= 1 by construction; rounds paired by rank"),
-    ]
+    rows = [Row("sweep", f"RL steps per hour: jobs=1 -> jobs={cores}", "steps/h", min_median(one), min_median(many),
+                note=note),
+            Row("sweep", f"default {DEFAULT_RUN_STEPS}-step runs per hour: jobs=1 -> jobs={cores}", "runs/h",
+                min_median([value / DEFAULT_RUN_STEPS for value in one]),
+                min_median([value / DEFAULT_RUN_STEPS for value in many]), note="extrapolated from the short runs"),
+            Row("sweep", "parallel efficiency (speed-up / jobs)", "", None, min_median(efficiency),
+                note="<= 1 by construction; rounds paired by rank")]
     print(format_table(rows))
     return rows
 

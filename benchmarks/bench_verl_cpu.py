@@ -1,16 +1,5 @@
-"""verl's CPU mode against the local backend: the same GRPO step on the same model, step time, run time, memory.
-
-Held fixed: the model (the tiny ``llama`` model of ``conf/verl_experiment/verl_cpu_tiny.yaml``'s prepare block,
-after the same cached SFT warm start), generated arithmetic, 16 prompts x 8 rollouts at temperature 1, learning
-rate 1e-4, one policy update per step, no KL, no W&B, no validation in the steps (verl: ``val_before_train=false``,
-``test_freq=-1``; local: ``val_every=0``, which still validates 64 items once at the end, a fraction of a second). What changes: the trainer, verl 0.9.1's V1 trainer in its CPU mode
-(Ray actors, TransferQueue, FSDP2 on gloo, the agent loop and reward workers, the rollout server) against the
-local backend (one process, one thread). Each side is a whole run as a user launches it; the sides take turns
-within each round, after one warm-up run each (which also builds the SFT cache). Reported per side, min / median
-over the rounds: the median ``timing_s/step`` of steps 2.. (both backends log it, without validation), the run's
-wall time (start-up included) and the peak resident memory of the run's whole process tree (sampled every 0.2 s;
-pages shared between processes are counted once per process, so it is an upper bound).
-"""
+"""verl's CPU mode against the local backend, the same tiny GRPO run launched as a user does: step time, run time
+and peak memory (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -68,9 +57,9 @@ def timed_run(command: list[str], environment: dict[str, str], log: Path) -> tup
 def step_seconds(run_dir: Path) -> float:
     """Median ``timing_s/step`` over steps 2.. of a run store."""
     from dataflex_rl.keys import TIMING_STEP
-    from dataflex_rl.tracking import load_metrics
+    from dataflex_rl.tracking.run_store import read_metrics
 
-    metrics = load_metrics(run_dir)
+    metrics = read_metrics(run_dir)
     return float(metrics.loc[metrics["step"] >= 2, TIMING_STEP].dropna().median())
 
 
@@ -92,15 +81,15 @@ def local_side(root: Path, prepare_overrides: list[str], index: int) -> tuple[fl
     run_dir = root / f"local-{index}"
     command = [sys.executable, "-m", "dataflex_rl.train", f"run_dir={run_dir}", *prepare_overrides,
                f"trainer.total_steps={STEPS}", "trainer.prompts_per_step=16", "trainer.rollouts_per_prompt=8",
-               "trainer.lr=1e-4", "trainer.val_every=0", "trainer.val_size=64", "trainer.save_every=0", "logger.wandb.mode=disabled",
-               "dataflex.actuator.params.alpha=0.5", "threads=1"]
+               "trainer.lr=1e-4", "trainer.val_every=0", "trainer.val_size=64", "trainer.save_every=0",
+               "logger.wandb.mode=disabled", "dataflex.actuator.params.alpha=0.5", "threads=1"]
     (root / "logs").mkdir(exist_ok=True)
     wall, memory = timed_run(command, {**os.environ}, root / "logs" / f"local-{index}.log")
     return step_seconds(run_dir), wall, memory
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     options = parser.parse_args(argv)
     from dataflex_rl.verl.command import load_experiment

@@ -1,8 +1,5 @@
-"""What every benchmark here shares: interleaved timing rounds and the one table ``make bench`` prints.
-
-A benchmark changes one thing per row, says what it holds fixed, warms up both sides, runs the sides in turn in
-each round (so machine noise hits them alike) and reports min and median over the rounds.
-"""
+"""What every benchmark shares: interleaved timing rounds (every side warmed up, the sides taking turns in each
+round so that machine noise hits them alike, min and median over the rounds) and the one table ``make bench`` prints."""
 
 from __future__ import annotations
 
@@ -14,8 +11,7 @@ from collections.abc import Callable, Mapping
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One line of the table: ``before`` and ``after`` as (min, median) in ``unit``; ``ratio`` is after / before
-    of the medians unless the row gives its own."""
+    """One line of the table: ``before`` and ``after`` as (min, median) in ``unit``."""
 
     benchmark: str
     measure: str
@@ -39,8 +35,6 @@ def min_median(samples: list[float]) -> tuple[float, float]:
 
 
 def interleaved(sides: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds of each side per round: every side runs ``warmup`` times first, then once per round, in turn
-    (the order alternates between rounds, so neither side always runs right after the other)."""
     names = list(sides)
     for _ in range(warmup):
         for name in names:
@@ -55,10 +49,7 @@ def interleaved(sides: Mapping[str, Callable[[], object]], rounds: int, warmup: 
 
 
 def _cell(value: tuple[float, float] | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    low, middle = value
-    return f"{_number(low)} / {_number(middle)} {unit}"
+    return "-" if value is None else f"{_number(value[0])} / {_number(value[1])} {unit}"
 
 
 def _number(value: float) -> str:

@@ -1,8 +1,5 @@
-"""dataflex-rl: experiment sweeps and ablations for token-level advantage reweighting in RL for LLMs.
-
-The public names below are imported lazily (PEP 562), so ``import dataflex_rl.keys`` or ``dataflex_rl.tasks``
-does not load torch.
-"""
+"""dataflex-rl: experiment sweeps and ablations for token-level advantage reweighting in RL for LLMs. The public
+names below are imported lazily (PEP 562), so ``import dataflex_rl.keys`` or ``dataflex_rl.tasks`` loads no torch."""
 
 from __future__ import annotations
 
@@ -11,28 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "ConfigError": "dataflex_rl.validation",
-    "DataflexConfig": "dataflex_rl.config",
-    "parse_dataflex_config": "dataflex_rl.config",
-    "MECHANISMS": "dataflex_rl.mechanism",
-    "Mechanism": "dataflex_rl.mechanism",
-    "MechanismOutput": "dataflex_rl.mechanism",
-    "build_mechanism": "dataflex_rl.config",
-    "register_mechanism": "dataflex_rl.mechanism",
-    "ACTUATORS": "dataflex_rl.actuators",
-    "register_actuator": "dataflex_rl.actuators",
-    "SCORERS": "dataflex_rl.scorers",
-    "register_scorer": "dataflex_rl.scorers",
-}
+_EXPORTS = {"ACTUATORS": "dataflex_rl.actuators",
+            "ConfigError": "dataflex_rl.validation", "DataflexConfig": "dataflex_rl.config",
+            "Mechanism": "dataflex_rl.mechanism", "MechanismOutput": "dataflex_rl.mechanism",
+            "SCORERS": "dataflex_rl.scorers", "build_mechanism": "dataflex_rl.config",
+            "parse_dataflex_config": "dataflex_rl.config"}
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from dataflex_rl.actuators import ACTUATORS, register_actuator
+    from dataflex_rl.actuators import ACTUATORS
     from dataflex_rl.config import DataflexConfig, build_mechanism, parse_dataflex_config
-    from dataflex_rl.mechanism import MECHANISMS, Mechanism, MechanismOutput, register_mechanism
+    from dataflex_rl.mechanism import Mechanism, MechanismOutput
+    from dataflex_rl.scorers import SCORERS
     from dataflex_rl.validation import ConfigError
-    from dataflex_rl.scorers import SCORERS, register_scorer
 
 
 def __getattr__(name: str) -> Any:

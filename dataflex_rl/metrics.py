@@ -1,11 +1,9 @@
-"""Mechanism statistics over valid tokens: scalar summaries, fixed-edge histograms, probability buckets.
-
-Everything here reads ``(bs, L)`` tensors plus a boolean ``response_mask`` and returns plain Python floats or
-numpy arrays, so any logger (run store, W&B, verl's metric dict) can take the result.
-"""
+"""Mechanism statistics over valid tokens: scalar summaries, fixed-edge histograms, probability buckets, from
+``(bs, L)`` tensors and a boolean ``response_mask`` to plain floats or numpy arrays any logger takes."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -16,8 +14,7 @@ import dataflex_rl.keys as keys
 
 # Fixed edges, so histograms of different runs and steps are comparable bin for bin.
 TOKEN_PROB_EDGES = np.linspace(0.0, 1.0, 51)
-# Mean-normalised weights are mostly in [0, 2]; alpha = 1 with a low mean probability can go higher, so the last
-# bin also counts everything above its lower edge (the histogram never drops a token).
+# Mean-normalised weights are mostly in [0, 2]; the last bin counts everything above its lower edge.
 WEIGHT_EDGES = np.linspace(0.0, 4.0, 81)
 # Token entropies in nats: a small vocabulary stays under 4, an LLM's mostly under 8; the last bin absorbs the rest.
 ENTROPY_EDGES = np.linspace(0.0, 8.0, 81)
@@ -34,23 +31,12 @@ class Histogram(NamedTuple):
     counts: np.ndarray  # (k,) int64
 
 
-def histogram(values: torch.Tensor, edges: np.ndarray) -> Histogram:
-    """Histogram of a 1-D tensor on fixed ``edges``; values below/above the range go to the first/last bin."""
-    counts = histogram_counts(values, torch.ones_like(values, dtype=torch.bool), edges)
-    return Histogram(edges=np.asarray(edges, dtype=np.float64), counts=counts.cpu().numpy().astype(np.int64))
-
-
-# Inner edges per (edges, device, dtype): copied to an accelerator once per process, not at every step (a copy
-# from host memory waits for the device).
+# Inner edges per (edges, device, dtype), copied to the device once per process (a host copy waits for it).
 _INNER_EDGES: dict[tuple[bytes, torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def histogram_counts(values: torch.Tensor, mask: torch.Tensor, edges: np.ndarray) -> torch.Tensor:
-    """``(k,)`` int64 counts of ``values[mask]`` on fixed ``edges`` (as :func:`histogram`), on the values' device.
-
-    No host sync: no boolean indexing (its size depends on the data) and no ``bincount`` (it reads the largest
-    index); masked positions count in an extra bin that is dropped.
-    """
+    """``(k,)`` int64 counts of ``values[mask]`` on ``edges`` (outliers in the end bins), without a host sync."""
     key = (np.asarray(edges).tobytes(), values.device, values.dtype)
     if key not in _INNER_EDGES:
         _INNER_EDGES[key] = torch.as_tensor(np.asarray(edges)[1:-1], dtype=values.dtype, device=values.device)
@@ -61,15 +47,10 @@ def histogram_counts(values: torch.Tensor, mask: torch.Tensor, edges: np.ndarray
 
 
 def read_on_host(parts: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
-    """Every tensor of ``parts`` as a flat list of Python floats, in one host synchronisation (one float64 tensor
-    read once) instead of one per statistic. Counts stay exact up to 2**53."""
+    """Every tensor of ``parts`` as a flat list of floats, in one host synchronisation (counts exact to 2**53)."""
     flat = [part.reshape(-1).double() for part in parts.values()]
-    values = torch.cat(flat).tolist() if flat else []
-    result, start = {}, 0
-    for name, part in zip(parts, flat):
-        result[name] = values[start:start + part.numel()]
-        start += part.numel()
-    return result
+    values = iter(torch.cat(flat).tolist() if flat else [])
+    return {name: list(itertools.islice(values, part.numel())) for name, part in zip(parts, flat)}
 
 
 QUANTILES = (0.05, 0.5, 0.95)
@@ -77,13 +58,7 @@ QUANTILE_SAMPLE = 16384
 
 
 def token_stats(masked_log_probs: torch.Tensor, token_probs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[sum(log p), max(log p), n_valid, sum(pi), n(pi < 0.5)]`` over valid tokens as one float64 tensor.
-
-    ``masked_log_probs`` is 0 and ``token_probs`` 1.0 at masked positions (see ``scorers.masked_log_probs``), so
-    plain reductions count valid tokens only. No host sync: the caller reads all statistics with one ``tolist()``.
-    The first two entries let the mechanism validate its input cheaply (a NaN or +-inf makes the sum non-finite;
-    a positive log-prob makes the max positive). Sums are float32 (pairwise on CPU), then widened.
-    """
+    """``[sum(log p), max(log p), n_valid, sum(pi), n(pi < 0.5)]`` over valid tokens, float64, no host sync."""
     if masked_log_probs.numel() == 0:
         return torch.zeros(5, dtype=torch.float64, device=masked_log_probs.device)
     count = response_mask.sum()
@@ -92,8 +67,7 @@ def token_stats(masked_log_probs: torch.Tensor, token_probs: torch.Tensor, respo
             masked_log_probs.sum(),
             masked_log_probs.max(),
             count,
-            # pi - 1 is exactly 0 at masked positions, so this sums valid tokens only, without the cancellation
-            # of "sum of everything minus the masked ones".
+            # pi - 1 is exactly 0 at masked positions: sums valid tokens without cancellation.
             (token_probs - 1.0).sum() + count,
             (token_probs < LOW_PROB_THRESHOLD).sum(),
         ]
@@ -101,11 +75,7 @@ def token_stats(masked_log_probs: torch.Tensor, token_probs: torch.Tensor, respo
 
 
 def weight_stats(weights: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[sum(w), sum(w^2), min(w), max(w), n(w > 0)]`` over valid tokens, float64.
-
-    ``weights`` is 0 at masked positions and non-negative (actuators never flip an advantage's sign), so the plain
-    max is the max over valid tokens; the min needs the mask.
-    """
+    """``[sum(w), sum(w^2), min(w), max(w), n(w > 0)]`` over valid tokens, float64."""
     if weights.numel() == 0:
         return torch.zeros(5, dtype=torch.float64, device=weights.device)
     return torch.stack(
@@ -130,8 +100,7 @@ def token_prob_metrics(stats: list[float]) -> dict[str, float]:
 
 
 def weight_metrics(stats: list[float], count: float, quantiles: list[float]) -> dict[str, float]:
-    """``dataflex/weight/{mean,std,min,max,p05,p50,p95}`` (population std) and ``dataflex/kept_token_frac`` (share
-    of valid tokens with a weight above 0) from :func:`weight_stats` values."""
+    """``dataflex/weight/*`` (population std) and ``dataflex/kept_token_frac`` from :func:`weight_stats`."""
     if not count:
         return {}
     total, square_total, minimum, maximum, kept = stats
@@ -146,14 +115,7 @@ def weight_metrics(stats: list[float], count: float, quantiles: list[float]) -> 
 
 def sample_quantiles(values: torch.Tensor, response_mask: torch.Tensor,
                      max_samples: int = QUANTILE_SAMPLE) -> list[float]:
-    """:data:`QUANTILES` of ``values`` over valid tokens ("lower" definition: the k-th smallest value with
-    ``k = floor(q (n - 1)) + 1``, as ``torch.quantile(..., interpolation="lower")``).
-
-    Exact when the batch has at most ``max_samples`` positions; otherwise over a fixed strided sample of about
-    ``max_samples`` positions: sorting millions of tokens every step would cost more than everything else the
-    mechanism does, and the sampling error of a quantile from 16k tokens is well under 1% of the spread. When the
-    sample holds no valid token but the batch does, over every valid token.
-    """
+    """:data:`QUANTILES` of ``values`` over valid tokens (``torch.quantile``'s "lower" definition)."""
     *quantiles, sampled = sample_quantile_tensor(values, response_mask, max_samples).tolist()
     if not sampled and bool(response_mask.any()):
         quantiles = sample_quantile_tensor(values, response_mask, values.numel()).tolist()[:-1]
@@ -162,9 +124,7 @@ def sample_quantiles(values: torch.Tensor, response_mask: torch.Tensor,
 
 def sample_quantile_tensor(values: torch.Tensor, response_mask: torch.Tensor,
                            max_samples: int = QUANTILE_SAMPLE) -> torch.Tensor:
-    """``[*quantiles, n]`` float64: :func:`sample_quantiles` over the strided sample alone (0.0 each when it holds
-    no valid token) and ``n``, the sample's valid tokens, without a host sync: the sample is sorted with its
-    masked positions last (as +inf) and the ranks are picked by index."""
+    """``[*quantiles, n]`` float64."""
     flat_values, flat_mask = values.reshape(-1), response_mask.reshape(-1)
     stride = max(1, -(-flat_values.numel() // max_samples))
     sample_mask = flat_mask[::stride]
@@ -178,27 +138,13 @@ def sample_quantile_tensor(values: torch.Tensor, response_mask: torch.Tensor,
     return torch.cat([picked, count.reshape(1)])
 
 
-def mechanism_histograms(
-    weights: torch.Tensor | None, token_probs: torch.Tensor | None, response_mask: torch.Tensor,
-    entropy: torch.Tensor | None = None,
-) -> dict[str, Histogram]:
-    """Weight, token-probability and (when the batch has it) entropy histograms over valid tokens, on the fixed
-    edges above (one host read of :func:`mechanism_histogram_counts`)."""
-    counts = mechanism_histogram_counts(weights, token_probs, response_mask, entropy)
-    return histograms_from(read_on_host(counts))
-
-
-def mechanism_histogram_counts(
-    weights: torch.Tensor | None, token_probs: torch.Tensor | None, response_mask: torch.Tensor,
-    entropy: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """:func:`mechanism_histograms`' counts as tensors on the batch's device (no host sync)."""
-    result = {}
-    for name, values in ((keys.HIST_ENTROPY, entropy), (keys.HIST_TOKEN_PROB, token_probs),
-                         (keys.HIST_WEIGHT, weights)):
-        if values is not None:
-            result[name] = histogram_counts(values.float(), response_mask, HISTOGRAM_EDGES[name])
-    return result
+def mechanism_histogram_counts(weights: torch.Tensor | None, token_probs: torch.Tensor | None,
+                               response_mask: torch.Tensor,
+                               entropy: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Counts of the weight, token-probability and entropy histograms given, on the batch's device."""
+    return {name: histogram_counts(values.float(), response_mask, HISTOGRAM_EDGES[name])
+            for name, values in ((keys.HIST_ENTROPY, entropy), (keys.HIST_TOKEN_PROB, token_probs),
+                                 (keys.HIST_WEIGHT, weights)) if values is not None}
 
 
 def histograms_from(counts: Mapping[str, Sequence[float]]) -> dict[str, Histogram]:
@@ -217,41 +163,26 @@ def bucket_edges(inner_edges: Sequence[float]) -> list[tuple[float, float, str]]
     return [(low, high, keys.bucket_label(low, high)) for low, high in zip(bounds[:-1], bounds[1:])]
 
 
-def prob_bucket_stats(
-    token_probs: torch.Tensor,
-    weighted_advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    edges: Sequence[float] = DEFAULT_BUCKET_EDGES,
-    per_token_grad_norms: Mapping[str, torch.Tensor] | None = None,
-) -> dict[str, float]:
-    """Gradient statistics by token-probability bucket (the paper's Fig. 1d), over valid tokens.
+def bucket_masks(probs: torch.Tensor, inner_edges: Sequence[float]) -> list[tuple[str, torch.Tensor]]:
+    """``(label, probs in the bucket)`` per bucket ``[low, high)`` of :func:`bucket_edges` (the last one closed)."""
+    buckets = bucket_edges(inner_edges)
+    return [(label, (probs >= low) & ((probs <= high) if index == len(buckets) - 1 else (probs < high)))
+            for index, (low, high, label) in enumerate(buckets)]
 
-    Buckets are ``[low, high)`` on ``pi`` (the last one closed). Per bucket:
 
-    - ``token_share``: share of valid tokens in the bucket;
-    - ``adv_weight_abs_mean``: mean ``|A w|``;
-    - ``logit_grad_bound``: mean of ``|A w| (1 - pi)``, a lower bound on the per-token norm of the policy-gradient
-      loss's gradient with respect to the logits, ``|A w| sqrt((1 - p_y)^2 + sum_{j != y} p_j^2)``; it needs no
-      logits, so it is what the verl backend logs;
-    - for each ``name -> (bs, L)`` tensor of per-token gradient norms in ``per_token_grad_norms``:
-      ``<name>`` (summed over the bucket's tokens) and ``<name>_share`` (its share of the total).
-
-    Also ``grad_norm/by_prob/low_prob_share``: share of the first per-token norm (or of the bound) from tokens with
-    ``pi < 0.5``.
-    """
+def prob_bucket_stats(token_probs: torch.Tensor, weighted_advantages: torch.Tensor, response_mask: torch.Tensor,
+                      edges: Sequence[float] = DEFAULT_BUCKET_EDGES,
+                      per_token_grad_norms: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
+    """Gradient statistics by token-probability bucket ``[low, high)`` on ``pi`` (the paper's Fig. 1d)."""
     mask = response_mask.bool()
     probs = token_probs[mask].float()
     magnitude = weighted_advantages[mask].float().abs()
     total_tokens = probs.numel()
-    norms = {"logit_grad_bound_sum": magnitude * (1.0 - probs)}
-    for name, tensor in (per_token_grad_norms or {}).items():
-        norms[name] = tensor[mask].float()
+    norms = {"logit_grad_bound_sum": magnitude * (1.0 - probs),
+             **{name: tensor[mask].float() for name, tensor in (per_token_grad_norms or {}).items()}}
     totals = {name: float(values.sum(dtype=torch.float64)) for name, values in norms.items()}
     stats: dict[str, float] = {}
-    buckets = bucket_edges(edges)
-    for index, (low, high, label) in enumerate(buckets):
-        last = index == len(buckets) - 1
-        in_bucket = (probs >= low) & ((probs <= high) if last else (probs < high))
+    for label, in_bucket in bucket_masks(probs, edges):
         count = int(in_bucket.sum())
         stats[keys.grad_by_prob(label, "token_share")] = count / total_tokens if total_tokens else 0.0
         stats[keys.grad_by_prob(label, "adv_weight_abs_mean")] = (
@@ -270,23 +201,9 @@ def prob_bucket_stats(
     return stats
 
 
-def prob_change_stats(
-    old_log_probs: torch.Tensor,
-    new_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    edges: Sequence[float] = DEFAULT_BUCKET_EDGES,
-) -> dict[str, float]:
-    """How one step's policy update moved each token's probability (the AR paper's "why", its Fig. 2), by advantage
-    sign x old-probability bucket: ``prob_change/<pos|neg>/<bucket>/{mean_delta,correct_share,token_share}`` and
-    ``prob_change/correct_share`` over all tokens with a non-zero advantage (:func:`dataflex_rl.keys.prob_change`).
-
-    ``old_log_probs``: the sampling policy's ``(bs, L)`` log-probs (what the update started from);
-    ``new_log_probs``: the same tokens under the updated policy; ``advantages``: the advantages before any
-    reweighting (their sign decides the direction each token should move; a token a rule gave weight 0 still has
-    one); buckets ``[low, high)`` on the old ``pi`` (the last one closed), as :func:`prob_bucket_stats`. A token
-    whose ``pi`` did not change counts as not moved the right way. Empty cells are 0.
-    """
+def prob_change_stats(old_log_probs: torch.Tensor, new_log_probs: torch.Tensor, advantages: torch.Tensor,
+                      response_mask: torch.Tensor, edges: Sequence[float] = DEFAULT_BUCKET_EDGES) -> dict[str, float]:
+    """How one update moved each token's ``pi`` (the AR paper's Fig. 2), by advantage sign x old-``pi`` bucket."""
     mask = response_mask.bool()
     old = old_log_probs[mask].double().exp()
     delta = new_log_probs[mask].double().exp() - old
@@ -294,11 +211,10 @@ def prob_change_stats(
     total_tokens = old.numel()
     stats: dict[str, float] = {}
     correct_total, signed_total = 0, 0
-    buckets = bucket_edges(edges)
+    buckets = bucket_masks(old, edges)
     for sign, in_sign, right_way in (("pos", advantage > 0, delta > 0), ("neg", advantage < 0, delta < 0)):
-        for index, (low, high, label) in enumerate(buckets):
-            below_high = (old <= high) if index == len(buckets) - 1 else (old < high)
-            cell = in_sign & (old >= low) & below_high
+        for label, in_bucket in buckets:
+            cell = in_sign & in_bucket
             count = int(cell.sum())
             correct = int((cell & right_way).sum())
             stats[keys.prob_change(sign, label, "token_share")] = count / total_tokens if total_tokens else 0.0

@@ -1,14 +1,5 @@
-"""Hydra override text, read and written in one place.
-
-- :func:`parse_override` reads an override with Hydra's own grammar (``OverridesParser``) into an :class:`Override`
-  (key, prefix, value or sweep values); every module that needs an override's key or value asks it, none splits
-  ``key=value`` text itself.
-- :func:`split_assignment` splits the one kind of ``key=value`` text that is not yet Hydra's grammar: a command
-  line's conveniences before they are rewritten (``extra=a=1 b=2``, ``KEY=VALUE`` task params).
-- :func:`hydra_value` writes a value so that Hydra reads it back unchanged (the one quoter: sweep commands, paths,
-  verl arguments).
-- :func:`unknown_override_message` turns Hydra's refusal of an unknown key into the project's message form.
-"""
+"""Override text (``key=value``, ``+key=value``, ``~key``), read and written only here: Hydra's grammar, the split
+of text that is not Hydra's grammar yet, and :func:`hydra_value` to write a value Hydra reads back."""
 
 from __future__ import annotations
 
@@ -24,14 +15,7 @@ _PREFIXES = ("++", "+", "~")
 
 @dataclasses.dataclass(frozen=True)
 class Override:
-    """One override as Hydra's grammar reads it.
-
-    ``key``: the config key or group, bare (``trainer.lr``, ``task``); ``prefix``: ``""``, ``"+"``, ``"++"`` or
-    ``"~"``; ``package``: a group override's ``@package``; ``value``: the value in Hydra's grammar (None for ``~key``
-    without one, and for a sweep); ``sweep``: a sweep's values in Hydra's grammar (``trainer.lr=1e-4,3e-4`` ->
-    ``("0.0001", "0.0003")``), None for a single value; ``text``: the override as written; ``typed``: a single
-    value as Hydra types it (``0.0001``, ``[1, 2]``; a list may hold a sweep: ``[range(0,1)]``).
-    """
+    """One override as Hydra's grammar reads it."""
 
     key: str
     value: str | None = None
@@ -46,13 +30,16 @@ class Override:
         """The first part of the key (``trainer`` of ``trainer.lr``): the config block or group it changes."""
         return self.key.split(".", 1)[0]
 
+    @property
+    def written_value(self) -> str | None:
+        """The value as written (quotes kept), None without ``=``."""
+        return split_assignment(self.text)[1]
+
     def __str__(self) -> str:
         return self.text
 
 
 def parse_override(text: str, where: str | None = None) -> Override:
-    """``text`` read by Hydra's override grammar; :class:`ConfigError` naming ``where`` (default: the text) and the
-    grammar's reason when Hydra cannot read it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -82,29 +69,31 @@ def parse_override(text: str, where: str | None = None) -> Override:
 
 
 def override_key(text: str) -> str:
-    """The bare key of an override text (``++trainer.lr=1e-3`` -> ``trainer.lr``); text Hydra cannot read is split
-    at its first ``=`` (:func:`split_assignment`)."""
+    """The bare key of an override text (``++trainer.lr=1e-3`` -> ``trainer.lr``), also of text Hydra cannot read."""
     try:
         return parse_override(text).key
     except ConfigError:
-        return split_assignment(text)[0].lstrip("+~")
+        return bare_assignment(text)[0]
 
 
 def split_assignment(text: str) -> tuple[str, str | None]:
-    """``"key=value"`` -> ``("key", "value")``, ``"word"`` -> ``("word", None)``: for command-line text that is not
-    Hydra's grammar yet (everything else goes through :func:`parse_override`)."""
+    """``"key=value"`` -> ``("key", "value")``, ``"word"`` -> ``("word", None)``, for text not in Hydra's grammar."""
     key, equals, value = text.partition("=")
     return key, value if equals else None
+
+
+def bare_assignment(text: str) -> tuple[str, str | None]:
+    """:func:`split_assignment` with the key's prefix dropped: ``"++a.b=1"`` -> ``("a.b", "1")``."""
+    key, value = split_assignment(text)
+    prefix = next((item for item in _PREFIXES if key.startswith(item)), "")
+    return key.removeprefix(prefix), value
 
 
 _NOT_IN_CONFIG = re.compile(r"Could not override '([^']+)'")
 
 
 def unknown_override_message(error: BaseException, overrides: Sequence[str], compose: Any) -> str | None:
-    """For Hydra's refusal of an override whose key the config lacks (``Could not override 'trainer.lrr'``, which
-    suggests ``+trainer.lrr``, refused in turn): ``"trainer.lrr = '1e-3' is not allowed: trainer has no key 'lrr';
-    allowed keys of trainer: ..."``. ``compose(overrides)`` composes the config with the other overrides (the keys
-    listed are those of the groups they pick). None for any other error."""
+    """Hydra's refusal of a key the config lacks (``Could not override 'trainer.lrr'``) in the project's form."""
     found = _NOT_IN_CONFIG.search(str(error))
     if not found:
         return None
@@ -133,8 +122,7 @@ _HYDRA_RESERVED = {"true", "false", "null", "nan", "inf", "-inf"}
 
 
 def hydra_value(value: Any) -> str:
-    """``value`` written in Hydra's override grammar, strings quoted only when they need it (the one quoter of
-    override values: sweep commands, paths, verl arguments)."""
+    """``value`` written in Hydra's override grammar, strings quoted only when they need it."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:

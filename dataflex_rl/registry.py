@@ -1,16 +1,8 @@
-"""Name -> component registries, one per kind, filled by decorators.
-
->>> SCORERS = Registry("scorer")
->>> @SCORERS.register("token_prob")
-... class TokenProbScorer: ...
-
-A duplicate name raises; an unknown name raises with the registered names; a dotted path ``pkg.module:Attr``
-loads an out-of-tree component without registering it first.
-"""
+"""Name -> component registries, one per kind, filled by decorators (``@SCORERS.register("token_prob")``); a
+dotted path ``pkg.module:Attr`` loads an out-of-tree component without registering it."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator
@@ -27,14 +19,14 @@ class RegistryError(KeyError):
 
 
 class Registry(Generic[T]):
-    """A name -> object map for one kind of component (``scorer``, ``actuator``, ``mechanism``, ``task`` ...)."""
+    """A name -> object map for one kind of component (``scorer``, ``actuator``, ``task``, ``logger`` ...)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name``; raises :class:`RegistryError` if the name is taken."""
+        """Decorator registering ``obj`` under ``name`` (a class's ``name`` is set to it)."""
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError(f"{self.kind} name must be a non-empty string without ':', got {name!r}")
 
@@ -45,25 +37,28 @@ class Registry(Generic[T]):
                     f"pick another name"
                 )
             self._entries[name] = obj
+            if isinstance(obj, type):
+                obj.name = name
             return obj
 
         return decorator
 
     def get(self, name: str) -> T:
-        """The component registered as ``name``, or loaded from a dotted path ``pkg.module:Attr``."""
         if not isinstance(name, str):
             raise RegistryError(f"{self.kind} name must be a string, got {name!r}; registered: {self.names()}")
         if name in self._entries:
             return self._entries[name]
         if ":" in name:
-            return _load_dotted(self.kind, name)
+            obj = _load_dotted(self.kind, name)
+            if isinstance(obj, type) and "name" not in vars(obj):
+                obj.name = name  # its own name, not a registered parent's, in messages
+            return obj
         raise RegistryError(
             f"unknown {self.kind} {name!r}; registered {self.kind}s: {', '.join(self.names()) or '(none)'}; "
             f"or give a dotted path 'package.module:Name'"
         )
 
     def names(self) -> list[str]:
-        """The registered names, sorted."""
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
@@ -75,30 +70,15 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    @contextlib.contextmanager
-    def snapshot(self) -> Iterator[None]:
-        """Restore the registry's entries on exit (for tests that register throwaway components)."""
-        saved = dict(self._entries)
-        try:
-            yield
-        finally:
-            self._entries.clear()
-            self._entries.update(saved)
-
 
 def plugin_modules(package: str, prefix: str = "", suffix: str = "") -> dict[str, str]:
-    """The in-tree plugin modules of ``package``, ``{name: dotted module}`` for each module ``<prefix><name><suffix>``,
-    sorted by name (names starting with ``_`` are never plugins). The one way the project finds plugins (launchers,
-    optional loggers, benchmarks): importing such a module registers what it defines; nothing is imported here."""
+    """The in-tree plugin modules of ``package``, ``{name: dotted module}`` for ``<prefix><name><suffix>``."""
     locations = getattr(importlib.import_module(package), "__path__", None)  # the live path (it may be extended)
     if locations is None:
         raise RegistryError(f"{package!r} is not a package")
-    found = {}
-    for info in pkgutil.iter_modules(locations):
-        if info.name.startswith("_") or not (info.name.startswith(prefix) and info.name.endswith(suffix)):
-            continue
-        found[info.name[len(prefix): len(info.name) - len(suffix)]] = f"{package}.{info.name}"
-    return dict(sorted(found.items()))
+    return dict(sorted((info.name[len(prefix): len(info.name) - len(suffix)], f"{package}.{info.name}")
+                       for info in pkgutil.iter_modules(locations) if not info.name.startswith("_")
+                       and info.name.startswith(prefix) and info.name.endswith(suffix)))
 
 
 def _load_dotted(kind: str, path: str) -> Any:

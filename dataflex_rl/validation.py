@@ -1,9 +1,5 @@
-"""Validation helpers every config boundary uses: :class:`ConfigError` and the checks that build its messages.
-
-One kit for the ``dataflex`` schema (:mod:`dataflex_rl.config`), the components' ``Params``, the local backend's
-config, the logger config, the verl run block and the sweep driver: each check refuses a bad value with a message
-that names the key, the value and what is allowed. Nothing here imports a component, so any module may use it.
-"""
+"""The validation kit of every config boundary: :class:`ConfigError` and checks whose messages name the key, the
+value and what is allowed. It imports nothing of the project, so any module may use it."""
 
 from __future__ import annotations
 
@@ -13,12 +9,11 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SEED_MODULUS", "ConfigError", "build_params", "check_choice", "check_int_at_least", "check_keys",
-           "check_non_negative_int", "check_number", "check_seed", "check_unit_interval", "to_plain", "unknown_keys"]
+__all__ = ["SEED_MODULUS", "ConfigError", "build_params", "check_choice", "check_int_at_least", "check_int_in_range",
+           "check_keys", "check_non_negative_int", "check_number", "check_seed", "check_unit_interval", "to_plain",
+           "unknown_keys"]
 
-# A run's per-step RNG seeds are taken modulo this prime (:func:`dataflex_rl.local.trainer.step_seed`), so a run seed
-# is allowed in [0, SEED_MODULUS - 1] only: there distinct seeds give distinct per-step seeds, while a larger seed
-# repeats the runs of ``seed % SEED_MODULUS`` bit for bit.
+# Per-step RNG seeds are taken modulo this prime, so a larger run seed would repeat ``seed % SEED_MODULUS``'s runs.
 SEED_MODULUS = 2**31 - 1
 
 
@@ -28,11 +23,9 @@ class ConfigError(ValueError):
 
 def to_plain(cfg: Any) -> Any:
     """A plain Python container from a ``DictConfig``/``ListConfig`` (resolved) or anything mapping-like."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # omegaconf is a dependency; this only keeps the core importable without it
-        DictConfig = ListConfig = ()  # type: ignore[assignment,misc]
-    if DictConfig and isinstance(cfg, (DictConfig, ListConfig)):
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(cfg, (DictConfig, ListConfig)):
         return OmegaConf.to_container(cfg, resolve=True)
     if isinstance(cfg, Mapping):
         return {key: to_plain(value) for key, value in cfg.items()}
@@ -42,26 +35,19 @@ def to_plain(cfg: Any) -> Any:
 
 
 def unknown_keys(given: Any, allowed: Any) -> list[Any]:
-    """The keys of ``given`` (a mapping or any iterable of keys) that are not in ``allowed``, in ``given``'s order:
-    the one unknown-key test every config check builds its own message on."""
+    """The keys of ``given`` (a mapping or any iterable of keys) not in ``allowed``, in ``given``'s order."""
     return [key for key in given if key not in allowed]
 
 
 def check_keys(where: str, given: Mapping[str, Any], allowed: tuple[str, ...] | list[str]) -> None:
-    """Refuse keys of ``given`` that are not in ``allowed``."""
     unknown = unknown_keys(given, allowed)
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: "
-            f"{', '.join(allowed) if allowed else '(none)'}"
-        )
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: "
+                          f"{', '.join(allowed) if allowed else '(none)'}")
 
 
 def check_non_negative_int(key: str, value: Any) -> int:
-    """An integer >= 0 (booleans refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= 0")
-    return int(value)
+    return check_int_at_least(key, value, 0)
 
 
 def check_seed(key: str, value: Any) -> int:
@@ -86,18 +72,13 @@ def check_unit_interval(key: str, value: Any) -> float:
 
 
 def check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``allowed``."""
     if value not in allowed:
         raise ConfigError(f"{key} = {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
     return value
 
 
 def build_params(where: str, params_cls: type, given: Mapping[str, Any] | None) -> Any:
-    """Instantiate a component's frozen ``Params`` dataclass from user params, refusing unknown keys.
-
-    ``Params.__post_init__`` checks the values themselves (with ``where`` unknown to it, so errors are re-raised
-    with the full key path).
-    """
+    """A component's frozen ``Params`` from user params, refusing unknown keys."""
     given = {} if given is None else to_plain(given)
     if not isinstance(given, Mapping):
         raise ConfigError(f"{where} = {given!r} is not allowed: it must be a mapping of parameter names to values")
@@ -110,7 +91,6 @@ def build_params(where: str, params_cls: type, given: Mapping[str, Any] | None) 
 
 
 def check_int_at_least(key: str, value: Any, minimum: int) -> int:
-    """An integer >= ``minimum`` (booleans refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer >= {minimum}")
     return int(value)
@@ -123,3 +103,10 @@ def check_number(key: str, value: Any, *, minimum: float | None = None, exclusiv
     if minimum is not None and (float(value) <= minimum if exclusive else float(value) < minimum):
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be {'>' if exclusive else '>='} {minimum}")
     return float(value)
+
+
+def check_int_in_range(key: str, value: Any, minimum: int, maximum: int) -> int:
+    check_int_at_least(key, value, minimum)
+    if value > maximum:
+        raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer in [{minimum}, {maximum}]")
+    return int(value)

@@ -1,42 +1,21 @@
-"""python -m sweeps [key=value ...]: run an alpha x seed sweep (make sweep), then write its report.
-
-Keys (conf/sweeps/default.yaml documents each):
-
-    alpha=0.0,0.25,0.5  seeds=1,2  name=NAME  steps=N  jobs=N  threads=N  backend=local|verl
-    mechanisms=baseline,ar  eta=0.1,0.5  extra=[trainer.lr=1e-3 trainer.kl_coef=0,0.01]
-    launcher=process|slurm|ray  slurm.partition=gpu  ray.address=http://HOST:8265
-    add_baseline=false  dry_run=true  report=false  root=runs
-
-launcher=... picks conf/sweeps/launcher/<name>.yaml; slurm.* and ray.* are the settings of that launcher only.
-
-extra holds train overrides for every run; one written as a Hydra sweep (key=a,b) is a grid axis.
---cfg (or Hydra's --cfg job) prints the composed sweep config and exits; --help prints this text.
-"""
+"""python -m sweeps [key=value ...]: run an alpha x seed sweep (make sweep), then its report. Keys (docs/sweeps.md):
+alpha=0.0,0.25,0.5 seeds=1,2 name= steps= jobs= threads= backend=local|verl mechanisms= eta= launcher=process|slurm|ray
+extra=[trainer.lr=1e-3 key=a,b (an axis)] dry_run=true report=false; --cfg prints the composed config, --help this."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-
 import shlex
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dataflex_rl.local.cli import EXPERIMENT_GROUP, check_group_choice
-from dataflex_rl.overrides import Override, hydra_value, parse_override, split_assignment, unknown_override_message
+from dataflex_rl.compose import EXPERIMENT_GROUP, check_group_choice
+from dataflex_rl.compose import compose_config as compose_conf
+from dataflex_rl.overrides import Override, bare_assignment, hydra_value, parse_override, split_assignment
 from dataflex_rl.validation import ConfigError
-from sweeps.config import (
-    DEFAULT_LAUNCHER,
-    LIST_KEYS,
-    SWEEP_CONF_DIR,
-    available_experiments,
-    check_no_env_interpolation,
-    check_no_underflow,
-    check_sweep_name,
-    foreign_settings_message,
-    parse_sweep_config,
-    settings_blocks,
-)
+from sweeps.config import (DEFAULT_LAUNCHER, LIST_KEYS, SWEEP_CONF_DIR, available_experiments,
+                           check_no_env_interpolation, check_no_underflow, check_sweep_name, foreign_settings_message,
+                           parse_sweep_config, settings_blocks)
 from sweeps.launchers import launcher_class
 
 
@@ -62,8 +41,7 @@ def _split_top_level(text: str, separator: str = ",") -> list[str]:
 
 
 def split_extra(text: str) -> list[str]:
-    """Overrides from ``make sweep EXTRA=...``: separated by spaces; ``a=1,b=2`` (every piece a ``key=value``) is
-    two overrides, while ``a=1,2`` stays one (a Hydra sweep over ``a``: a grid axis)."""
+    """``a=1,b=2`` (every piece a ``key=value``) is two overrides, ``a=1,2`` one (a grid axis)."""
     overrides: list[str] = []
     for token in shlex.split(text):
         pieces = _split_top_level(token)
@@ -75,7 +53,6 @@ def split_extra(text: str) -> list[str]:
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Rewrite the command-line conveniences (module doc) into Hydra's override grammar."""
     normalized = []
     for argument in argv:
         key, value = split_assignment(argument)
@@ -91,9 +68,7 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
 
 
 def check_launcher_overrides(parsed: Sequence[Override]) -> None:
-    """Before composing: the chosen launcher (the last ``launcher=``) must be registered and have its
-    ``conf/sweeps/launcher/<name>.yaml``, and settings overrides must belong to it (``slurm.*`` needs
-    ``launcher=slurm``): :class:`ConfigError` naming the key, the value and what is allowed."""
+    """The chosen launcher must have its conf file, and settings overrides must belong to it."""
     chosen = next((item.value for item in reversed(parsed) if item.key == "launcher" and item.value), DEFAULT_LAUNCHER)
     launcher_class(chosen)
     if not (SWEEP_CONF_DIR / "launcher" / f"{chosen}.yaml").is_file():
@@ -101,27 +76,19 @@ def check_launcher_overrides(parsed: Sequence[Override]) -> None:
                           f"conf/sweeps/launcher/{chosen}.yaml")
     for item in parsed:
         if item.value is not None and item.group in settings_blocks() and item.group != chosen:
-            raise ConfigError(foreign_settings_message(item.key, split_assignment(item.text)[1], chosen))
+            raise ConfigError(foreign_settings_message(item.key, item.written_value, chosen))
 
 
 def _holds_sweep(value: Any) -> bool:
     from hydra.core.override_parser.types import Sweep
 
-    if isinstance(value, Sweep):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_holds_sweep(item) for item in value)
-    if isinstance(value, Mapping):
-        return any(_holds_sweep(item) for item in value.values())
-    return False
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
+    return isinstance(value, Sweep) or any(_holds_sweep(item) for item in items)
 
 
 def check_override_syntax(given: str, item: str) -> Override | None:
-    """One command-line argument (``given``, as typed; ``item``, as normalized) must be an override Hydra's grammar
-    reads, and a list key's value a list of values (no ``range(...)``): :class:`ConfigError` naming the key and the
-    value as typed, before Hydra composes anything. Returns it read (None for a deletion or a bare word)."""
-    key, value = split_assignment(given)
-    bare = key.lstrip("+~")
+    """Check one argument (as typed, as normalized) before Hydra composes; returns it read."""
+    bare, value = bare_assignment(given)
     check_no_env_interpolation(f"{bare} = {value!r}", given)  # before Hydra or OmegaConf resolve it
     if value is None:
         return None  # Hydra's own message for a deletion (~key) or a bare word
@@ -142,77 +109,50 @@ def check_override_syntax(given: str, item: str) -> Override | None:
 
 
 def compose_config(config_name: str, argv: Sequence[str]) -> Any:
-    """Compose ``conf/sweeps/<config_name>.yaml`` with the (normalized) overrides; Hydra's errors become
-    :class:`ConfigError`."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     overrides = normalize_argv(argv)
     parsed = [check_override_syntax(given, item) for given, item in zip(argv, overrides, strict=True)]
     check_launcher_overrides([item for item in parsed if item is not None])
     for item in parsed:  # a group choice is a file name: refused before Hydra reads it as a path
-        if item is not None:
-            if item.key == EXPERIMENT_GROUP:
-                check_group_choice(item, available_experiments())
-    with initialize_config_dir(config_dir=str(SWEEP_CONF_DIR), version_base="1.3"):
-        try:
-            return compose(config_name=config_name, overrides=overrides)
-        except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: a group set to null
-            unknown = unknown_override_message(
-                error, overrides, lambda others: compose(config_name=config_name, overrides=others))
-            if unknown:
-                raise ConfigError(unknown) from None
-            raise ConfigError(f"bad sweep override in {' '.join(overrides)}: {error}") from None
+        if item is not None and item.key == EXPERIMENT_GROUP:
+            check_group_choice(item, available_experiments())
+    return compose_conf(config_name, overrides, SWEEP_CONF_DIR)
 
 
 def load_config(argv: Sequence[str], config_name: str = "default", allowed_extra_keys: Sequence[str] = ()):
-    """Compose ``conf/sweeps/<config_name>.yaml`` with ``argv`` and validate it (raises ConfigError)."""
     cfg = compose_config(config_name, argv)
     return cfg, parse_sweep_config(cfg, allowed_extra_keys)
 
 
-CFG_SECTIONS = ("job", "hydra", "all")
-
-
 def split_cfg_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
-    """(whether ``--cfg`` was given, the other arguments); Hydra's section word after it (``--cfg job``) is
-    accepted and dropped, since the sweep drivers compose only their own config."""
-    rest: list[str] = []
-    show = False
-    arguments = list(argv)
-    for index, argument in enumerate(arguments):
+    """(whether ``--cfg`` was given, the other arguments); a section word after it is dropped."""
+    rest, show = [], False
+    for index, argument in enumerate(argv):
         if argument == "--cfg":
             show = True
-        elif show and argument in CFG_SECTIONS and index and arguments[index - 1] == "--cfg":
-            continue
-        else:
+        elif not (argument in ("job", "hydra", "all") and index and argv[index - 1] == "--cfg"):
             rest.append(argument)
     return show, rest
 
 
-def help_text(doc: str) -> str:
-    """A module docstring as plain terminal text (reStructuredText's double backticks and ``::`` removed)."""
-    return doc.replace("``", "").replace("::", ":").strip() + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (see :func:`sweeps.driver.run_sweep`)."""
+def main(argv: Sequence[str] | None = None, doc: str = __doc__, kind: str = "sweep", run: Any = None,
+         config_name: str = "default", allowed_extra_keys: Sequence[str] = (), parse: Any = None) -> int:
+    """A sweep driver's command line (``python -m sweeps``; the study's passes its own ``run`` and ``parse``)."""
     from omegaconf import OmegaConf
 
     from sweeps.driver import EXIT_REFUSED, run_sweep
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(help_text(__doc__), end="")
+        print(doc.replace("``", "").replace("::", ":").strip())
         return 0
     show_config, argv = split_cfg_flag(argv)
     try:
-        cfg, config = load_config(argv)
+        cfg, config = load_config(argv, config_name, allowed_extra_keys)
+        config = parse(cfg) if parse is not None else config
     except ConfigError as error:
-        print(f"error: sweep refused, nothing was started: {error}", file=sys.stderr)
+        print(f"error: {kind} refused, nothing was started: {error}", file=sys.stderr)
         return EXIT_REFUSED
     if show_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
-    return run_sweep(config, argv)
+    return (run or run_sweep)(config, argv)

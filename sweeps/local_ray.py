@@ -1,12 +1,6 @@
-"""A Ray cluster of a head and N worker nodes on this machine, to try ``launcher=ray`` on a workstation (and to test
-it): each node has its own CPUs, a custom resource naming it (``head``, ``worker1``, ...) and its own ports; one temp
-dir, token authentication off. ``start`` prints the dashboard address (``ray.address=`` / ``$RAY_ADDRESS``);
-``stop`` stops only this cluster's processes (``ray stop`` would stop every Ray process of the user).
-
-    python -m sweeps.local_ray start --dir DIR [--workers 1] [--cpus-per-node 1]
-    python -m sweeps.local_ray kill --dir DIR [--node worker1]   # SIGKILL a node's raylet: a lost node
-    python -m sweeps.local_ray stop --dir DIR
-"""
+"""A Ray cluster of a head and N worker nodes on this machine, to try ``launcher=ray`` and to test it:
+``python -m sweeps.local_ray start|kill|stop --dir DIR``; ``stop`` stops only this cluster's processes (``ray stop``
+would stop every Ray process of the user). See docs/sweeps.md, "SLURM and Ray in practice"."""
 
 from __future__ import annotations
 
@@ -36,7 +30,6 @@ def free_port() -> int:
 
 
 def _processes() -> dict[int, tuple[int | None, str]]:
-    """Every live process: pid -> (parent pid, command line); zombies left out."""
     found = {}
     for entry in Path("/proc").iterdir():
         try:
@@ -50,8 +43,7 @@ def _processes() -> dict[int, tuple[int | None, str]]:
 
 
 def cluster_pids(markers: list[str]) -> set[int]:
-    """Processes whose command line holds a marker (a node's temp dir, the GCS port), and all below them (Ray's
-    agents rename themselves, ``ray::RuntimeEnvAgent``); never this process."""
+    """Processes whose command line holds a marker, and all below them; never this process."""
     processes = _processes()
     found = {pid for pid, (_, line) in processes.items() if any(marker in line for marker in markers)}
     while more := {pid for pid, (parent, _) in processes.items() if parent in found and pid not in found}:
@@ -61,15 +53,13 @@ def cluster_pids(markers: list[str]) -> set[int]:
 
 def start(directory: Path, workers: int = 1, cpus_per_node: float = 1,
           env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Start the head, then ``workers`` worker nodes; write and return the cluster's state (``address``: the
-    dashboard). ``env`` is added to the nodes' environment, which every job inherits. A node that fails to start stops what was started and raises :class:`RuntimeError` with Ray's output."""
+    """``env`` is added to the nodes' environment, which every job inherits; returns the state."""
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray is None:
         raise RuntimeError("the ray CLI is not installed: pip install 'ray[default]'")
     directory.mkdir(parents=True, exist_ok=True)
     gcs_port, dashboard_port = free_port(), free_port()
-    # One temp dir (one session folder) for all nodes, as on one machine: a worker node's dashboard agent reads job
-    # logs from the head's session folder. Short: Ray's unix socket paths are length-limited.
+    # One short temp dir for all nodes: workers read job logs from the head's session folder; socket paths are short.
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     state: dict[str, Any] = {"address": f"http://127.0.0.1:{dashboard_port}", "gcs_address": f"127.0.0.1:{gcs_port}",
                              "temp_dir": temp_dir, "nodes": {}}
@@ -103,7 +93,6 @@ def read_state(directory: Path) -> dict[str, Any]:
 
 
 def raylet_pid(directory: Path, node: str) -> int | None:
-    """The pid of node ``node``'s raylet (found by its node manager port), None when it is not running."""
     nodes = read_state(directory)["nodes"]
     if node not in nodes:
         raise RuntimeError(f"--node {node!r} is not allowed: this cluster's nodes are {', '.join(nodes)}")
@@ -112,7 +101,6 @@ def raylet_pid(directory: Path, node: str) -> int | None:
 
 
 def kill_node(directory: Path, node: str) -> int:
-    """SIGKILL node ``node``'s raylet (the node is lost, as when its machine dies); its pid."""
     pid = raylet_pid(directory, node)
     if pid is None:
         raise RuntimeError(f"node {node}'s raylet is not running")
@@ -121,7 +109,6 @@ def kill_node(directory: Path, node: str) -> int:
 
 
 def stop(directory: Path, grace_s: float = 3.0) -> int:
-    """Stop this cluster's processes (SIGTERM, SIGKILL after ``grace_s``) and remove its temp dirs; how many."""
     state = read_state(directory)
     pids = cluster_pids([state["temp_dir"], f":{state['gcs_address'].rsplit(':', 1)[1]} "])
     for pid in pids:

@@ -1,8 +1,6 @@
-"""A one-node SLURM on this machine (munged, slurmctld, slurmd in a folder of their own), to try
-``launcher=slurm`` on a workstation and to test against: ``python -m sweeps.local_slurm start --dir DIR``, then
-``export SLURM_CONF=DIR/slurm.conf``; ``python -m sweeps.local_slurm stop --dir DIR``. Needs root and Debian's
-``slurm-wlm`` and ``munge`` (installed when missing). See docs/sweeps.md, "SLURM and Ray in practice".
-"""
+"""A one-node SLURM on this machine, to try ``launcher=slurm`` and to test against (needs root and Debian's
+``slurm-wlm`` and ``munge``, installed when missing): ``python -m sweeps.local_slurm start|stop --dir DIR``, then
+``export SLURM_CONF=DIR/slurm.conf``. See docs/sweeps.md, "SLURM and Ray in practice"."""
 
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ PARTITION = "debug"
 
 
 def missing_reason() -> str | None:
-    """Why a local SLURM cannot be started here (not root, no apt-get to install it), or None."""
     if all(shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin") for name in (*DAEMONS, "sbatch")):
         return None if os.geteuid() == 0 else "SLURM's daemons need root here (slurmd runs jobs as any user)"
     if os.geteuid() != 0:
@@ -36,7 +33,6 @@ def missing_reason() -> str | None:
 
 
 def install() -> None:
-    """``apt-get install slurm-wlm munge`` when a daemon is missing; :class:`RuntimeError` with apt's output."""
     if all(shutil.which(name, path="/usr/sbin:/usr/bin") for name in (*DAEMONS, "sbatch")):
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -47,7 +43,6 @@ def install() -> None:
 
 
 def slurm_conf(folder: Path, cpus: int, memory_mb: int) -> str:
-    """The cluster's slurm.conf: one node named after this host, one partition, no accounting, linuxproc tracking."""
     host = socket.gethostname().split(".")[0]
     lines = {
         "ClusterName": "local", "SlurmctldHost": f"{host}(127.0.0.1)", "SlurmctldPort": free_port(),
@@ -68,8 +63,7 @@ def slurm_conf(folder: Path, cpus: int, memory_mb: int) -> str:
 
 
 def start(folder: Path, cpus: int | None = None, memory_mb: int | None = None, timeout_s: float = 30.0) -> Path:
-    """Install when missing, write ``folder/slurm.conf``, start the daemons, wait until the node is idle; returns
-    the slurm.conf path (what ``SLURM_CONF`` takes)."""
+    """Returns the slurm.conf path (what ``SLURM_CONF`` takes)."""
     reason = missing_reason()
     if reason is not None:
         raise RuntimeError(f"cannot start a local SLURM: {reason}")
@@ -103,7 +97,6 @@ def start(folder: Path, cpus: int | None = None, memory_mb: int | None = None, t
 
 
 def stop(folder: Path) -> None:
-    """Stop this folder's daemons (SIGTERM by their pid files) and wait up to 10 s for them to exit."""
     folder = folder.resolve()
     stopped = []
     for pid_file in (folder / "slurmd.pid", folder / "slurmctld.pid", folder / "munge" / "munged.pid"):

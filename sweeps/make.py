@@ -1,18 +1,6 @@
-"""``python -m sweeps.make <target>``: the command a ``make`` target runs, built from the Makefile's variables.
-
-The Makefile never pastes a variable into a shell line: it exports each one (:data:`VARIABLES`) as
-``DATAFLEX_MAKE_<NAME>`` holding its raw text (make's ``$(value ...)``, so make expands nothing in it either), and
-its recipes run ``python -m sweeps.make <target>``. This module reads them as data and turns them into the target's
-argument list (``make sweep ALPHA=0.0,0.5 SWEEP=x`` -> ``python -m sweeps alpha=0.0,0.5 backend=local
-launcher=process name=x``), prints that command as one shell-quoted line, and replaces itself with it
-(``os.execv``): no shell ever reads a value, so ``SWEEP='a;touch x'`` is a sweep name the driver refuses, and
-``DRY_RUN=1`` always reaches the driver as ``dry_run=true``.
-
-Each variable maps to one driver key here (:data:`SWEEP_KEYS`, :data:`TUNE_KEYS`); ``EXTRA`` is one ``extra=[...]``
-argument; ``SWEEP_ARGS`` and ``ARGS`` are split into arguments as a shell would split words (``shlex``: quotes group,
-nothing is expanded or run). ``DRY_RUN`` and ``LR`` are switches: empty, 0, false, no or off is off, 1, true, yes or
-on is on, any other value is refused (exit 2).
-"""
+"""``python -m sweeps.make <target>``: the command a ``make`` target runs, built from the Makefile's variables
+(exported raw as ``DATAFLEX_MAKE_<NAME>``), printed and exec'd, so no shell ever reads a value. ``DRY_RUN`` and ``LR``
+are switches (1/true/yes/on or empty/0/false/no/off; anything else exits 2)."""
 
 from __future__ import annotations
 
@@ -28,12 +16,12 @@ ENV_PREFIX = "DATAFLEX_MAKE_"
 VARIABLES = ("ALPHA", "SEEDS", "MECH", "ETA", "STEPS", "JOBS", "SWEEP", "BACKEND", "LAUNCHER", "SWEEP_ARGS",
              "DRY_RUN", "EXTRA", "TARGET_MDE", "MAX_SEEDS", "LR", "ARGS", "VERL_EXPERIMENT", "EXPERIMENT", "WARM_START",
              "RESULTS")
-# make sweep: variable -> driver key (conf/sweeps/default.yaml), in the order they are passed.
-SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"), ("LAUNCHER", "launcher"),
-              ("JOBS", "jobs"), ("STEPS", "steps"), ("SWEEP", "name"), ("MECH", "mechanisms"), ("ETA", "eta"),
-              ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"), ("VERL_EXPERIMENT", "verl_experiment"),
-              ("WARM_START", "warm_start"))
-# make tune: variable -> key of conf/sweeps/optuna.yaml.
+# make sweep: variable -> driver key (sweeps/config.py SweepConfig), in the order they are passed.
+SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"),
+              ("LAUNCHER", "launcher"), ("JOBS", "jobs"), ("STEPS", "steps"), ("SWEEP", "name"), ("MECH", "mechanisms"),
+              ("ETA", "eta"), ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"),
+              ("VERL_EXPERIMENT", "verl_experiment"), ("WARM_START", "warm_start"))
+# make tune: variable -> key of the study (conf/sweeps/optuna.yaml).
 TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("BACKEND", "backend"),
              ("LAUNCHER", "launcher"), ("VERL_EXPERIMENT", "verl_experiment"), ("WARM_START", "warm_start"))
 # make tune: the variables of make sweep a study has no use for, each with what to do instead (refused when given).
@@ -57,13 +45,11 @@ EXIT_REFUSED = 2
 
 
 def variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The Makefile's variables as the recipe's environment holds them (absent ones as empty text)."""
     environ = os.environ if environ is None else environ
     return {name: environ.get(ENV_PREFIX + name, "") for name in VARIABLES}
 
 
 def switch(name: str, value: str) -> bool:
-    """A make switch (``DRY_RUN=1``); :class:`ConfigError` naming the variable for anything else."""
     text = value.strip().lower()
     if text in SWITCH_ON:
         return True
@@ -74,7 +60,6 @@ def switch(name: str, value: str) -> bool:
 
 
 def split_words(name: str, value: str) -> list[str]:
-    """``SWEEP_ARGS``/``ARGS`` split into arguments as a shell splits words, nothing expanded or run."""
     try:
         return shlex.split(value)
     except ValueError as error:
@@ -82,13 +67,9 @@ def split_words(name: str, value: str) -> list[str]:
                           f"e.g. {name}=\"key='a b'\")") from None
 
 
-def _key_values(values: Mapping[str, str], mapping: Sequence[tuple[str, str]]) -> list[str]:
-    return [f"{key}={values[name]}" for name, key in mapping if values[name].strip()]
-
-
-def sweep_argv(values: Mapping[str, str]) -> list[str]:
-    """The arguments of ``python -m sweeps`` for ``make sweep``."""
-    argv = _key_values(values, SWEEP_KEYS)
+def sweep_argv(values: Mapping[str, str], mapping: Sequence[tuple[str, str]] = SWEEP_KEYS,
+               switches: Sequence[str] = ()) -> list[str]:
+    argv = [*(f"{key}={values[name]}" for name, key in mapping if values[name].strip()), *switches]
     if values["EXTRA"].strip():
         argv.append(f"extra=[{values['EXTRA']}]")
     argv += split_words("SWEEP_ARGS", values["SWEEP_ARGS"])
@@ -98,25 +79,13 @@ def sweep_argv(values: Mapping[str, str]) -> list[str]:
 
 
 def tune_argv(values: Mapping[str, str]) -> list[str]:
-    """The arguments of ``python -m sweeps.tune`` for ``make tune``; a variable the study has no use for
-    (:data:`TUNE_REFUSED`) is refused, naming it."""
     for name, reason in TUNE_REFUSED.items():
         if values[name].strip():
             raise ConfigError(f"make tune: {name} = {values[name]!r} is not allowed: {reason}")
-    argv = _key_values(values, TUNE_KEYS)
-    if switch("LR", values["LR"]):
-        argv.append("tune_lr=true")
-    if values["EXTRA"].strip():
-        argv.append(f"extra=[{values['EXTRA']}]")
-    argv += split_words("SWEEP_ARGS", values["SWEEP_ARGS"])
-    if switch("DRY_RUN", values["DRY_RUN"]):
-        argv.append("dry_run=true")
-    return argv
+    return sweep_argv(values, TUNE_KEYS, ["tune_lr=true"] if switch("LR", values["LR"]) else [])
 
 
 def sweep_folder(values: Mapping[str, str]) -> str:
-    """``runs/<SWEEP>`` for ``make report`` / ``make notebook``; without ``SWEEP`` the newest sweep under runs/
-    (:func:`analysis.load.resolve_sweep_dir`). ``SWEEP`` must be a sweep name (the driver's own rule)."""
     name = values["SWEEP"]
     if name:
         from sweeps.config import check_sweep_name
@@ -132,7 +101,6 @@ def sweep_folder(values: Mapping[str, str]) -> str:
 
 
 def command(target: str, values: Mapping[str, str]) -> list[str]:
-    """The full argv of ``target`` (:data:`TARGETS`); :class:`ConfigError` for a bad variable."""
     python = sys.executable
     if target == "sweep":
         return [python, "-m", "sweeps", *sweep_argv(values)]
@@ -151,8 +119,7 @@ def command(target: str, values: Mapping[str, str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sweeps.make <target>``: print the command, then exec it; ``notebook-dir`` prints the sweep folder
-    ``make notebook`` opens. Exit 2 (nothing run) for a bad variable."""
+    """Print the command, then exec it; ``notebook-dir`` prints the folder ``make notebook`` opens."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
         print(f"usage: python -m sweeps.make {{{','.join(TARGETS)}}}", file=sys.stderr)

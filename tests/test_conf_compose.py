@@ -1,24 +1,23 @@
-"""Every YAML under conf/ composes with Hydra, and every dataflex preset builds a mechanism."""
+"""Every YAML under conf/ parses, conf/train.yaml composes with every choice of its groups into a valid config, and
+every dataflex preset builds a mechanism."""
 
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dataflex_rl import build_mechanism
+from dataflex_rl.compose import compose_train_config, group_choices
+from dataflex_rl.local.config import parse_train_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+TRAIN_GROUPS = ("dataflex", "model", "task", "trainer", "logger", "experiment")
 
 
-def _group_files(group):
-    return sorted((CONF / group).glob("*.yaml"))
-
-
-@pytest.mark.parametrize("path", _group_files("dataflex"), ids=lambda p: p.stem)
-def test_dataflex_presets_build(path):
-    mechanism = build_mechanism(OmegaConf.load(path))
-    assert mechanism.config.mechanism == OmegaConf.load(path).mechanism
+@pytest.mark.parametrize("preset", group_choices("dataflex"))
+def test_dataflex_presets_build(preset):
+    block = compose_train_config(["run_dir=x", f"dataflex={preset}"])["dataflex"]
+    assert build_mechanism(block).config.mechanism == block["mechanism"]
 
 
 def test_every_yaml_parses():
@@ -28,22 +27,32 @@ def test_every_yaml_parses():
         OmegaConf.load(path)
 
 
-def _primary_configs():
-    return sorted(path.stem for path in CONF.glob("*.yaml"))
+@pytest.mark.parametrize("group", TRAIN_GROUPS)
+def test_train_composes_with_every_choice_of_its_groups(group):
+    choices = group_choices(group)
+    assert choices, f"the train config group {group} has no choices"
+    for choice in choices:
+        parse_train_config(compose_train_config(["run_dir=x", f"{group}={choice}"]))
 
 
-@pytest.mark.parametrize("name", _primary_configs())
-def test_primary_configs_compose_with_every_option_of_their_groups(name):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        base = compose(config_name=name)
-        defaults = OmegaConf.load(CONF / f"{name}.yaml").get("defaults", [])
-        groups = [next(iter(entry)) for entry in defaults if isinstance(entry, dict) or OmegaConf.is_dict(entry)]
-        for group in groups:
-            group = group.lstrip("/").split("@")[0]
-            if group.startswith("override"):
-                continue
-            for option in _group_files(group):
-                cfg = compose(config_name=name, overrides=[f"{group}={option.stem}"])
-                if group == "dataflex":
-                    build_mechanism(cfg.dataflex)
-        assert base is not None
+def test_overrides_reach_the_stored_defaults_with_their_types():
+    config = parse_train_config(compose_train_config([
+        "run_dir=x", "trainer.max_new_tokens=5", "trainer.grad_clip=null", "stats.bucket_edges=[0.5]",
+        "task.ops=[+,-]", "logger.wandb.entity=team", "seed=3", "axes=[seed]"]))
+    assert (config.trainer.max_new_tokens, config.trainer.grad_clip, config.stats.bucket_edges) == (5, None, (0.5,))
+    assert (config.task.built.config.ops, config.logger.wandb.entity, config.seed, config.axes) == (
+        ("+", "-"), "team", 3, ("seed",))
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.lrr=1", "trainer.lrr = '1' is not allowed: trainer has no key 'lrr'; allowed keys of trainer: "
+                      "total_steps, prompts_per_step"),
+    ("model=../task/arithmetic", "model = '../task/arithmetic' is not allowed: a model is the name of a file"),
+    ("trainer.lr=-1", "trainer.lr = -1 is not allowed: it must be > 0.0"),
+])
+def test_a_bad_override_is_refused_naming_key_value_and_what_is_allowed(override, message):
+    from dataflex_rl.validation import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        parse_train_config(compose_train_config(["run_dir=x", override]))
+    assert message in str(error.value)

@@ -15,52 +15,36 @@ from analysis.plots.style import axes_or_new, group_colors, group_label, group_r
 from analysis.statistics import DEFAULT_CONFIDENCE, RandomState
 from dataflex_rl import keys
 
-
 GRAD_BUCKET_PATTERN = re.compile(
     rf"^{re.escape(keys.GRAD_BY_PROB_PREFIX)}/(?P<low>-?[0-9.]+)-(?P<high>-?[0-9.]+)/(?P<stat>[A-Za-z_]+)$")
-
-
 # Per-bucket statistics drawn as bars (``keys.grad_by_prob``): the closed-form and exact gradient-norm shares (local
 # backend) and the logit-gradient bound ``mean |A w| (1 - pi)`` (both backends).
 GRAD_BUCKET_STATS: tuple[str, ...] = ("logit_grad_norm_share", "param_grad_share", "logit_grad_bound")
-
-
 GRAD_STAT_LABELS: dict[str, str] = {
     "logit_grad_norm_share": "Share of the logit-gradient norm",
     "param_grad_share": "Share of the parameter-gradient norm",
     "logit_grad_bound": "Logit-gradient bound mean |A w| (1 - \u03c0)",
 }
-
-
 PROB_CHANGE_PATTERN = re.compile(
     rf"^{re.escape(keys.PROB_CHANGE_PREFIX)}/(?P<sign>pos|neg)/(?P<low>[0-9.]+)-(?P<high>[0-9.]+)/(?P<stat>[A-Za-z_]+)$")
-
-
 PROB_CHANGE_LABELS: dict[str, str] = {
     "correct_share": "Share of tokens whose \u03c0 moved with their advantage",
     "mean_delta": "Mean change of \u03c0 in one update",
 }
-
-
 ADVANTAGE_SIGN_LABELS = {"pos": "positive advantage (\u03c0 should rise)", "neg": "negative advantage (\u03c0 should fall)"}
 
 
-# --- gradient statistics by token probability -------------------------------------------------------------------
-
-
 def grad_bucket_metrics(metric_names: Collection[str], stat: str) -> list[tuple[str, float, float]]:
-    """``(metric, low, high)`` of every ``grad_norm/by_prob/<low>-<high>/<stat>`` key, sorted by ``low``."""
+    """``(metric, low, high)`` of every ``grad_norm/by_prob/<low>-<high>/<stat>`` key."""
     return _bucket_metrics(GRAD_BUCKET_PATTERN, metric_names, stat=stat)
 
 
 def _bucket_metrics(pattern: re.Pattern[str], metric_names: Collection[str],
                     **wanted: str) -> list[tuple[str, float, float]]:
     """``(metric, low, high)`` of every name ``pattern`` matches with the ``wanted`` groups, sorted by ``low``."""
-    found = []
-    for name in metric_names:
-        match = pattern.match(str(name))
-        if match and all(match[group] == value for group, value in wanted.items()):
-            found.append((str(name), float(match["low"]), float(match["high"])))
+    matches = [(str(name), pattern.match(str(name))) for name in metric_names]
+    found = [(name, float(match["low"]), float(match["high"])) for name, match in matches
+             if match and all(match[group] == value for group, value in wanted.items())]
     return sorted(found, key=lambda item: item[1])
 
 
@@ -76,13 +60,7 @@ def plot_grad_by_bucket(
     random_state: RandomState = 0,
     ax: Axes | None = None,
 ) -> Axes:
-    """Bars of ``grad_norm/by_prob/<bucket>/<stat>`` per probability bucket, one bar series per group, CI error bars
-    (the paper's Fig. 1d with ``stat`` = ``logit_grad_norm_share`` or ``param_grad_share``; ``logit_grad_bound`` where
-    only the verl backend's bound is logged).
-
-    ``value``: the per-run summary plotted (:data:`analysis.aggregate.SUMMARY_STATISTICS`); the default ``auc`` is the
-    run's time-averaged share over training, ``final_window`` its share at the end.
-    """
+    """Bars of ``grad_norm/by_prob/<bucket>/<stat>`` per bucket and group with intervals (the paper's Fig. 1d)."""
     buckets = grad_bucket_metrics(long["metric"].unique(), stat)
     if not buckets:
         raise KeyError(f"no '{keys.GRAD_BY_PROB_PREFIX}/<low>-<high>/{stat}' metric in the table")
@@ -103,8 +81,7 @@ def _summary_text(value: str, final_window: int) -> str:
 def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, float, float]], *, value: str,
                  group_keys: Sequence[str], final_window: int, confidence: float, n_bootstrap: int,
                  random_state: RandomState) -> None:
-    """One bar per ``(metric, low, high)`` bucket and group: the per-run summary ``value`` of the bucket's metric,
-    mean over seeds with its interval as error bars (:func:`analysis.aggregate.aggregate_runs`)."""
+    """One bar per bucket and group: the mean over seeds of the per-run ``value``, with its interval."""
     summaries = run_summaries(long, metrics=[b[0] for b in buckets], final_window=final_window)
     aggregates = aggregate_runs(summaries, value=value, group_keys=group_keys, confidence=confidence,
                                 n_bootstrap=n_bootstrap, random_state=random_state)
@@ -114,10 +91,9 @@ def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, floa
     positions = np.arange(len(buckets), dtype=np.float64)
     for index, group in enumerate(groups):
         part = group_rows(aggregates, group_keys, group)
-        by_metric = {str(m): row for m, (_, row) in zip(part["metric"], part.iterrows(), strict=True)}
-        center = np.array([by_metric[b[0]]["mean"] if b[0] in by_metric else np.nan for b in buckets])
-        low = np.array([by_metric[b[0]]["ci_low"] if b[0] in by_metric else np.nan for b in buckets])
-        high = np.array([by_metric[b[0]]["ci_high"] if b[0] in by_metric else np.nan for b in buckets])
+        by_metric = part.assign(metric=part["metric"].astype(str)).drop_duplicates("metric", keep="last")
+        center, low, high = by_metric.set_index("metric").reindex([b[0] for b in buckets])[
+            ["mean", "ci_low", "ci_high"]].to_numpy(dtype=np.float64).T
         ax.bar(positions + (index - (len(groups) - 1) / 2) * width, center, width=width, color=colors[group],
                yerr=np.clip(np.nan_to_num(np.vstack([center - low, high - center])), 0.0, None), capsize=2,
                label=group_label(group_keys, group))
@@ -128,7 +104,7 @@ def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, floa
 
 
 def prob_change_metrics(metric_names: Collection[str], sign: str, stat: str) -> list[tuple[str, float, float]]:
-    """``(metric, low, high)`` of every ``prob_change/<sign>/<low>-<high>/<stat>`` key, sorted by ``low``."""
+    """``(metric, low, high)`` of every ``prob_change/<sign>/<low>-<high>/<stat>`` key."""
     return _bucket_metrics(PROB_CHANGE_PATTERN, metric_names, sign=sign, stat=stat)
 
 
@@ -144,10 +120,8 @@ def plot_prob_change(
     random_state: RandomState = 0,
     axes: Sequence[Axes] | None = None,
 ) -> np.ndarray:
-    """How one update moved each token's probability (the AR paper's Fig. 2): bars of
-    ``prob_change/<sign>/<bucket>/<stat>`` per old-probability bucket, one series per group, with intervals over
-    seeds; left the tokens with a positive advantage, right those with a negative one. ``stat``: ``correct_share``
-    (the share that moved in the direction of its advantage) or ``mean_delta``. Returns the two axes."""
+    """How one update moved token probabilities (the AR paper's Fig. 2): bars of ``prob_change/<sign>/<bucket>/<stat>``
+    per group, positive advantages left, negative right; returns the two axes."""
     names = long["metric"].unique()
     if not prob_change_metrics(names, "pos", stat) and not prob_change_metrics(names, "neg", stat):
         raise KeyError(f"no '{keys.PROB_CHANGE_PREFIX}/<sign>/<low>-<high>/{stat}' metric in the table")
@@ -167,5 +141,5 @@ def plot_prob_change(
 
 
 def available_grad_stats(metric_names: Collection[str], stats: Sequence[str] = GRAD_BUCKET_STATS) -> list[str]:
-    """Those of ``stats`` (default :data:`GRAD_BUCKET_STATS`) with at least one bucket among ``metric_names``."""
+    """Those of ``stats`` with at least one bucket among ``metric_names``."""
     return [stat for stat in stats if grad_bucket_metrics(metric_names, stat)]

@@ -22,42 +22,31 @@ from analysis.plots.style import (
 )
 
 
-# --- histograms --------------------------------------------------------------------------------------------------
+def _named(histograms: pd.DataFrame, name: str) -> pd.DataFrame:
+    rows = histograms[histograms["name"].astype(str) == name]
+    if rows.empty:
+        raise KeyError(f"histogram name={name!r} is not in the table; available: "
+                       f"{sorted(histograms['name'].astype(str).unique())}")
+    return rows
 
 
 def rebin_histogram(edges: np.ndarray, counts: np.ndarray, new_edges: np.ndarray) -> np.ndarray:
-    """Counts ``(k,)`` on ``edges`` ``(k+1,)`` -> counts ``(len(new_edges)-1,)`` on ``new_edges``.
-
-    Assumes counts spread uniformly inside each bin: the cumulative count is interpolated linearly at the new edges
-    (mass outside ``new_edges`` is dropped).
-    """
+    """Counts on ``edges`` -> counts on ``new_edges``, assuming counts spread uniformly inside each bin."""
     cumulative = np.concatenate([[0.0], np.cumsum(np.asarray(counts, dtype=np.float64))])
     return np.diff(np.interp(new_edges, np.asarray(edges, dtype=np.float64), cumulative))
-
-
-def _common_edges(rows: pd.DataFrame, bins: int) -> np.ndarray:
-    """``bins`` equal bins ``(bins+1,)`` spanning every histogram's edges in ``rows``."""
-    low = min(float(np.min(e)) for e in rows["edges"])
-    high = max(float(np.max(e)) for e in rows["edges"])
-    return np.linspace(low, high if high > low else low + 1.0, bins + 1)
-
-
-def shared_edges(rows: pd.DataFrame) -> np.ndarray | None:
-    """The bin edges every histogram in ``rows`` was logged with, or None when they differ (the run store's
-    histograms use fixed edges, ``dataflex_rl.metrics``, so they normally agree)."""
-    first = np.asarray(rows["edges"].iloc[0], dtype=np.float64)
-    for edges in rows["edges"]:
-        if len(edges) != len(first) or not np.allclose(edges, first, rtol=0.0, atol=1e-12):
-            return None
-    return first
 
 
 def _target_edges(rows: pd.DataFrame, bins: int | None, edges: np.ndarray | None) -> np.ndarray:
     """Explicit ``edges``; else the logged edges (``bins`` None) when shared; else ``bins`` (default 50) equal bins."""
     if edges is not None:
         return np.asarray(edges, dtype=np.float64)
-    logged = shared_edges(rows) if bins is None else None
-    return logged if logged is not None else _common_edges(rows, bins or 50)
+    first = np.asarray(rows["edges"].iloc[0], dtype=np.float64)
+    if bins is None and all(len(e) == len(first) and np.allclose(e, first, rtol=0.0, atol=1e-12)
+                            for e in rows["edges"]):  # logged with shared edges
+        return first
+    low = min(float(np.min(e)) for e in rows["edges"])
+    high = max(float(np.max(e)) for e in rows["edges"])
+    return np.linspace(low, high if high > low else low + 1.0, (bins or 50) + 1)
 
 
 def _counts_on(run_edges: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -70,16 +59,10 @@ def _counts_on(run_edges: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> 
 def histogram_matrix(
     histograms: pd.DataFrame, name: str, bins: int | None = None, edges: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Histograms ``name`` of the given rows -> ``(steps (s,), edges (k+1,), fractions (s, k))``.
+    """Histograms ``name`` -> ``(steps, edges, fractions (s, k))``, each run's fractions averaged at each step.
 
-    Bins: ``edges`` if given; else the edges the histograms were logged with (``bins=None``, when they all share
-    them: no rebinning, so a spike sits in exactly one bin); else ``bins`` equal bins spanning all edges. Each
-    (run, step) histogram becomes fractions (rows sum to 1), averaged over runs at each step.
-    """
-    rows = histograms[histograms["name"].astype(str) == name]
-    if rows.empty:
-        raise KeyError(f"histogram name={name!r} is not in the table; available: "
-                       f"{sorted(histograms['name'].astype(str).unique())}")
+    Bins: ``edges``; else the logged edges when shared (``bins=None``: a spike stays in one bin); else ``bins``."""
+    rows = _named(histograms, name)
     edges = _target_edges(rows, bins, edges)
     steps = np.sort(rows["step"].unique())
     index = {int(step): i for i, step in enumerate(steps)}
@@ -97,8 +80,7 @@ def histogram_matrix(
 
 
 def occupied_range(edges: np.ndarray, fractions: np.ndarray, margin: int = 1) -> tuple[float, float]:
-    """``(low, high)`` value range of the bins holding any mass in ``fractions`` ``(s, k)``, ``margin`` empty bins
-    added on each side (the heatmap's y-axis is cropped to it); the full range when nothing is occupied."""
+    """Value range of the bins holding any mass, ``margin`` bins added on each side (all of it when none)."""
     occupied = np.flatnonzero(np.nansum(np.asarray(fractions), axis=0) > 0)
     if occupied.size == 0:
         return float(edges[0]), float(edges[-1])
@@ -118,10 +100,7 @@ def plot_histogram_heatmap(
     edges: np.ndarray | None = None,
     crop: bool = True,
 ) -> Axes:
-    """Heatmap of histogram ``name`` over training (x step, y value, colour = fraction of tokens), averaged over
-    the runs in ``histograms`` (filter it to one group first). Bins as in :func:`histogram_matrix` (default: the
-    logged edges). ``crop``: the y-axis spans only the occupied bins (:func:`occupied_range`). The mesh is
-    ``ax.collections[0]``."""
+    """Heatmap of histogram ``name`` over steps, averaged over the runs given; the mesh is ``ax.collections[0]``."""
     ax = axes_or_new(ax)
     steps, edges, fractions = histogram_matrix(histograms, name, bins, edges)
     step_edges = _cell_edges(steps.astype(np.float64))
@@ -138,7 +117,7 @@ def plot_histogram_heatmap(
 
 
 def _cell_edges(centers: np.ndarray) -> np.ndarray:
-    """Edges ``(n+1,)`` around cell centres ``(n,)``: midpoints, with the end cells mirrored."""
+    """Edges around cell centres: midpoints, with the end cells mirrored."""
     if centers.size == 1:
         return np.array([centers[0] - 0.5, centers[0] + 0.5])
     middle = (centers[1:] + centers[:-1]) / 2.0
@@ -154,17 +133,12 @@ def plot_histogram_heatmaps(
     bins: int | None = None,
     crop: bool = True,
 ) -> np.ndarray:
-    """One :func:`plot_histogram_heatmap` per group on a shared colour scale (one colour bar) and a shared y-range
-    (cropped to the bins any group occupies); returns the axes ``(n_groups,)``."""
-    rows = histograms[histograms["name"].astype(str) == name]
-    if rows.empty:
-        raise KeyError(f"histogram name={name!r} is not in the table; available: "
-                       f"{sorted(histograms['name'].astype(str).unique())}")
+    """One :func:`plot_histogram_heatmap` per group on a shared colour scale and y-range; returns the axes."""
+    rows = _named(histograms, name)
     groups = sorted_groups(rows, group_keys)
     if axes is None:
-        _, created = plt.subplots(1, len(groups), figsize=(3.6 * len(groups) + 1.0, 3.5), squeeze=False,
-                                  sharey=True, layout="constrained")
-        axes = created[0]
+        axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups) + 1.0, 3.5), squeeze=False, sharey=True,
+                            layout="constrained")[1][0]
     if len(axes) != len(groups):
         raise ValueError(f"got {len(axes)} axes for {len(groups)} groups of {list(group_keys)}")
     edges = _target_edges(rows, bins, None)
@@ -196,15 +170,9 @@ def plot_histogram(
     bins: int | None = None,
     log: bool = True,
 ) -> Axes:
-    """Histogram ``name`` at ``step`` (default: each group's last logged step), mean count per run, one outline per
-    group overlaid (e.g. the token-probability distribution at the end of training). Bins as in
-    :func:`histogram_matrix` (default: the logged edges). ``log``: a log count axis, so a spike at 1 does not hide
-    the low-probability tail."""
+    """Histogram ``name`` at ``step`` (default each group's last), mean count per run, one outline per group."""
     ax = axes_or_new(ax)
-    rows = histograms[histograms["name"].astype(str) == name]
-    if rows.empty:
-        raise KeyError(f"histogram name={name!r} is not in the table; available: "
-                       f"{sorted(histograms['name'].astype(str).unique())}")
+    rows = _named(histograms, name)
     groups = sorted_groups(rows, group_keys)
     colors = group_colors(groups)
     edges = _target_edges(rows, bins, None)

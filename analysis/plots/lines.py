@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from analysis.curves import aggregate_curves
+from analysis.curves import CURVE_DIFFERENCE_COLUMNS, aggregate_curves
 from analysis.plots.style import (
     PALETTE,
     STEP_LABEL,
@@ -23,14 +23,11 @@ from analysis.plots.style import (
     metric_label,
     sorted_groups,
 )
-from analysis.statistics import DEFAULT_CONFIDENCE, MIN_SEEDS_FOR_INTERVAL, RandomState
+from analysis.statistics import DEFAULT_CONFIDENCE, MIN_SEEDS_FOR_INTERVAL
 from dataflex_rl import keys
 
 
-# --- curves ------------------------------------------------------------------------------------------------------
-
-
-# The curve statistics plot_curves draws: (interval columns of aggregate_curves, how the title names them).
+# statistic -> (its interval columns in aggregate_curves, how the title names them)
 CURVE_STATISTICS: dict[str, tuple[str, str, str]] = {
     "mean": ("ci_low", "ci_high", "mean over seeds, {confidence:.0%} Student-t CI"),
     # Tukey-McLaughlin covers about 1 point below nominal at 5-10 seeds (docs/analysis.md): the title says nominal.
@@ -46,30 +43,20 @@ def plot_curves(
     ax: Axes | None = None,
     step_grid: Any = None,
     confidence: float = DEFAULT_CONFIDENCE,
-    n_bootstrap: int = 1000,
-    random_state: RandomState = 0,
     band: bool = True,
     smoothing: float | None = None,
     title: str | None = None,
     statistic: str = "mean",
     min_seeds: int | None = None,
 ) -> Axes:
-    """Curve of ``metric`` per group over steps (the mean over seeds, or their IQM with ``statistic="iqm"``), with its
-    ``confidence`` interval as a band (one line per group), from :func:`analysis.curves.aggregate_curves`: Student t
-    for the mean, Tukey-McLaughlin for the IQM.
+    """Curve of ``metric`` per group (mean, or ``statistic="iqm"``) with its interval band.
 
-    Curves are aligned as in :func:`analysis.curves.align_curves` (forward fill within each run, no extrapolation).
-    ``smoothing`` (in [0, 1), e.g. 0.9): the curve is drawn EMA-smoothed (:func:`ema`) over the raw one, which stays
-    faint behind it with its band; the smoothed line is ``ax.lines[2 * i + 1]`` for group ``i``, the raw one
-    ``ax.lines[2 * i]``. ``min_seeds``: the band only at steps with at least this many runs (None: wherever the
-    interval is defined, n >= 2). ``title``: default the metric's readable name.
-    """
+    ``smoothing``: drawn EMA-smoothed over the faint raw curve; ``min_seeds``: a band only at steps with that many."""
     if statistic not in CURVE_STATISTICS:
         raise ValueError(f"statistic={statistic!r} is not one of {sorted(CURVE_STATISTICS)}")
     low_column, high_column, detail = CURVE_STATISTICS[statistic]
     ax = axes_or_new(ax)
-    curves = aggregate_curves(long, metric, group_keys=group_keys, step_grid=step_grid, confidence=confidence,
-                              n_bootstrap=n_bootstrap, random_state=random_state)
+    curves = aggregate_curves(long, metric, group_keys=group_keys, step_grid=step_grid, confidence=confidence)
     groups = sorted_groups(curves, group_keys)
     colors = group_colors(groups)
     for group in groups:
@@ -77,10 +64,8 @@ def plot_curves(
         label = group_label(group_keys, group) + f" (n={int(rows['n'].max())})"
         if smoothing:
             ax.plot(rows["step"], rows[statistic], color=colors[group], alpha=0.3, linewidth=0.8)
-            ax.plot(rows["step"], ema(rows[statistic].to_numpy(), smoothing), color=colors[group], linewidth=1.8,
-                    label=label)
-        else:
-            ax.plot(rows["step"], rows[statistic], color=colors[group], linewidth=1.8, label=label)
+        ax.plot(rows["step"], ema(rows[statistic].to_numpy(), smoothing) if smoothing else rows[statistic],
+                color=colors[group], linewidth=1.8, label=label)
         if band:
             shown = None if min_seeds is None else (rows["n"] >= min_seeds).to_numpy()
             ax.fill_between(rows["step"], rows[low_column], rows[high_column], where=shown, color=colors[group],
@@ -104,12 +89,9 @@ def plot_sample_efficiency(
     confidence: float = DEFAULT_CONFIDENCE,
     min_seeds: int | None = MIN_SEEDS_FOR_INTERVAL,
 ) -> np.ndarray:
-    """Sample-efficiency curves in rliable's style: ``metric`` per group over steps as the mean over seeds (left, with
-    its Student-t interval) and as the IQM (right, with its Tukey-McLaughlin interval), on a shared y-axis; bands only
-    from ``min_seeds`` runs on. Returns the two axes ``(2,)`` (made in a new figure when ``axes`` is None)."""
+    """rliable-style curves: the mean (left) and the IQM (right) per group with their intervals; returns the axes."""
     if axes is None:
-        _, created = plt.subplots(1, 2, figsize=(11.0, 4.2), sharey=True, layout="constrained")
-        axes = created
+        axes = plt.subplots(1, 2, figsize=(11.0, 4.2), sharey=True, layout="constrained")[1]
     if len(axes) != 2:
         raise ValueError(f"plot_sample_efficiency draws 2 panels (mean, IQM), got {len(axes)} axes")
     for ax, statistic in zip(axes, ("mean", "iqm"), strict=True):
@@ -119,20 +101,10 @@ def plot_sample_efficiency(
     return np.asarray(axes)
 
 
-def plot_curve_difference(
-    frame: pd.DataFrame,
-    *,
-    ax: Axes | None = None,
-    color: Any = None,
-    title: str | None = None,
-) -> Axes:
-    """One comparison of :func:`analysis.curves.curve_differences` (its rows for one group and one metric) over steps:
-    the mean paired difference (group minus baseline) as a line with dots, its pointwise interval as a dark band, the
-    simultaneous band as a light band around it, and a dashed zero line. ``ax.collections[0]`` is the simultaneous
-    band, ``ax.collections[1]`` the pointwise one, ``ax.lines[0]`` the mean difference. ``color``: default the first
-    :data:`PALETTE` colour; ``title``: default "<metric>: <group> minus the baseline"."""
-    from analysis.curves import CURVE_DIFFERENCE_COLUMNS
-
+def plot_curve_difference(frame: pd.DataFrame, *, ax: Axes | None = None, color: Any = None,
+                          title: str | None = None) -> Axes:
+    """One comparison of :func:`analysis.curves.curve_differences`: the mean difference (``ax.lines[0]``), the
+    simultaneous band (``ax.collections[0]``), the pointwise interval (``ax.collections[1]``) and a zero line."""
     group_keys = [column for column in frame.columns if column not in CURVE_DIFFERENCE_COLUMNS]
     comparisons = frame[[*group_keys, "metric"]].drop_duplicates()
     if len(comparisons) != 1:
@@ -182,17 +154,8 @@ def plot_metric_vs_alpha(
     reference_label: str = "after SFT",
     min_span: float | None = None,
 ) -> Axes:
-    """``metric`` (from :func:`analysis.aggregate.aggregate_runs`) against alpha: every seed as a dot, the group mean,
-    and its interval only where there are enough seeds for one.
-
-    One series per value of ``series_key`` (e.g. ``mechanism_label``), or a single one when None. ``per_seed``: the
-    run summaries (:func:`analysis.aggregate.run_summaries`) whose ``value`` column gives the dots. Error bars: the
-    Student-t interval (``statistic="mean"``) or the BCa IQM interval, drawn only from
-    ``MIN_SEEDS_FOR_INTERVAL`` seeds. ``reference``: a horizontal dashed line (e.g. the accuracy after SFT). The y-axis
-    does not exaggerate: it spans at least ``min_span`` (default 0.1 for a metric in [0, 1], e.g. 10 accuracy points,
-    so that a few validation items cannot fill the plot; else 10% of the largest magnitude), and holds every dot and
-    the reference.
-    """
+    """``metric`` of :func:`~analysis.aggregate.aggregate_runs` against alpha, one series per ``series_key`` value:
+    ``per_seed`` dots, the group means with intervals, a dashed ``reference`` line; y spans at least ``min_span``."""
     ax = axes_or_new(ax)
     rows = aggregates[aggregates["metric"].astype(str) == metric]
     if rows.empty:
@@ -223,8 +186,7 @@ def plot_metric_vs_alpha(
 
 
 def _alpha_errorbars(ax: Axes, part: pd.DataFrame, statistic: str, *, color: Any, label: str) -> list[np.ndarray]:
-    """One series' group ``statistic`` against alpha with its interval (none below ``MIN_SEEDS_FOR_INTERVAL`` seeds);
-    returns the drawn lower and upper ends, for the y-axis."""
+    """One series' ``statistic`` against alpha with its interval; returns the drawn lower and upper ends."""
     low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
     alphas = part["alpha"].to_numpy(dtype=np.float64)
     center = part[statistic].to_numpy(dtype=np.float64)
@@ -239,7 +201,7 @@ def _alpha_errorbars(ax: Axes, part: pd.DataFrame, statistic: str, *, color: Any
 
 def _seed_dots(ax: Axes, seeds: pd.DataFrame, value: str, alphas: np.ndarray, *, color: Any,
                label: str | None) -> np.ndarray:
-    """Every seed's ``value`` as a dot at its alpha, jittered by up to 4% of the alpha range; returns the values."""
+    """Every seed's ``value`` as a dot at its alpha, jittered by up to 4% of the alpha range."""
     x = seeds["alpha"].to_numpy(dtype=np.float64)
     spread = 0.04 * max(1e-9, np.ptp(alphas) if alphas.size > 1 else 1.0)
     jitter = (np.random.default_rng(0).random(x.size) - 0.5) * 2 * spread  # fixed: the figure is reproducible
@@ -249,8 +211,7 @@ def _seed_dots(ax: Axes, seeds: pd.DataFrame, value: str, alphas: np.ndarray, *,
 
 
 def _honest_ylim(ax: Axes, values: np.ndarray, min_span: float | None) -> None:
-    """A y-range holding every value and at least ``min_span`` wide (default 0.1 for values in [0, 1], else 10% of
-    the largest magnitude), kept inside [0, 1] for such values, so a small difference cannot fill the plot."""
+    """A y-range holding every value, at least ``min_span`` wide (default 0.1 in [0, 1], else 10%)."""
     values = values[np.isfinite(values)]
     if not values.size:
         return

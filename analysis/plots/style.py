@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
+from analysis.groups import matching_rows
 from dataflex_rl import keys
 
 
@@ -39,35 +40,27 @@ STEP_LABEL = "RL step"
 
 
 def metric_label(metric: str) -> str:
-    """A readable name with units for a metric key (the key itself when none is known)."""
     return METRIC_LABELS.get(metric, metric)
 
 
 def axes_or_new(ax: Axes | None) -> Axes:
-    if ax is not None:
-        return ax
-    _, new_ax = plt.subplots()
-    return new_ax
+    return ax if ax is not None else plt.subplots()[1]
 
 
 def group_label(group_keys: Sequence[str], values: Sequence[Any]) -> str:
     """``alpha=0.5`` or ``ar, alpha=0.5`` (a mechanism label is shown bare)."""
-    parts = []
-    for key, value in zip(group_keys, values, strict=True):
-        text = f"{value:g}" if isinstance(value, float) else str(value)
-        parts.append(text if key == "mechanism_label" else f"{key}={text}")
-    return ", ".join(parts)
+    texts = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
+    return ", ".join(text if key == "mechanism_label" else f"{key}={text}"
+                     for key, text in zip(group_keys, texts, strict=True))
 
 
 def group_colors(groups: Sequence[Any]) -> dict[Any, Any]:
-    """One :data:`PALETTE` colour per group, in the given order (cycling past seven groups)."""
+    """One :data:`PALETTE` colour per group, in order (cycling)."""
     return {group: PALETTE[index % len(PALETTE)] for index, group in enumerate(groups)}
 
 
 def ema(values: np.ndarray, smoothing: float) -> np.ndarray:
-    """Debiased exponential moving average ``(n,)`` -> ``(n,)``, as W&B and TensorBoard smooth curves:
-    ``s_t = smoothing * s_(t-1) + (1 - smoothing) * x_t`` from ``s_0 = 0``, divided by ``1 - smoothing^(t+1)``
-    (so the start is not pulled towards 0). NaNs are skipped (the average carries over them)."""
+    """Debiased exponential moving average, as W&B and TensorBoard smooth curves; NaNs are skipped."""
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing={smoothing!r} must be in [0, 1)")
     values = np.asarray(values, dtype=np.float64)
@@ -94,8 +87,7 @@ def save_figure(figure: Any, stem: str | Any, dpi: int = 200) -> list[Any]:
 
 
 def identical_metrics(long: pd.DataFrame, metrics: Sequence[str]) -> dict[str, str]:
-    """``{metric: earlier metric}`` for each of ``metrics`` whose (run, step, value) rows equal those of an earlier
-    one in the list (e.g. ``train/accuracy`` and the reward on a 0/1-reward task), so a report draws it once."""
+    """``{metric: earlier metric}`` for each of ``metrics`` whose (run, step, value) rows equal an earlier one's."""
     series: dict[str, pd.Series] = {}
     duplicates: dict[str, str] = {}
     for metric in metrics:
@@ -118,20 +110,12 @@ def sorted_groups(frame: pd.DataFrame, group_keys: Sequence[str]) -> list[tuple[
 
 
 def group_color_map(frame: pd.DataFrame, group_keys: Sequence[str]) -> dict[tuple[Any, ...], Any]:
-    """``{group key tuple: colour}`` for the groups of ``frame`` in sorted order: the colour each group gets in the
-    per-group figures of the same rows (:func:`plot_curves` and friends)."""
+    """``{group: colour}`` as the per-group figures of the same rows colour them."""
     return group_colors(sorted_groups(frame, group_keys))
 
 
 def group_rows(frame: pd.DataFrame, group_keys: Sequence[str], group: tuple[Any, ...]) -> pd.DataFrame:
-    mask = np.ones(len(frame), dtype=bool)
-    for key, value in zip(group_keys, group, strict=True):
-        column = frame[key]
-        if isinstance(value, float) and np.isnan(value):
-            mask &= column.isna().to_numpy()
-        else:
-            mask &= (column == value).to_numpy(dtype=bool, na_value=False)
-    return frame[mask]
+    return frame[matching_rows(frame, dict(zip(group_keys, group, strict=True)))]
 
 
 def close(ax_or_axes: Axes | np.ndarray | Mapping[str, Axes]) -> None:

@@ -1,18 +1,15 @@
-"""The local backend's configuration, typed once at the entry point (``conf/train.yaml`` and its groups).
-
-Every section is a frozen dataclass whose ``__post_init__`` refuses bad values with a
-:class:`~dataflex_rl.validation.ConfigError` naming the key (full dotted path), the value and what is allowed. This runs
-before any model is built, so a bad override never costs a training run or touches an existing run folder.
-"""
+"""The run config of ``python -m dataflex_rl.train``: one frozen dataclass per block, the only place a default lives."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dataflex_rl.config import DataflexConfig, parse_dataflex_config
+from dataflex_rl.config import DataflexConfig, dataflex_defaults, parse_dataflex_config
+from dataflex_rl.config_keys import WARM_START_DESIGNS
 from dataflex_rl.validation import (
     ConfigError,
     build_params,
@@ -43,9 +40,8 @@ def _set(params: Any, name: str, value: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """``model``: a local HF checkpoint (``path``) or the tiny decoder built from these sizes."""
     path: str | None = None
-    architecture: str = "qwen2"
+    architecture: str = "qwen2"  # qwen2 | llama
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -71,8 +67,6 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    """Supervised warm start on generated solved problems; cached by a hash of model, task and this section."""
-
     steps: int = 500
     batch_size: int = 128
     lr: float = 1e-3
@@ -90,7 +84,6 @@ class SFTConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
-    """``trainer``: the GRPO loop (rollouts, PPO epochs, verl's estimator and loss, evaluation, checkpoints)."""
     total_steps: int = 400
     prompts_per_step: int = 32
     rollouts_per_prompt: int = 8
@@ -99,25 +92,26 @@ class TrainerConfig:
     recompute_old_log_probs: bool = False  # True: a forward pass, as verl; False: the sampler's own scores
     sampler: str = "cached"  # cached: the project's KV-cached loop (HF generate's samples); hf: HF generate
     pack: bool = True  # forward passes skip padded positions (models the fast decoder covers)
-    compile: bool = False  # torch.compile the packed update (persistent cache); off: it does not pay in a run
+    compile: bool = False  # torch.compile the packed update (cache .cache/torch_compile); README "Timing"
     lr: float = 1e-4
     weight_decay: float = 0.0
-    grad_clip: float | None = 1.0  # None: no clipping (the norm is still logged)
-    adv_estimator: str = "grpo"
+    grad_clip: float | None = 1.0  # None: no clipping (actor/grad_norm is logged either way)
+    adv_estimator: str = "grpo"  # any of verl's usable here: grpo, rloo, reinforce_plus_plus, ...
     norm_adv_by_std: bool = True
-    policy_loss: str = "vanilla"
+    policy_loss: str = "vanilla"  # verl's policy-loss registry
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0  # > 0 adds verl's KL loss to the SFT reference
     kl_type: str = "low_var_kl"
-    val_every: int = 20
+    val_every: int = 20  # greedy validation every N steps (and at the start and the end)
+    # 1024 greedy items every 20 steps: binomial SE ~0.014 at p = 0.7, ~6% of wall time (bench_eval).
     val_size: int = 1024
     val_seed: int = 0
-    save_every: int = 50
+    save_every: int = 50  # checkpoint every N steps (and at the end); 0: never
 
     def __post_init__(self) -> None:
         check_non_negative_int("total_steps", self.total_steps)
@@ -155,18 +149,16 @@ class TrainerConfig:
 
     @property
     def batch_size(self) -> int:
-        """Sequences per step: ``prompts_per_step * rollouts_per_prompt``."""
         return self.prompts_per_step * self.rollouts_per_prompt
 
 
 @dataclasses.dataclass(frozen=True)
 class StatsConfig:
-    """Gradient-norm statistics by token probability (the paper's Fig. 1d)."""
-
     bucket_edges: tuple[float, ...] = (0.25, 0.5, 0.75)
     exact_every: int = 50  # 0: never; the exact per-bucket parameter-gradient norms cost one backward per bucket
     exact_samples: int = 64  # sequences in the subsample for the exact norms
-    prob_change_every: int = 10  # 0: never; how the update moved each token's pi costs one forward pass of the batch
+    # 0: never; each measurement costs one forward pass of the batch
+    prob_change_every: int = 10
 
     def __post_init__(self) -> None:
         edges = tuple(self.bucket_edges)
@@ -182,19 +174,18 @@ class StatsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-    """The task group: its registry ``name`` and its params (``conf/task/<name>.yaml`` without ``name``)."""
-
     name: str
     params: Mapping[str, Any]
     # The task instance validation built (kept so the trainer does not build it again; not part of equality).
     built: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
-@dataclasses.dataclass(frozen=True)
+MODES = ("train", "sft")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """The whole run config of the local backend, validated (:func:`parse_train_config`)."""
-    run_dir: str
-    seed: int
+    run_dir: str  # the run store; the same run_dir again resumes the run
     dataflex: DataflexConfig
     model: ModelConfig
     task: TaskConfig
@@ -202,52 +193,47 @@ class TrainConfig:
     trainer: TrainerConfig
     stats: StatsConfig
     logger: LoggerConfig
-    sweep: str | None = None
-    run_name: str | None = None
-    threads: int | None = 1  # None: torch's default
-    mechanism_label: str | None = None
-    mode: str = "train"
-    axes: tuple[str, ...] = ()
-    experiment: str | None = None
-    warm_start: str | None = None  # the sweep's warm-start design (per_seed | shared); None outside a sweep
+    seed: int = 1  # RL seed (sampling, problem draws); the SFT warm start has its own sft.seed
+    experiment: str | None = None  # the named experiment the run was composed with (set by its file)
+    sweep: str | None = None  # sweep name (W&B group); set by the sweep driver
+    run_name: str | None = None  # None: the run_dir's folder name
+    mechanism_label: str | None = None  # free label for analysis (baseline, ar, lopti, ...)
+    axes: tuple[str, ...] = ()  # the config keys a sweep varies (set by the sweep driver; meta.json records them)
+    warm_start: str | None = None  # the sweep's warm-start design, per_seed | shared; None outside a sweep
+    threads: int | None = 1  # torch threads (1: measured faster than 2 here, README "Timing"); None: torch's default
+    mode: str = "train"  # train | sft (build the cached SFT warm start only, then exit)
+
+    def __post_init__(self) -> None:
+        _set(self, "seed", check_seed("seed", self.seed))
+        check_choice("mode", self.mode, MODES)
+        if self.threads is not None:
+            check_int_at_least("threads", self.threads, 1)
+        if self.warm_start is not None:
+            check_choice("warm_start", self.warm_start, WARM_START_DESIGNS)
+        axes = () if self.axes is None else self.axes
+        if not isinstance(axes, (list, tuple)) or not all(isinstance(key, str) and key for key in axes):
+            raise ConfigError(f"axes = {axes!r} is not allowed: it must be a list of dotted config keys "
+                              f"(the sweep driver sets it)")
+        _set(self, "axes", tuple(axes))
 
     @property
     def alpha(self) -> float | None:
-        """The actuator's ``alpha`` (None for an actuator without one)."""
         return self.dataflex.actuator.params.get("alpha")
 
 
-TOP_LEVEL_KEYS = ("run_dir", "seed", "dataflex", "model", "task", "sft", "trainer", "stats", "logger", "sweep",
-                  "run_name", "threads", "mechanism_label", "mode", "axes", "experiment", "warm_start", "hydra")
-MODES = ("train", "sft")
-
-
-def _check_axes(axes: Any) -> tuple[str, ...]:
-    """The swept config keys the sweep driver passes (``axes=[dataflex.actuator.params.alpha,trainer.lr,seed]``)."""
-    if axes is None:
-        return ()
-    if not isinstance(axes, (list, tuple)) or not all(isinstance(key, str) and key for key in axes):
-        raise ConfigError(f"axes = {axes!r} is not allowed: it must be a list of dotted config keys "
-                          f"(the sweep driver sets it)")
-    return tuple(axes)
+SECTIONS = ("dataflex", "model", "task", "sft", "trainer", "stats", "logger")
+TOP_LEVEL_KEYS = (*(field.name for field in dataclasses.fields(TrainConfig)), "hydra")
 
 
 def parse_train_config(cfg: Any) -> TrainConfig:
-    """Validate the whole run config (dict or DictConfig) into a :class:`TrainConfig`; no side effects."""
     raw = to_plain(cfg)
     check_keys("config", raw, TOP_LEVEL_KEYS)
     if not raw.get("run_dir"):
         raise ConfigError("run_dir = None is not allowed: give run_dir=PATH (where the run store goes)")
-    seed = check_seed("seed", raw.get("seed", 1))
     task = dict(raw.get("task") or {})
     if "name" not in task:
         raise ConfigError(f"task = {task!r} is not allowed: it needs a 'name' (task=arithmetic|knights_knaves)")
     task_name = task.pop("name")
-    built_task = _check_task(task_name, task)
-    mode = check_choice("mode", raw.get("mode", "train"), MODES)
-    threads = raw.get("threads", TrainConfig.threads)
-    if threads is not None:
-        check_int_at_least("threads", threads, 1)
     from dataflex_rl.tracking import parse_logger_config
 
     try:  # validated once here; build_loggers takes the result as it is
@@ -256,36 +242,21 @@ def parse_train_config(cfg: Any) -> TrainConfig:
         raise
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    given = {key: raw[key] for key in TOP_LEVEL_KEYS if key in raw and key not in (*SECTIONS, "run_dir", "hydra")}
     return TrainConfig(
         run_dir=str(raw["run_dir"]),
-        seed=seed,
         dataflex=parse_dataflex_config(raw.get("dataflex") or {}),
         model=build_params("model", ModelConfig, raw.get("model")),
-        task=TaskConfig(name=task_name, params=task, built=built_task),
+        task=TaskConfig(name=task_name, params=task, built=_check_task(task_name, task)),
         sft=build_params("sft", SFTConfig, raw.get("sft")),
         trainer=build_params("trainer", TrainerConfig, raw.get("trainer")),
         stats=build_params("stats", StatsConfig, raw.get("stats")),
         logger=logger,
-        sweep=raw.get("sweep"),
-        run_name=raw.get("run_name"),
-        threads=threads,
-        mechanism_label=raw.get("mechanism_label"),
-        mode=mode,
-        axes=_check_axes(raw.get("axes")),
-        experiment=raw.get("experiment"),
-        warm_start=_check_warm_start(raw.get("warm_start")),
+        **given,
     )
 
 
-def _check_warm_start(design: Any) -> str | None:
-    """The sweep's warm-start design (``per_seed`` | ``shared``), or None for a run outside a sweep."""
-    from dataflex_rl.keys import WARM_START_DESIGNS
-
-    return None if design is None else check_choice("warm_start", design, WARM_START_DESIGNS)
-
-
 def _check_task(name: str, params: dict[str, Any]) -> Any:
-    """The task built from its params (the build is the validation); ConfigError naming the bad key otherwise."""
     from dataflex_rl.registry import RegistryError
     from dataflex_rl.tasks import build_task
 
@@ -298,10 +269,6 @@ def _check_task(name: str, params: dict[str, Any]) -> Any:
 
 
 def _check_verl_name(key: str, value: str, kind: str) -> None:
-    """Refuse a name verl's registries do not know (advantage estimators, policy losses), listing the usable ones.
-
-    An advantage estimator must run from outcome rewards alone (no critic values, no reward baselines).
-    """
     from verl.trainer.ppo import core_algos
 
     if kind == "adv":
@@ -320,3 +287,33 @@ def _required_parameters(function: Any) -> set[str]:
     return {name for name, parameter in inspect.signature(function).parameters.items()
             if parameter.default is inspect.Parameter.empty
             and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+
+
+def defaults_of(schema: type) -> dict[str, Any]:
+    return {field.name: to_plain(field.default_factory() if field.default is dataclasses.MISSING else field.default)
+            for field in dataclasses.fields(schema)
+            if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING}
+
+
+@functools.cache
+def store_defaults() -> dict[str, list[str]]:
+    from hydra.core.config_store import ConfigStore
+
+    from dataflex_rl.tasks import TASKS
+    from dataflex_rl.tracking.build import DEFAULT_LOGGERS, LoggerConfig, in_tree_loggers, logger_class
+
+    store = ConfigStore.instance()
+    store.store(name="train_defaults", node={
+        **defaults_of(TrainConfig), "dataflex": dataflex_defaults(), "sft": defaults_of(SFTConfig),
+        "stats": defaults_of(StatsConfig)})
+    store.store(group="model", name="tiny", node=defaults_of(ModelConfig))
+    store.store(group="trainer", name="grpo", node=defaults_of(TrainerConfig))
+    tasks = [name for name in TASKS.names() if TASKS.get(name).__module__.startswith("dataflex_rl.tasks.")]
+    for name in tasks:
+        store.store(group="task", name=name, node={"name": name, **defaults_of(TASKS.get(name).config_class)})
+    common = {key: value for key, value in defaults_of(LoggerConfig).items() if key != "loggers"}
+    store.store(group="logger", name="default", node={
+        "defaults": [*({name: "default"} for name in DEFAULT_LOGGERS), "_self_"], **common})
+    for name in in_tree_loggers():
+        store.store(group=f"logger/{name}", name="default", node=defaults_of(logger_class(name).Config))
+    return {"model": ["tiny"], "trainer": ["grpo"], "task": sorted(tasks), "logger": ["default"]}

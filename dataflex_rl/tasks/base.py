@@ -1,18 +1,5 @@
-"""The task interface every trainer sees: :class:`Problem`, :class:`Task`, the ``TASKS`` registry and
-:func:`build_task`.
-
-A task owns a held-out test pool fixed by its own ``test_seed`` and ``test_size`` params, not by the caller's seed.
-``train_problems`` rejects every problem whose ``key`` is in that pool, so the train set of any seed is disjoint from
-the test set of every seed: a sweep that varies the run seed still evaluates every run on the same problems, none of
-which any run trained on. ``test_problems(count, seed)`` returns the first ``count`` problems of the pool (a prefix of
-a random sample is itself a random sample), in an order shuffled by ``seed``; the set depends only on ``count``.
-
-A task that verl can train on also gives the verl hooks (``verl_score``, ``verl_messages``, ``verl_ability``,
-``verl_reward_options``, optionally ``verl_problems``): the verl backend's reward function
-(:mod:`dataflex_rl.verl.reward`) and data preparation (:mod:`dataflex_rl.verl.data`) find the task by its registered
-name (verl's ``data_source``) and call only these, so adding a task never edits them. The hooks are plain Python:
-this package imports neither torch nor verl.
-"""
+"""The task interface every trainer sees: :class:`Problem`, :class:`Task`, the ``TASKS`` registry, :func:`build_task`.
+A task's test pool is fixed by its own ``test_seed`` and ``test_size``; training never samples a problem of it."""
 
 from __future__ import annotations
 
@@ -24,39 +11,24 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 from dataflex_rl.registry import Registry
-from dataflex_rl.validation import unknown_keys
+from dataflex_rl.validation import check_non_negative_int, unknown_keys
 
 TASKS: Registry[type[Task]] = Registry("task")
 
-# Consecutive rejected draws after which sampling gives up: only reachable when the test pool holds (almost) every
-# problem the generator can produce, which a config check should have refused first.
+# Consecutive rejected draws after which sampling gives up (the test pool holds almost every problem).
 MAX_CONSECUTIVE_REJECTIONS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One prompt with its ground truth.
-
-    ``prompt``: the text the model is conditioned on. ``completion``: the SFT target, the correct answer text
-    ending with the task's terminator. ``answer``: JSON-able ground truth the reward reads. ``difficulty``: a
-    task-defined integer (digits, people). ``key``: canonical identity used for train/test disjointness.
-    """
-
     prompt: str
-    completion: str
-    answer: Any
-    difficulty: int
-    key: str
+    completion: str  # the SFT target: the correct answer ending with the task's terminator
+    answer: Any  # JSON-able ground truth the reward reads
+    difficulty: int  # task-defined (digits, people)
+    key: str  # canonical identity, for train/test disjointness
 
 
 class Task(abc.ABC):
-    """A problem generator with a reward. Subclasses set ``name``, ``config_class`` and ``terminator``.
-
-    Subclasses implement :meth:`sample_problem` (one i.i.d. draw from the train/test distribution),
-    :meth:`build_test_pool` (``config.test_size`` distinct problems from ``config.test_seed``), :meth:`is_correct`,
-    :meth:`reward` and the two length bounds.
-    """
-
     name: ClassVar[str]
     config_class: ClassVar[type]
     terminator: str  # the answer terminator of the rendering (may differ per instance)
@@ -68,7 +40,7 @@ class Task(abc.ABC):
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None = None) -> Task:
-        """Build from a flat params mapping (``conf/task/<name>.yaml`` without ``name``); unknown keys raise."""
+        """Build from a flat params mapping (the ``task`` block without ``name``); unknown keys raise."""
         task = cls(make_config(cls.name, cls.config_class, params))
         _ = task.test_pool  # built now, so a pool the problem space cannot fill fails at construction
         return task
@@ -92,11 +64,6 @@ class Task(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def max_prompt_chars(self) -> int:
-        """Upper bound on ``len(problem.prompt)`` over every problem the task can produce."""
-
-    @property
-    @abc.abstractmethod
     def max_completion_chars(self) -> int:
         """Upper bound on ``len(problem.completion)`` (the correct answer with its terminator)."""
 
@@ -117,12 +84,11 @@ class Task(abc.ABC):
 
     @cached_property
     def test_keys(self) -> frozenset[str]:
-        """The keys of :attr:`test_pool`, which train problems never repeat."""
         return frozenset(problem.key for problem in self.test_pool)
 
     def train_problems(self, count: int, seed: int) -> list[Problem]:
         """``count`` i.i.d. problems (repeats possible) from ``seed``, none of them in the test pool."""
-        _check_count("count", count)
+        check_non_negative_int("count", count)
         rng = random.Random(f"{self.name}/train/{seed}")
         test_keys = self.test_keys
         problems: list[Problem] = []
@@ -143,19 +109,16 @@ class Task(abc.ABC):
 
     def test_problems(self, count: int, seed: int) -> list[Problem]:
         """The first ``count`` problems of the fixed test pool, in an order shuffled by ``seed``."""
-        _check_count("count", count)
+        check_non_negative_int("count", count)
         if count > len(self.test_pool):
-            raise ValueError(
-                f"{self.name}: asked for count={count} test problems but the test pool holds test_size="
-                f"{len(self.test_pool)}; raise the task's test_size or ask for fewer"
-            )
+            raise ValueError(f"{self.name}: asked for count={count} test problems but the test pool holds test_size="
+                             f"{len(self.test_pool)}; raise the task's test_size or ask for fewer")
         problems = list(self.test_pool[:count])
         random.Random(f"{self.name}/test-order/{seed}").shuffle(problems)
         return problems
 
     # --- verl hooks (read by dataflex_rl.verl.reward and dataflex_rl.verl.data) ---------------------------------
-    # The ``ability`` column of the task's verl rows (a free label verl carries along), and the names of the
-    # ``reward.custom_reward_function.reward_kwargs`` that :meth:`verl_score` accepts.
+    # The ``ability`` column of verl rows, and the ``reward_kwargs`` names :meth:`verl_score` accepts.
     verl_ability: ClassVar[str] = ""
     verl_reward_options: ClassVar[tuple[str, ...]] = ()
 
@@ -166,30 +129,21 @@ class Task(abc.ABC):
 
     @classmethod
     def verl_score(cls, response: str, answer: Any, **options: Any) -> dict[str, float]:
-        """Score one decoded verl response: ``{"score": reward, "acc": 1.0 if right else 0.0}``.
-
-        ``response``: the generated text only (verl's ``solution_str``); ``answer``: ``problem.answer`` as decoded
-        from the row's JSON ground truth; ``options``: the reward kwargs named in :attr:`verl_reward_options`.
-        A task without this hook is local-only.
-        """
+        """Score one decoded verl response (verl's ``solution_str``) against ``problem.answer``."""
         raise NotImplementedError(f"task {cls.name!r} has no verl reward: {cls.__name__} does not define verl_score")
 
     @classmethod
     def verl_messages(cls, problem: Problem) -> list[dict[str, str]]:
-        """The chat messages of verl's ``prompt`` column (verl applies the model's chat template); by default the
-        task's prompt as the one user message."""
+        """The chat messages of verl's ``prompt`` column (verl applies the model's chat template)."""
         return [{"role": "user", "content": problem.prompt}]
 
     def verl_problems(self, train_size: int, test_size: int, seed: int) -> dict[str, list[Problem]]:
-        """The problems of verl's ``train`` and ``test`` files: by default ``train_problems(train_size, seed)`` and
-        the first ``test_size`` problems of the held-out pool; a task overrides this for another split."""
         return {"train": self.train_problems(train_size, seed), "test": self.test_problems(test_size, seed)}
 
 
 def build_task(name: str, params: Mapping[str, Any] | None = None) -> Task:
     """The task registered as ``name`` (or a dotted path ``pkg.module:TaskClass``) built from ``params``."""
-    task_class = TASKS.get(name)
-    return task_class.from_params(params)
+    return TASKS.get(name).from_params(params)
 
 
 def make_config(task_name: str, config_class: type, params: Mapping[str, Any] | None) -> Any:
@@ -201,29 +155,3 @@ def make_config(task_name: str, config_class: type, params: Mapping[str, Any] | 
             f"unknown {task_name} task param {key!r} (value {params[key]!r}); allowed params: {', '.join(allowed)}"
         )
     return config_class(**params)
-
-
-# --- value checks shared by the task configs ------------------------------------------------------------------
-def check_int(task_name: str, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    """``value`` as an int in ``[minimum, maximum]``; otherwise a ValueError naming key, value and the range."""
-    upper = "" if maximum is None else f" and <= {maximum}"
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        raise ValueError(f"{task_name} task param {key}={value!r} is invalid; allowed: an int >= {minimum}{upper}")
-    return int(value)
-
-
-def check_choice(task_name: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    """``value`` when it is one of ``allowed``; otherwise a ValueError naming key, value and the choices."""
-    if value not in allowed:
-        raise ValueError(f"{task_name} task param {key}={value!r} is invalid; allowed: {', '.join(map(repr, allowed))}")
-    return value
-
-
-def _check_count(key: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{key}={value!r} is invalid; allowed: an int >= 0")

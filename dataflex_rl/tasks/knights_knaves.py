@@ -1,54 +1,19 @@
-"""Knights-and-Knaves puzzles: generator, solver, two renderings with their parsers, rewards and the task.
-
-Each of N people is a knight (always tells the truth) or a knave (always lies) and makes exactly one statement, so a
-speaker is a knight exactly when their statement is true. Statements come from the grammar::
-
-    S := knight(j) | knave(j) | not S | and(S, ..., S) | or(S, ..., S) | iff(S, S) | implies(S, S)
-
-with leaves at depth 1, at most ``max_depth`` levels and at most ``max_width`` arguments to ``and``/``or``, sampled
-as in the K&K dataset (arXiv:2410.23123) that Logic-RL trains on. As there, a statement may name its own speaker
-(only the paradox "I am a knave" is excluded). Statements true or false under every assignment are redrawn, since
-they give their speaker away; restricted to the others, every remaining two-person statement would be "the other is
-a knight" or its negation, and no such pair of statements has a unique solution. A puzzle is kept only when exactly
-one of the 2^N knight/knave assignments is consistent. Internally a statement is a nested
-tuple (``("knight", 1)``, ``("not", S)``, ``("and", (S, S))``); :meth:`Puzzle.to_dict` gives the JSON form
-``{"op": "knight", "who": 1}``, ``{"op": "not", "arg": S}``, ``{"op": "and", "args": [S, S]}``.
-
-Solving: the truth value of every statement under all 2^N assignments is one Python int used as a bitmask (bit m is
-assignment m, in which person i is a knight iff bit i of m is set), so ``and``/``or``/``not`` are single integer
-operations and the consistent assignments are ``AND_i not(knight_i XOR statement_i)``.
-
-Renderings:
-
-1. ``compact`` (character-level models): people are letters ``A``, ``B``, ...; ``B`` is "B is a knight", ``~B`` "B is
-   a knave", ``!X`` not, ``&`` and, ``|`` or, ``=`` iff, ``>`` implies, compound arguments in parentheses. Prompt
-   ``A:~B&C B:!(A|C) C:A=B?``, completion ``KNK;`` (``K`` knight, ``N`` knave, terminator ``;``).
-2. ``chat`` (chat models), as in Logic-RL (arXiv:2502.14768) and arXiv:2505.12929: a system prompt asking for
-   reasoning in ``<think>...</think>`` and the answer in ``<answer>...</answer>`` as lines
-   ``(1) Zoey is a knight``; the puzzle text follows the K&K dataset's phrasing. The prompt is not pre-filled with
-   ``<think>``: the response must open it.
-
-Rewards: ``binary`` (1.0 correct, else 0.0) and ``logic_rl`` (chat only): format score +1 when the response holds
-exactly one ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` in that order, else -1; answer score +2 correct,
--1.5 parsed but wrong, -2 unparsable or format failed; total = format + answer, so the values are 3, -0.5, -1, -3.
-
-Train/test: the key of a puzzle is its compact prompt (names play no part), shared by both renderings. Two-person
-puzzles form a space of about 220 distinct keys at the default ``max_depth=2``: a model can memorise all of them,
-so a two-person "test set" is no held-out test of reasoning (and ``test_size`` must stay well below 220); evaluate
-on 3 or more people (1975 distinct keys in 2000 three-person draws).
-"""
+"""Knights-and-Knaves puzzles: generator, bitmask solver, ``compact`` and ``chat`` renderings with their parsers,
+rewards and the task (docs/knights_knaves.md#the-task)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import random
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
-from dataflex_rl.tasks.base import TASKS, Problem, Task, check_choice, check_int
+from dataflex_rl.tasks.base import TASKS, Problem, Task
+from dataflex_rl.validation import check_choice, check_int_in_range, check_non_negative_int
 
 TASK_NAME = "knights_knaves"
 COMPACT_TERMINATOR = ";"
@@ -57,8 +22,7 @@ RENDERINGS = ("compact", "chat")
 REWARDS = ("binary", "logic_rl")
 MIN_PEOPLE = 2
 MAX_PEOPLE = 12  # 2^12 assignments per bitmask; letters A..L in the compact rendering
-# Depth 1 (leaves only) never has a unique solution: every constraint is then "X == Y" or "X != Y", which swapping
-# every knight with a knave preserves, so solutions come in pairs.
+# Depth 1 never has a unique solution: swapping every knight with a knave preserves "X == Y" and "X != Y".
 MIN_DEPTH = 2
 MAX_DEPTH_LIMIT = 5
 MAX_WIDTH_LIMIT = 4
@@ -83,8 +47,7 @@ Statement = tuple[Any, ...]
 # --- puzzles ----------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Puzzle:
-    """``names[i]`` is person i; ``statements`` holds ``(speaker, statement)`` pairs; ``solution[i]`` is True for a
-    knight. Built by :func:`generate_puzzles` (one statement per person, unique solution) or :meth:`from_dict`."""
+    """``statements`` holds ``(speaker, statement)`` pairs; ``solution[i]`` is True for a knight."""
 
     names: tuple[str, ...]
     statements: tuple[tuple[int, Statement], ...]
@@ -92,7 +55,6 @@ class Puzzle:
 
     @property
     def num_people(self) -> int:
-        """N, the number of inhabitants (and of statements)."""
         return len(self.names)
 
     @property
@@ -102,12 +64,10 @@ class Puzzle:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the ground truth of verl rows and ``Problem.answer``); :meth:`from_dict` inverts it."""
-        return {
-            "num_people": self.num_people,
-            "names": list(self.names),
-            "statements": [[speaker, statement_to_dict(statement)] for speaker, statement in self.statements],
-            "solution": list(self.solution),
-        }
+        return {"num_people": self.num_people,
+                "names": list(self.names),
+                "statements": [[speaker, statement_to_dict(statement)] for speaker, statement in self.statements],
+                "solution": list(self.solution)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Puzzle:
@@ -130,14 +90,11 @@ class Puzzle:
         for entry in data["statements"]:
             if not isinstance(entry, Sequence) or isinstance(entry, str) or len(entry) != 2:
                 raise ValueError(f"puzzle statement entry {entry!r} must be [speaker_index, statement]")
-            speaker = _check_person(entry[0], num_people)
-            statements.append((speaker, statement_from_dict(entry[1], num_people)))
+            statements.append((_check_person(entry[0], num_people), statement_from_dict(entry[1], num_people)))
         return cls(names=names, statements=tuple(statements), solution=solution)
 
 
 def statement_to_dict(statement: Statement) -> dict[str, Any]:
-    """The JSON form of a statement: ``{"op": "knight", "who": 1}``, ``{"op": "not", "arg": S}``,
-    ``{"op": "and", "args": [S, S]}``."""
     kind = statement[0]
     if kind in LEAF_KINDS:
         return {"op": kind, "who": statement[1]}
@@ -172,39 +129,14 @@ def _check_person(value: Any, num_people: int) -> int:
 
 
 # --- solving ------------------------------------------------------------------------------------------------------
-def evaluate(statement: Statement, assignment: Sequence[bool]) -> bool:
-    """Truth of ``statement`` when ``assignment[i]`` says whether person i is a knight."""
-    kind = statement[0]
-    if kind == "knight":
-        return bool(assignment[statement[1]])
-    if kind == "knave":
-        return not assignment[statement[1]]
-    if kind == "not":
-        return not evaluate(statement[1], assignment)
-    values = [evaluate(child, assignment) for child in statement[1]]
-    if kind == "and":
-        return all(values)
-    if kind == "or":
-        return any(values)
-    if kind == "iff":
-        return values[0] == values[1]
-    return (not values[0]) or values[1]  # implies
-
-
-def is_consistent(puzzle: Puzzle, assignment: Sequence[bool]) -> bool:
-    """Every speaker is a knight exactly when their statement is true under ``assignment``."""
-    return all(bool(assignment[speaker]) == evaluate(statement, assignment) for speaker, statement in puzzle.statements)
-
-
 def solve(puzzle: Puzzle) -> list[tuple[bool, ...]]:
     """Every consistent assignment, ordered by assignment index ``sum(2**i for knights i)``."""
     mask = _consistent_mask(puzzle.num_people, puzzle.statements)
     return [_assignment(index, puzzle.num_people) for index in range(1 << puzzle.num_people) if mask >> index & 1]
 
 
-@lru_cache(maxsize=MAX_PEOPLE + 1)
+@functools.lru_cache(maxsize=MAX_PEOPLE + 1)
 def _knight_masks(num_people: int) -> tuple[int, tuple[int, ...]]:
-    """``(all_ones, knight_masks)``: bit m of ``knight_masks[i]`` is set iff person i is a knight in assignment m."""
     num_assignments = 1 << num_people
     knights = tuple(
         sum(1 << index for index in range(num_assignments) if index >> person & 1) for person in range(num_people)
@@ -222,15 +154,9 @@ def _truth_mask(statement: Statement, all_ones: int, knights: tuple[int, ...]) -
         return all_ones ^ _truth_mask(statement[1], all_ones, knights)
     masks = [_truth_mask(child, all_ones, knights) for child in statement[1]]
     if kind == "and":
-        result = all_ones
-        for mask in masks:
-            result &= mask
-        return result
+        return functools.reduce(operator.and_, masks, all_ones)
     if kind == "or":
-        result = 0
-        for mask in masks:
-            result |= mask
-        return result
+        return functools.reduce(operator.or_, masks, 0)
     if kind == "iff":
         return all_ones ^ (masks[0] ^ masks[1])
     return (all_ones ^ masks[0]) | masks[1]  # implies
@@ -250,12 +176,7 @@ def _assignment(index: int, num_people: int) -> tuple[bool, ...]:
 
 # --- generation ---------------------------------------------------------------------------------------------------
 def random_statement(rng: random.Random, speaker: int, num_people: int, depth: int, max_width: int) -> Statement:
-    """A statement by ``speaker``, at most ``depth`` levels deep, drawn as the K&K dataset's generator does.
-
-    Below the depth limit a node is a leaf, ``not``, ``and``, ``or``, ``implies`` or ``iff`` with probability 1/6
-    each; at depth 1 it is a leaf. A leaf names anyone, the speaker included, except the paradox "I am a knave";
-    ``and``/``or`` take 2..``max_width`` arguments; siblings are redrawn a few times to avoid repeats like ``B&B``.
-    """
+    """A statement by ``speaker``, at most ``depth`` levels deep, drawn as the K&K dataset's generator does."""
     kind = "leaf" if depth <= 1 else rng.choice(_NODE_KINDS)
     if kind == "leaf":
         while True:
@@ -277,10 +198,7 @@ def random_statement(rng: random.Random, speaker: int, num_people: int, depth: i
 
 
 def sample_puzzle(rng: random.Random, num_people: int, max_depth: int = 2, max_width: int = 2) -> Puzzle:
-    """One uniquely solvable puzzle: statements are redrawn until exactly one assignment is consistent.
-
-    Statements true (or false) under every assignment are redrawn first: they would give their speaker away.
-    """
+    """One uniquely solvable puzzle: statements are redrawn until exactly one assignment is consistent."""
     all_ones, knights = _knight_masks(num_people)
     for _ in range(PUZZLE_PATIENCE):
         statements = []
@@ -294,37 +212,23 @@ def sample_puzzle(rng: random.Random, num_people: int, max_depth: int = 2, max_w
         if mask and not mask & (mask - 1):  # exactly one bit set
             names = tuple(rng.sample(NAMES, num_people))
             return Puzzle(names, tuple(statements), _assignment(mask.bit_length() - 1, num_people))
-    raise ValueError(
-        f"no uniquely solvable puzzle in {PUZZLE_PATIENCE} draws with num_people={num_people}, "
-        f"max_depth={max_depth}, max_width={max_width}; raise num_people or max_depth"
-    )
+    raise ValueError(f"no uniquely solvable puzzle in {PUZZLE_PATIENCE} draws with num_people={num_people}, "
+                     f"max_depth={max_depth}, max_width={max_width}; raise num_people or max_depth")
 
 
-def generate_puzzles(
-    count: int,
-    num_people: int,
-    seed: int,
-    *,
-    max_depth: int = 2,
-    max_width: int = 2,
-    exclude: Iterable[str] = (),
-) -> list[Puzzle]:
-    """``count`` uniquely solvable puzzles with distinct keys, none in ``exclude``, reproducible from ``seed``.
-
-    Raises ValueError when the space runs out (no new puzzle in ``PUZZLE_PATIENCE`` consecutive draws), which
-    happens for two people, whose whole space is small.
-    """
-    check_int(TASK_NAME, "num_people", num_people, MIN_PEOPLE, MAX_PEOPLE)
-    check_int(TASK_NAME, "max_depth", max_depth, MIN_DEPTH, MAX_DEPTH_LIMIT)
-    check_int(TASK_NAME, "max_width", max_width, 2, MAX_WIDTH_LIMIT)
+def generate_puzzles(count: int, num_people: int, seed: int, *, max_depth: int = 2, max_width: int = 2,
+                     exclude: Iterable[str] = ()) -> list[Puzzle]:
+    """``count`` uniquely solvable puzzles with distinct keys, none in ``exclude``, reproducible from ``seed``."""
+    check_int_in_range("num_people", num_people, MIN_PEOPLE, MAX_PEOPLE)
+    check_int_in_range("max_depth", max_depth, MIN_DEPTH, MAX_DEPTH_LIMIT)
+    check_int_in_range("max_width", max_width, 2, MAX_WIDTH_LIMIT)
     rng = random.Random(f"{TASK_NAME}/puzzles/{num_people}/{max_depth}/{max_width}/{seed}")
     seen = set(exclude)
     puzzles: list[Puzzle] = []
     stale = 0
     while len(puzzles) < count:
         puzzle = sample_puzzle(rng, num_people, max_depth, max_width)
-        key = puzzle.key
-        if key in seen:
+        if puzzle.key in seen:
             stale += 1
             if stale >= PUZZLE_PATIENCE:
                 raise ValueError(
@@ -334,35 +238,19 @@ def generate_puzzles(
                 )
             continue
         stale = 0
-        seen.add(key)
+        seen.add(puzzle.key)
         puzzles.append(puzzle)
     return puzzles
 
 
 # --- rendering helpers --------------------------------------------------------------------------------------------
 def _render(statement: Statement, leaf: Callable[[str, int], str], combine: Callable[[str, list[str]], str]) -> str:
-    """Render bottom-up: leaves by ``leaf(kind, who)``, compound nodes by ``combine(kind, children)`` with compound
-    children already wrapped in parentheses."""
     kind = statement[0]
     if kind in LEAF_KINDS:
         return leaf(kind, statement[1])
     children = [statement[1]] if kind == "not" else list(statement[1])
-    parts = []
-    for child in children:
-        text = _render(child, leaf, combine)
-        parts.append(text if child[0] in LEAF_KINDS else f"({text})")
-    return combine(kind, parts)
-
-
-def _length_bound(max_depth: int, max_width: int, leaf_max: int, combine: Callable[[str, list[str]], str]) -> int:
-    """Upper bound on a rendered statement's length: rendering length grows with each child's length and with the
-    number of children, so combining the longest possible children at the largest arity bounds every node."""
-    longest = leaf_max
-    for _ in range(2, max_depth + 1):
-        child = "x" * max(leaf_max, longest + 2)  # + 2: parentheses around a compound child
-        arities = {"not": 1, "and": max_width, "or": max_width, "iff": 2, "implies": 2}
-        longest = max(longest, *(len(combine(kind, [child] * arity)) for kind, arity in arities.items()))
-    return longest
+    texts = [_render(child, leaf, combine) for child in children]
+    return combine(kind, [text if child[0] in LEAF_KINDS else f"({text})" for child, text in zip(children, texts)])
 
 
 # --- compact rendering --------------------------------------------------------------------------------------------
@@ -395,18 +283,11 @@ def render_compact_completion(solution: Sequence[bool]) -> str:
 
 
 def parse_compact_answer(completion: str, num_people: int) -> tuple[bool, ...] | None:
-    """The assignment before the first ``;`` (all the text when there is none), or None unless it is exactly
-    ``num_people`` letters from ``K``/``N`` after stripping whitespace."""
+    """The ``K``/``N`` letters before the first ``;``, or None unless exactly ``num_people`` of them."""
     text = completion.split(COMPACT_TERMINATOR, 1)[0].strip()
     if len(text) != num_people or not _COMPACT_ANSWER.fullmatch(text):
         return None
     return tuple(letter == "K" for letter in text)
-
-
-def compact_prompt_bound(num_people: int, max_depth: int, max_width: int) -> int:
-    """Upper bound on the compact prompt's length for ``num_people`` people and the statement limits."""
-    statement = _length_bound(max_depth, max_width, len("~A"), _compact_combine)
-    return num_people * (len("A:") + statement) + (num_people - 1) + len("?")
 
 
 # --- chat rendering -----------------------------------------------------------------------------------------------
@@ -444,10 +325,8 @@ def render_chat_statement(statement: Statement, names: Sequence[str]) -> str:
 
 def _chat_quiz(names: Sequence[str], speakers: Sequence[str], statement_texts: Sequence[str]) -> str:
     listed = " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + ", and " + names[-1]
-    said = " ".join(
-        f'{speaker} said, "{text[:1].upper()}{text[1:]}."'
-        for speaker, text in zip(speakers, statement_texts, strict=True)
-    )
+    said = " ".join(f'{speaker} said, "{text[:1].upper()}{text[1:]}."'
+                    for speaker, text in zip(speakers, statement_texts, strict=True))
     return _CHAT_INTRO.format(count=len(names), names=listed) + said + " " + _CHAT_QUESTION
 
 
@@ -475,51 +354,37 @@ def _chat_person_parts(index: int, name: str, knight: bool) -> tuple[str, str]:
 def render_chat_completion(puzzle: Puzzle, solution: Sequence[bool] | None = None) -> str:
     """SFT target: a short check of every statement in ``<think>``, then the answer lines in ``<answer>``."""
     solution = puzzle.solution if solution is None else solution
-    parts = [
-        _chat_person_parts(index, name, knight)
-        for index, (name, knight) in enumerate(zip(puzzle.names, solution, strict=True))
-    ]
-    reasons = "".join(reason for reason, _ in parts)
-    lines = "".join(line for _, line in parts)
+    parts = [_chat_person_parts(index, name, knight)
+             for index, (name, knight) in enumerate(zip(puzzle.names, solution, strict=True))]
+    reasons, lines = ("".join(column) for column in zip(*parts))
     return f"<think>\n{reasons}{_CHAT_CLOSING}\n</think>\n<answer>\n{lines}</answer>"
 
 
 def extract_answer_block(response: str) -> str | None:
-    """The stripped text inside the single ``<answer>...</answer>`` block, or None when the tags are missing,
-    repeated, out of order or enclose only whitespace."""
+    """The stripped text of the single ``<answer>...</answer>`` block, or None."""
     if response.count("<answer>") != 1 or response.count("</answer>") != 1:
         return None
     start = response.index("<answer>") + len("<answer>")
-    end = response.index("</answer>")
-    if end < start:
-        return None
-    return response[start:end].strip() or None
+    return response[start:response.index("</answer>")].strip() or None  # "" (None) when the tags are reversed
 
 
 def parse_chat_answer(response: str, names: Sequence[str]) -> tuple[bool, ...] | None:
-    """The assignment stated in the answer block, or None.
-
-    As Logic-RL's parser: the block must mention ``knight``/``knave`` exactly ``len(names)`` times in total (so
-    extra or repeated people fail), and every name must appear as ``<name> is a knight|knave`` (case-insensitive).
-    """
+    """The assignment stated in the answer block, or None."""
     block = extract_answer_block(response)
     if block is None:
         return None
     lowered = block.lower()
     if lowered.count("knight") + lowered.count("knave") != len(names):
         return None
-    assignment = []
-    for name in names:
-        match = re.search(rf"\b{re.escape(name)}\b\s+is\s+a\s+\b(knight|knave)\b", block, re.IGNORECASE)
-        if match is None:
-            return None
-        assignment.append(match.group(1).lower() == "knight")
-    return tuple(assignment)
+    matches = [re.search(rf"\b{re.escape(name)}\b\s+is\s+a\s+\b(knight|knave)\b", block, re.IGNORECASE)
+               for name in names]
+    if any(match is None for match in matches):
+        return None
+    return tuple(match.group(1).lower() == "knight" for match in matches)
 
 
 def has_valid_format(response: str) -> bool:
-    """Logic-RL's structure check: each of ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` exactly once, in
-    that order (text before, between and after is allowed)."""
+    """Logic-RL's structure check."""
     if any(response.count(tag) != 1 for tag in _TAGS):
         return False
     positions = [response.index(tag) for tag in _TAGS]
@@ -536,31 +401,19 @@ def logic_rl_score(response: str, puzzle: Puzzle) -> float:
     return 1.0 + (2.0 if parsed == puzzle.solution else -1.5)
 
 
-def chat_prompt_bound(num_people: int, max_depth: int, max_width: int) -> int:
-    """Upper bound on the chat prompt's length: the longest name everywhere and the longest statement each."""
-    longest_name = "x" * max(map(len, NAMES))
-    leaf = len(f"{longest_name} is a knight")
-    statement = "x" * _length_bound(max_depth, max_width, leaf, _chat_combine)
-    names = [longest_name] * num_people
-    quiz = _chat_quiz(names, names, [statement] * num_people)
-    return len(f"{CHAT_SYSTEM_PROMPT}\n\nUser: {quiz}\nAssistant: ")
-
-
 def chat_completion_bound(num_people: int) -> int:
     """Upper bound on :func:`render_chat_completion`'s length for ``num_people`` people."""
     longest_name = "x" * max(map(len, NAMES))
     fixed = len(f"<think>\n{_CHAT_CLOSING}\n</think>\n<answer>\n</answer>")
-    per_person = (
-        max(sum(map(len, _chat_person_parts(index, longest_name, knight))) for knight in (True, False))
-        for index in range(num_people)
-    )
+    per_person = (max(sum(map(len, _chat_person_parts(index, longest_name, knight))) for knight in (True, False))
+                  for index in range(num_people))
     return fixed + sum(per_person)
 
 
 # --- the task -----------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class KnightsKnavesConfig:
-    """Params of ``conf/task/knights_knaves.yaml``. ``num_people``: an int, or a list of ints mixed uniformly."""
+    """``task=knights_knaves`` (docs/knights_knaves.md); ``num_people``: an int or a list mixed uniformly."""
 
     num_people: int | Sequence[int] = 3
     rendering: str = "compact"
@@ -577,26 +430,25 @@ class KnightsKnavesConfig:
                 f"{TASK_NAME} task param num_people={self.num_people!r} is invalid; allowed: an int or a non-empty "
                 f"list of ints in [{MIN_PEOPLE}, {MAX_PEOPLE}]"
             )
-        counts = tuple(check_int(TASK_NAME, "num_people", count, MIN_PEOPLE, MAX_PEOPLE) for count in counts)
+        counts = tuple(check_int_in_range("num_people", count, MIN_PEOPLE, MAX_PEOPLE) for count in counts)
         if len(set(counts)) != len(counts):
             raise ValueError(f"{TASK_NAME} task param num_people={list(counts)!r} repeats a count; list each once")
         if not isinstance(self.num_people, int):
             object.__setattr__(self, "num_people", counts)
-        check_choice(TASK_NAME, "rendering", self.rendering, RENDERINGS)
-        check_choice(TASK_NAME, "reward", self.reward, REWARDS)
+        check_choice("rendering", self.rendering, RENDERINGS)
+        check_choice("reward", self.reward, REWARDS)
         if self.reward == "logic_rl" and self.rendering != "chat":
             raise ValueError(
                 f"{TASK_NAME} task param reward='logic_rl' scores <think>/<answer> tags and needs rendering='chat', "
                 f"got rendering={self.rendering!r}; use reward='binary' with the compact rendering"
             )
-        check_int(TASK_NAME, "max_depth", self.max_depth, MIN_DEPTH, MAX_DEPTH_LIMIT)
-        check_int(TASK_NAME, "max_width", self.max_width, 2, MAX_WIDTH_LIMIT)
-        check_int(TASK_NAME, "test_size", self.test_size, 0)
-        check_int(TASK_NAME, "test_seed", self.test_seed, 0)
+        check_int_in_range("max_depth", self.max_depth, MIN_DEPTH, MAX_DEPTH_LIMIT)
+        check_int_in_range("max_width", self.max_width, 2, MAX_WIDTH_LIMIT)
+        check_non_negative_int("test_size", self.test_size)
+        check_non_negative_int("test_seed", self.test_seed)
 
     @property
     def people_counts(self) -> tuple[int, ...]:
-        """``num_people`` as a tuple of counts (one count for an int)."""
         return (self.num_people,) if isinstance(self.num_people, int) else tuple(self.num_people)
 
 
@@ -604,7 +456,6 @@ class KnightsKnavesConfig:
 class KnightsKnavesTask(Task):
     """Knights-and-Knaves puzzles; ``problem.answer`` is :meth:`Puzzle.to_dict`, difficulty = number of people."""
 
-    name = TASK_NAME
     config_class = KnightsKnavesConfig
     terminator = COMPACT_TERMINATOR  # per instance: CHAT_TERMINATOR with the chat rendering
     verl_ability = "logic"
@@ -616,7 +467,6 @@ class KnightsKnavesTask(Task):
         self._counts = config.people_counts
 
     def make_problem(self, puzzle: Puzzle) -> Problem:
-        """The puzzle as a problem in this task's rendering; ``answer`` is :meth:`Puzzle.to_dict`."""
         if self.config.rendering == "compact":
             prompt, completion = render_compact_prompt(puzzle), render_compact_completion(puzzle.solution)
         else:
@@ -630,28 +480,16 @@ class KnightsKnavesTask(Task):
 
     def build_test_pool(self) -> list[Problem]:
         """``test_size`` puzzles split evenly over the people counts, interleaved so every prefix mixes them."""
-        size, counts = self.config.test_size, self._counts
-        per_count = [
-            generate_puzzles(
-                _share(size, position, len(counts)),
-                num_people,
-                self.config.test_seed,
-                max_depth=self.config.max_depth,
-                max_width=self.config.max_width,
-            )
-            for position, num_people in enumerate(counts)
-        ]
-        interleaved = [puzzles[row] for row in range(len(per_count[0])) for puzzles in per_count if row < len(puzzles)]
-        return [self.make_problem(puzzle) for puzzle in interleaved]
+        per_count = [self._puzzles(self.config.test_size, position, self.config.test_seed)
+                     for position in range(len(self._counts))]
+        return [self.make_problem(puzzle) for puzzle in _interleave(per_count)]
 
     def parse(self, problem: Problem, completion: str) -> tuple[bool, ...] | None:
-        """The assignment the completion states, by the task's rendering, or None."""
         if self.config.rendering == "compact":
             return parse_compact_answer(completion, problem.difficulty)
         return parse_chat_answer(completion, problem.answer["names"])
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
-        """Whether the completion states the unique solution (parsed by :meth:`parse`)."""
         parsed = self.parse(problem, completion)
         return parsed is not None and list(parsed) == problem.answer["solution"]
 
@@ -660,12 +498,6 @@ class KnightsKnavesTask(Task):
         if self.config.reward == "logic_rl":
             return logic_rl_score(completion, Puzzle.from_dict(problem.answer))
         return 1.0 if self.is_correct(problem, completion) else 0.0
-
-    @property
-    def max_prompt_chars(self) -> int:
-        """The rendering's prompt bound at the largest people count."""
-        bound = compact_prompt_bound if self.config.rendering == "compact" else chat_prompt_bound
-        return max(bound(count, self.config.max_depth, self.config.max_width) for count in self._counts)
 
     @property
     def max_completion_chars(self) -> int:
@@ -685,11 +517,7 @@ class KnightsKnavesTask(Task):
     # --- verl hooks ---------------------------------------------------------------------------------------------
     @classmethod
     def verl_score(cls, response: str, answer: Any, knights_knaves_reward: str = "logic_rl") -> dict[str, float]:
-        """The chat rendering's parser on ``response`` with the ``logic_rl`` reward (3, -0.5, -1, -3) or, with
-        ``reward_kwargs.knights_knaves_reward=binary``, 1.0/0.0; ``acc`` is 1.0 exactly when the answer is right.
-
-        ``answer`` is the whole :meth:`Puzzle.to_dict` (the parser needs the names, not only the solution).
-        """
+        """``logic_rl`` (3, -0.5, -1, -3) or ``binary`` score of the chat rendering; ``acc`` is 1.0 when right."""
         puzzle = Puzzle.from_dict(answer)
         correct = 1.0 if parse_chat_answer(response, puzzle.names) == puzzle.solution else 0.0
         if knights_knaves_reward == "logic_rl":
@@ -706,32 +534,20 @@ class KnightsKnavesTask(Task):
         return render_chat_messages(Puzzle.from_dict(problem.answer))
 
     def verl_problems(self, train_size: int, test_size: int, seed: int) -> dict[str, list[Problem]]:
-        """Distinct puzzles split evenly over the people counts, as in arXiv:2505.12929 (and Logic-RL).
-
-        Per count, the test puzzles are drawn first from ``config.test_seed`` (the first ones of the local test
-        pool with that seed) and train puzzles with their keys are excluded; within a split no puzzle repeats.
-        Train problems are shuffled by ``seed``; test problems are interleaved by count, so every prefix (verl's
-        ``data.val_max_samples``) mixes the difficulties.
-        """
-        train: list[Problem] = []
-        test_by_count: list[list[Problem]] = []
-        for position, num_people in enumerate(self._counts):
-            test_puzzles = self._verl_puzzles(_share(test_size, position, len(self._counts)), num_people,
-                                              self.config.test_seed)
-            train_puzzles = self._verl_puzzles(_share(train_size, position, len(self._counts)), num_people, seed,
-                                               exclude=[puzzle.key for puzzle in test_puzzles])
-            test_by_count.append([self.make_problem(puzzle) for puzzle in test_puzzles])
-            train.extend(self.make_problem(puzzle) for puzzle in train_puzzles)
+        """Distinct puzzles split evenly over the people counts, as in arXiv:2505.12929 (and Logic-RL)."""
+        test_by_count = [self._puzzles(test_size, position, self.config.test_seed)
+                         for position in range(len(self._counts))]
+        train = [self.make_problem(puzzle) for position, test in enumerate(test_by_count)
+                 for puzzle in self._puzzles(train_size, position, seed, [item.key for item in test])]
         random.Random(f"{TASK_NAME}/verl-train-order/{seed}").shuffle(train)
-        longest = max(map(len, test_by_count))
-        test = [problems[row] for row in range(longest) for problems in test_by_count if row < len(problems)]
-        return {"train": train, "test": test}
+        return {"train": train, "test": [self.make_problem(puzzle) for puzzle in _interleave(test_by_count)]}
 
-    def _verl_puzzles(self, count: int, num_people: int, seed: int, exclude: Iterable[str] = ()) -> list[Puzzle]:
-        return generate_puzzles(count, num_people, seed, max_depth=self.config.max_depth,
-                                max_width=self.config.max_width, exclude=exclude)
+    def _puzzles(self, total: int, position: int, seed: int, exclude: Iterable[str] = ()) -> list[Puzzle]:
+        """The ``position``-th count's near-equal share of ``total`` puzzles (the first ones get one more)."""
+        parts = len(self._counts)
+        return generate_puzzles(total // parts + (position < total % parts), self._counts[position], seed,
+                                max_depth=self.config.max_depth, max_width=self.config.max_width, exclude=exclude)
 
 
-def _share(total: int, position: int, parts: int) -> int:
-    """The ``position``-th of ``parts`` near-equal shares of ``total`` (the first ``total % parts`` get one more)."""
-    return total // parts + (position < total % parts)
+def _interleave(lists: list[list[Puzzle]]) -> list[Puzzle]:
+    return [items[row] for row in range(max(map(len, lists))) for items in lists if row < len(items)]

@@ -1,19 +1,5 @@
-"""The logger protocol every backend calls, and :class:`MultiLogger`, which fans one call out to several loggers.
-
-A trainer holds one ``MultiLogger`` (from :func:`dataflex_rl.tracking.build_loggers`) and calls, in order::
-
-    loggers.log_config(resolved_config)
-    loggers.log_metrics(step, {key: float})          # once per step, every key of that step at once
-    loggers.log_histogram(step, name, edges, counts)  # len(edges) == len(counts) + 1
-    loggers.close("completed" | "failed" | "interrupted")
-
-or uses it as a context manager, which closes with ``failed`` (or ``interrupted`` on ``KeyboardInterrupt``) and
-records the traceback in the run store's ``status.json`` when the block raises.
-
-:data:`LOGGERS` holds the optional loggers (W&B, ...), each built from its own block of the ``logger`` config
-(``conf/logger/<name>/default.yaml``); see :func:`dataflex_rl.tracking.build.build_loggers` and
-``docs/architecture.md`` ("Where to add: a logger").
-"""
+"""The logger protocol, the :data:`LOGGERS` registry of optional loggers, and :class:`MultiLogger`, which fans each
+call out and closes them with the run's final state (docs/sweeps.md, "Loggers")."""
 
 from __future__ import annotations
 
@@ -25,10 +11,9 @@ from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from dataflex_rl.registry import Registry
+from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, check_state
 
 LOG = logging.getLogger(__name__)
-
-CLOSE_STATES = ("completed", "failed", "interrupted")
 
 
 @runtime_checkable
@@ -39,44 +24,29 @@ class Logger(Protocol):
         """Record the fully resolved config (nested dict)."""
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record the scalar metrics of one step."""
+        """Record the scalar metrics of one step, every key of that step at once."""
 
     def log_histogram(self, step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> None:
         """Record one histogram: ``len(edges) == len(counts) + 1``; bin i is ``[edges[i], edges[i + 1])``."""
 
-    def close(self, state: str = "completed") -> None:
-        """Finish the run in ``state`` (one of :data:`CLOSE_STATES`)."""
+    def close(self, state: str = COMPLETED) -> None:
+        """Finish the run in ``state`` (one of ``run_store.CLOSE_STATES``)."""
 
 
-# name -> class of an optional logger. A registered class has ``name``, a frozen dataclass ``Config`` (the keys of
-# its YAML; ``__post_init__`` refuses bad values naming ``logger.<name>.<key>``) and a classmethod
-# ``from_config(config, *, run_dir, identity, resolved_config)`` returning the logger, or None when the settings
-# turn it off. Registry names equal the YAML folders under ``conf/logger/``.
+# name -> class of an optional logger, with a frozen dataclass ``Config`` and ``from_config`` (docs/sweeps.md).
 LOGGERS: Registry[Any] = Registry("logger")
-register_logger = LOGGERS.register
-
-
-def check_close_state(state: str) -> str:
-    """Refuse a close state outside :data:`CLOSE_STATES`."""
-    if state not in CLOSE_STATES:
-        raise ValueError(f"close state {state!r} is not allowed; allowed states: {', '.join(CLOSE_STATES)}")
-    return state
 
 
 def logger_name(logger: object) -> str:
-    """The name used in warnings: the logger's ``name`` attribute, else its class name."""
     return str(getattr(logger, "name", None) or type(logger).__name__)
 
 
-# Errors of the machine, not of the run: named first in a recorded error even when a library's own error wraps them
-# (torch's checkpoint writer turns a full disk into "unexpected pos ...").
+# Errors of the machine, named first even when a library wraps them (torch: a full disk -> "unexpected pos ...").
 _MACHINE_ERRNOS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
 
 
 def describe_error(error: BaseException) -> str:
-    """``"<Type>: <message>"`` of a run's failure, led by the cause a reader must see when an error in its chain
-    (``__cause__``/``__context__``) is a full disk or an exceeded quota: ``"No space left on device (<file>); while:
-    RuntimeError: unexpected pos ..."``."""
+    """``"<Type>: <message>"`` of a run's failure, led by a full disk or exceeded quota found in its chain."""
     text = f"{type(error).__name__}: {error}"
     seen: set[int] = set()
     current: BaseException | None = error
@@ -91,15 +61,7 @@ def describe_error(error: BaseException) -> str:
 
 
 class MultiLogger:
-    """Fans every call out to ``loggers`` in order.
-
-    A logger that raises is reported once (a warning naming it and the error) and skipped from then on, so an
-    unavailable W&B never stops training. Loggers listed in ``critical`` (normally the run store, the source of
-    truth) are not shielded: their errors propagate, because a run that cannot record its results should stop.
-
-    ``hist_every``: histograms are forwarded only at steps divisible by it (0 turns histograms off);
-    :meth:`wants_histogram` lets the trainer skip computing them at other steps.
-    """
+    """Fans every call out to ``loggers`` in order."""
 
     def __init__(self, loggers: Iterable[Logger], *, critical: Iterable[Logger] = (), hist_every: int = 1) -> None:
         self.loggers: list[Logger] = list(loggers)
@@ -115,36 +77,30 @@ class MultiLogger:
         self._disabled: set[int] = set()
         self._closed = False
 
-    # --- protocol ------------------------------------------------------------------------------------------
     def log_config(self, config: dict) -> None:
-        """Pass the resolved config to every enabled logger."""
         self._call("log_config", config)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Pass one step's scalar metrics to every enabled logger."""
         self._call("log_metrics", step, metrics)
 
     def log_histogram(self, step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> None:
-        """Pass one histogram on when :meth:`wants_histogram` says so at ``step``."""
         if self.wants_histogram(step):
             self._call("log_histogram", step, name, edges, counts)
 
-    def close(self, state: str = "completed") -> None:
+    def close(self, state: str = COMPLETED) -> None:
         """Close every enabled logger once; later calls do nothing."""
-        check_close_state(state)
+        check_state(state, close=True)
         if self._closed:
             return
         self._closed = True
         self._call("close", state)
 
-    # --- helpers -------------------------------------------------------------------------------------------
     def wants_histogram(self, step: int) -> bool:
-        """Whether :meth:`log_histogram` at ``step`` is forwarded (``step % hist_every == 0``)."""
+        """Whether :meth:`log_histogram` at ``step`` is forwarded, so a trainer can skip computing it."""
         return self.hist_every > 0 and step % self.hist_every == 0
 
     @property
     def active(self) -> list[Logger]:
-        """The loggers not disabled by an error."""
         return [logger for logger in self.loggers if id(logger) not in self._disabled]
 
     def _call(self, method: str, *args: Any) -> None:
@@ -159,28 +115,20 @@ class MultiLogger:
             getattr(logger, method)(*args)
         except Exception as error:  # any failure of an optional logger must not stop training
             self._disabled.add(id(logger))
-            LOG.warning(
-                "logger %s failed in %s (%s: %s); it is disabled for the rest of the run, the others go on",
-                logger_name(logger),
-                method,
-                type(error).__name__,
-                error,
-            )
+            LOG.warning("logger %s failed in %s (%s: %s); it is disabled for the rest of the run, the others go on",
+                        logger_name(logger), method, type(error).__name__, error)
 
-    # --- context manager -----------------------------------------------------------------------------------
     def __enter__(self) -> MultiLogger:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc is None:
-            self.close("completed")
+            self.close(COMPLETED)
             return
-        state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        state = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else FAILED
         error = describe_error(exc)
         formatted = "".join(traceback_module.format_exception(exc_type, exc, tb))
-        # A logger that keeps errors (the run store: status.json) defines ``record_error``; the others only close.
         for logger in self.active:
             if callable(getattr(logger, "record_error", None)):
                 self._call_one(logger, "record_error", state, error, formatted)

@@ -1,34 +1,21 @@
-"""A compact progress line through :mod:`logging` every ``every`` steps (progress bars are the trainer's job).
-
-Example line (keys absent at that step are left out)::
-
-    step 120 | critic/score/mean=0.4531 val/accuracy=0.39 actor/grad_norm=1.274 dataflex/weight/std=0.1182
-"""
+"""A compact progress line through :mod:`logging` every ``every`` steps and at evaluation steps, e.g.
+``step 120 | critic/score/mean=0.4531 val/accuracy=0.39 actor/grad_norm=1.274 dataflex/weight/std=0.1182``."""
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 
 from dataflex_rl import keys
+from dataflex_rl.tracking.run_store import COMPLETED
 
 LOG = logging.getLogger(__name__)
 
 DEFAULT_KEYS = (keys.SCORE_MEAN, keys.VAL_ACCURACY, keys.GRAD_NORM, f"{keys.WEIGHT_PREFIX}/std")
 
 
-def format_value(value: float) -> str:
-    """Four significant digits; NaN and inf spelled out."""
-    return f"{value:.4g}" if math.isfinite(value) else str(value)
-
-
 class ConsoleLogger:
-    """Logs ``step N | key=value ...`` for the selected ``metric_keys`` present in a step's metrics.
-
-    A line is written at steps divisible by ``every`` and at any step that carries ``val/accuracy`` (evaluation
-    steps are rare and always worth a line).
-    """
+    """``step N | key=value ...`` every ``every`` steps and at any step with ``val/accuracy``."""
 
     name = "console"
 
@@ -44,22 +31,20 @@ class ConsoleLogger:
         """Nothing: the config is in ``config.yaml`` and W&B."""
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """One line at steps divisible by ``every`` and at evaluation steps."""
         self._last_step = step
         if step % self.every != 0 and keys.VAL_ACCURACY not in metrics:
             return
-        shown = " ".join(f"{key}={format_value(float(metrics[key]))}" for key in self.metric_keys if key in metrics)
+        shown = " ".join(f"{key}={float(metrics[key]):.4g}" for key in self.metric_keys if key in metrics)
         self.log.info("step %d | %s", step, shown or "(no selected metrics)")
 
     def log_histogram(self, step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> None:
         """Nothing: histograms do not fit a console line."""
 
-    def close(self, state: str = "completed") -> None:
-        """A last line: the final state and the last step logged. A run that logged no step in this process either
-        resumed at its last step (a fresh run logs step 0) or stopped before its first step."""
+    def close(self, state: str = COMPLETED) -> None:
+        """A last line: the final state and the last step logged."""
         if self._last_step is not None:
             self.log.info("run %s after step %d", state, self._last_step)
-        elif state == "completed":
+        elif state == COMPLETED:
             self.log.info("run completed: it resumed at its last step, nothing was left to train")
         else:
             self.log.info("run %s before it logged a step", state)

@@ -1,11 +1,5 @@
-"""Read an offline W&B run file (``run-<id>.wandb``): its history, config, name, group, job type, tags and exit code.
-
-W&B 0.31 ships no Python reader for these files (``wandb sync`` uploads them), so the run's own offline record can
-only be checked or analysed through this module (:func:`analysis.load.load_wandb_offline` reads sweeps with it). The file is a LevelDB-style log: a 7-byte file header (``:W&B``, magic 0xBEE1
-little-endian, version 0), then 32 KiB blocks of chunks, each with a 7-byte header (crc32 uint32, length uint16,
-type uint8: 1 full, 2 first, 3 middle, 4 last); a block tail shorter than 7 bytes is padding. Each reassembled
-record is a ``wandb_internal_pb2.Record`` protobuf.
-"""
+"""Read an offline W&B run file (``run-<id>.wandb``): history, config, names, tags and exit code (W&B ships no
+Python reader for these files)."""
 
 from __future__ import annotations
 
@@ -18,14 +12,15 @@ from typing import Any
 
 from wandb.proto import wandb_internal_pb2
 
+# The file is a LevelDB-style log: a 7-byte header (``:W&B``, magic 0xBEE1 little-endian, version 0), then 32 KiB
+# blocks of chunks, each with a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last); a block tail
+# shorter than 7 bytes is padding. Each reassembled record is a ``wandb_internal_pb2.Record``.
 BLOCK_SIZE = 32 * 1024
 CHUNK_HEADER = struct.Struct("<IHB")
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def records(path: str | pathlib.Path) -> Iterator[wandb_internal_pb2.Record]:
-    """Every record of the file, in order; a record still being written at the end is left out. Raises ValueError
-    for a file that is not a W&B run file."""
     path = pathlib.Path(path)
     data = path.read_bytes()
     if data[:4] != b":W&B" or struct.unpack("<H", data[4:6])[0] != 0xBEE1:
@@ -44,26 +39,17 @@ def records(path: str | pathlib.Path) -> Iterator[wandb_internal_pb2.Record]:
             return
         chunk = data[position + CHUNK_HEADER.size : position + CHUNK_HEADER.size + length]
         position += CHUNK_HEADER.size + length
-        if kind == FULL:
-            payload = chunk
-        elif kind == FIRST:
-            pending = chunk
+        if kind in (FIRST, MIDDLE):
+            pending = chunk if kind == FIRST else pending + chunk
             continue
-        elif kind == MIDDLE:
-            pending += chunk
-            continue
-        else:
-            payload, pending = pending + chunk, b""
+        payload, pending = (chunk, pending) if kind == FULL else (pending + chunk, b"")
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
         yield record
 
 
 def history(path: str | pathlib.Path) -> dict[int, dict[str, Any]]:
-    """step -> {key: decoded value} of every history row, without W&B's own ``_``-prefixed keys.
-
-    Nested values (a histogram) come back as ``{"h/_type": "histogram", "h/values": [...], "h/bins": [...]}``.
-    """
+    """step -> {key: decoded value} of every history row, without W&B's ``_``-prefixed keys."""
     rows: dict[int, dict[str, Any]] = {}
     for record in records(path):
         if record.WhichOneof("record_type") != "history":
@@ -98,8 +84,7 @@ class OfflineRun:
 
 
 def read_run(path: str | pathlib.Path) -> OfflineRun:
-    """The run record (id, name, group, job type, tags, config), later config updates and the exit code of a run
-    file."""
+    """The run record (id, name, group, job type, tags, config), later config updates and the exit code."""
     run = OfflineRun(path=pathlib.Path(path))
     for record in records(path):
         kind = record.WhichOneof("record_type")

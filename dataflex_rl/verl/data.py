@@ -1,21 +1,4 @@
-"""Write a registered task's problems as verl RL dataset parquet files (``train.parquet``, ``test.parquet``).
-
-    python -m dataflex_rl.verl.data --out DIR --task NAME [--train-size N] [--test-size N] [--seed S]
-        [KEY=VALUE ...]     # the task's params (conf/task/<name>.yaml keys), values in YAML: num_people=[3,4,5]
-
-Each row is :func:`verl_row` of a problem, the columns verl's ``RLHFDataset`` reads: ``prompt`` (the task's
-``verl_messages``; verl applies the model's chat template), ``data_source`` (the task's name, which selects its
-reward in :func:`dataflex_rl.verl.reward.compute_score`), ``reward_model.ground_truth`` (``problem.answer`` as
-JSON), ``extra_info`` (``split``, ``index``, ``difficulty``, ``key``) and ``ability`` (the task's
-``verl_ability``). Which problems go in each file is the task's ``verl_problems``: by default ``train_size``
-problems from ``seed`` and the first ``test_size`` of the task's held-out pool, never overlapping. Everything here
-goes through the task registry, so a new task needs no edit in this module.
-
-The paper's K&K setup (3 to 7 people, 1000 train and 100 test puzzles each) is::
-
-    python -m dataflex_rl.verl.data --out /data/kk --task knights_knaves --train-size 5000 --test-size 500 \\
-        num_people=[3,4,5,6,7]
-"""
+"""``python -m dataflex_rl.verl.data``: a registered task's problems as verl RL parquet files (docs/verl.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +12,7 @@ import pandas as pd
 import yaml
 
 from dataflex_rl.overrides import split_assignment
-from dataflex_rl.tasks import Problem, Task
+from dataflex_rl.tasks import Problem
 from dataflex_rl.tasks.base import make_config
 from dataflex_rl.verl.reward import verl_task, verl_tasks
 
@@ -40,8 +23,6 @@ SPLIT_FILES = (("train", TRAIN_FILE), ("test", TEST_FILE))
 
 
 def verl_row(problem: Problem, data_source: str, split: str, index: int) -> dict[str, Any]:
-    """One verl RL dataset row of ``problem`` of the task named ``data_source``: chat messages, ``data_source``,
-    ``reward_model.ground_truth`` (JSON string), ``ability`` and ``extra_info``."""
     task_class = verl_task(data_source)
     return {
         "data_source": data_source,
@@ -52,43 +33,25 @@ def verl_row(problem: Problem, data_source: str, split: str, index: int) -> dict
     }
 
 
-def verl_task_instance(task: str, params: Mapping[str, Any] | None = None) -> Task:
-    """The task named ``task`` built from ``params`` (unknown or bad params raise ValueError); its held-out pool is
-    only built if ``verl_problems`` asks for it."""
+def build_rows(task: str, params: Mapping[str, Any] | None, train_size: int, test_size: int,
+               seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     task_class = verl_task(task)
-    return task_class(make_config(task_class.name, task_class.config_class, params))
-
-
-def build_rows(
-    task: str, params: Mapping[str, Any] | None, train_size: int, test_size: int, seed: int = 0
-) -> dict[str, list[dict[str, Any]]]:
-    """``{"train": rows, "test": rows}`` of the task named ``task`` with ``params`` (see the module docstring)."""
-    instance = verl_task_instance(task, params)
-    problems = instance.verl_problems(train_size, test_size, seed)
-    return {
-        split: [verl_row(problem, task, split, index) for index, problem in enumerate(problems[split])]
-        for split, _ in SPLIT_FILES
-    }
-
-
-def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
-    """Write rows atomically (temp file, then rename)."""
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    temporary = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(temporary, index=False)
-    temporary.replace(path)
+    problems = task_class(make_config(task_class.name, task_class.config_class, params)).verl_problems(
+        train_size, test_size, seed)
+    return {split: [verl_row(problem, task, split, index) for index, problem in enumerate(problems[split])]
+            for split, _ in SPLIT_FILES}
 
 
 def write_files(rows: Mapping[str, list[dict[str, Any]]], out: Path) -> None:
-    """``train.parquet`` and ``test.parquet`` in ``out`` (created if missing), one line printed per file."""
     out.mkdir(parents=True, exist_ok=True)
     for split, filename in SPLIT_FILES:
-        write_parquet(rows[split], out / filename)
+        temporary = out / f".{filename}.tmp"
+        pd.DataFrame(rows[split], columns=list(COLUMNS)).to_parquet(temporary, index=False)
+        temporary.replace(out / filename)
         print(f"{split}: {len(rows[split])} rows -> {out / filename}")
 
 
 def parse_params(arguments: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` task params, each value read as YAML (``3``, ``[3,4]``, ``chat``); a ValueError otherwise."""
     params: dict[str, Any] = {}
     for argument in arguments:
         key, value = split_assignment(argument)
@@ -102,11 +65,8 @@ def parse_params(arguments: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dataflex_rl.verl.data``: build the rows (a bad task, param or size stops before any write), then
-    write both files."""
-    parser = argparse.ArgumentParser(
-        prog="python -m dataflex_rl.verl.data", description="Write a task's problems as verl parquet files."
-    )
+    parser = argparse.ArgumentParser(prog="python -m dataflex_rl.verl.data",
+                                     description="Write a task's problems as verl parquet files.")
     parser.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
     parser.add_argument("--task", required=True, help=f"a registered task: {', '.join(verl_tasks())}")
     parser.add_argument("--train-size", type=int, default=1000, help="train rows")

@@ -1,10 +1,4 @@
-"""Mechanism histograms to the W&B run verl opened.
-
-verl's ``Tracking`` loggers take scalars only, so the trainer logs the weight and token-probability histograms
-to W&B itself, into the run verl's ``Tracking`` started in the same process (``wandb.run``). That run's group and
-tags come from W&B's environment variables (``WANDB_RUN_GROUP``, ``WANDB_TAGS``; verl passes ``WANDB_ENTITY``
-itself), which Ray's workers inherit from the launching shell on a local cluster.
-"""
+"""Mechanism histograms to the W&B run verl opened in this process (verl's loggers take scalars only)."""
 
 from __future__ import annotations
 
@@ -16,18 +10,11 @@ BACKEND_TAG = "verl"
 
 
 class WandbHistogramLogger:
-    """Logs ``name -> Histogram`` at verl's global step into the current W&B run; tags it once with the mechanism.
-
-    Logging at the step verl is about to log its scalars at keeps both in one W&B row (W&B merges the calls of a
-    step until a later step is logged).
-    """
-
     def __init__(self, mechanism_name: str) -> None:
         self.tags = (BACKEND_TAG, mechanism_name)
         self._tagged_run_id: str | None = None
 
     def log(self, step: int, histograms: Mapping[str, Histogram]) -> None:
-        """Log ``histograms`` at ``step`` into the current W&B run (nothing without a run or histograms)."""
         import wandb
 
         run = wandb.run

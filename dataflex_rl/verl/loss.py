@@ -1,22 +1,4 @@
-"""verl's actor loss with per-stage KL and entropy terms, for staged mechanisms (Lopti).
-
-verl 0.9.1's ``ppo_loss`` (``verl/workers/utils/losses.py``) aggregates the KL-loss and entropy terms over every
-response token. In a staged update (Lopti's two actor updates per step) that applies the whole KL term in each
-stage, so each token's KL gradient counts once per stage. The paper's code (``kl_entropy_mask`` in
-``verl/workers/actor/dp_actor.py`` of zhyang2226/AR-Lopti) multiplies the per-token KL and entropy by the stage's
-mask and still aggregates over all response tokens::
-
-    kl_loss      = agg_loss(kl_penalty(log_prob, ref_log_prob) * stage_mask, response_mask, loss_agg_mode)
-    entropy_loss = agg_loss(entropy * stage_mask, response_mask, loss_agg_mode)
-
-:func:`staged_ppo_loss` does exactly that without forking verl's loss: it calls verl's ``ppo_loss`` for the policy
-gradient term (with the KL and entropy terms switched off), then adds the two masked terms with verl's own
-``agg_loss`` and ``kl_penalty`` and the same global-batch normalisation (``config.global_batch_info``). The stage
-mask travels as a batch field, :data:`STAGE_MASK_FIELD`, which the trainer writes to TransferQueue before each
-stage. Without that field the call is verl's ``ppo_loss`` unchanged (same objects in, same result out).
-
-The trainer installs it on the actor workers with verl's own ``set_loss_fn`` (as verl installs the critic's loss).
-"""
+"""verl's actor loss with per-stage KL and entropy terms, for staged mechanisms (Lopti)."""
 
 from __future__ import annotations
 
@@ -34,8 +16,6 @@ STAGE_MASK_FIELD = "dataflex_stage_mask"
 
 
 class _WithoutRegularisers:
-    """``config`` as ``ppo_loss`` sees it, with the KL loss off (every other attribute is the real config's)."""
-
     def __init__(self, config: Any) -> None:
         object.__setattr__(self, "_config", config)
 
@@ -49,12 +29,6 @@ class _WithoutRegularisers:
 
 
 def staged_ppo_loss(config: Any, model_output: Any, data: TensorDict, dp_group: Any = None) -> tuple[Any, dict]:
-    """verl's ``ppo_loss``, with KL and entropy over the stage's tokens when ``data`` holds the stage mask.
-
-    ``config``: the actor's ``ActorConfig``; ``model_output``: ``log_probs`` (and ``entropy`` when verl computes
-    it), nested; ``data``: the micro-batch (nested response fields plus verl's global batch info). Returns
-    ``(loss, metrics)`` with verl's metric names and aggregation types.
-    """
     if STAGE_MASK_FIELD not in data.keys():
         return ppo_loss(config, model_output, data, dp_group)
     without_entropy = {name: value for name, value in model_output.items() if name != "entropy"}
@@ -88,5 +62,4 @@ def staged_ppo_loss(config: Any, model_output: Any, data: TensorDict, dp_group: 
 
 
 def staged_loss_function(actor_config: Any) -> partial:
-    """The loss function to hand to ``actor_rollout_wg.set_loss_fn`` (what verl builds with ``ppo_loss``)."""
     return partial(staged_ppo_loss, config=actor_config)

@@ -1,19 +1,4 @@
-"""Reward function for verl's ``reward.custom_reward_function``: every registered task with a verl reward.
-
-verl 0.9.1's reward managers call ``compute_score(data_source=..., solution_str=..., ground_truth=...,
-extra_info=...)`` with ``solution_str`` the decoded response only (no prompt, special tokens skipped), and merge
-``reward.custom_reward_function.reward_kwargs`` into the keyword arguments. Point verl at it with (``pkg://``
-imports the installed module; a file path works too)::
-
-    reward.custom_reward_function.path=pkg://dataflex_rl.verl.reward
-    reward.custom_reward_function.name=compute_score
-    +reward.custom_reward_function.reward_kwargs.knights_knaves_reward=logic_rl   # or binary
-
-``data_source`` is the task's registered name (:data:`dataflex_rl.tasks.TASKS`, or a dotted path
-``pkg.module:TaskClass``); the task's :meth:`~dataflex_rl.tasks.Task.verl_score` scores the response, so a new task
-needs no edit here. Ground truth (the parquet column ``reward_model.ground_truth``) is always a JSON string,
-``json.dumps(problem.answer)`` (:func:`dataflex_rl.verl.data.verl_row` writes rows in that form).
-"""
+"""``compute_score`` for verl's ``reward.custom_reward_function``: the task named ``data_source`` scores."""
 
 from __future__ import annotations
 
@@ -26,12 +11,10 @@ from dataflex_rl.tasks import TASKS, Task
 
 
 def verl_tasks() -> list[str]:
-    """The registered tasks that verl can train on (they define ``verl_score``), sorted."""
     return [name for name in TASKS.names() if TASKS.get(name).has_verl_reward()]
 
 
 def verl_task(data_source: str) -> type[Task]:
-    """The task class of a verl row's ``data_source``; a ValueError naming it and the choices when there is none."""
     try:
         task_class = TASKS.get(data_source)
     except RegistryError:
@@ -45,10 +28,6 @@ def verl_task(data_source: str) -> type[Task]:
 
 
 def reward_options(task_class: type[Task], reward_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The reward kwargs meant for ``task_class``; a kwarg no verl task reads raises, naming key, value, allowed.
-
-    Options of other tasks are dropped, so one ``reward_kwargs`` block serves a data set mixing tasks.
-    """
     own = task_class.verl_reward_options
     if all(key in own for key in reward_kwargs):  # the common case, once per response: no registry walk
         return dict(reward_kwargs)
@@ -72,22 +51,13 @@ def compute_score(
     reward_model_tokenizer: Any = None,
     **reward_kwargs: Any,
 ) -> dict[str, float]:
-    """Score one response: ``{"score": reward, "acc": 1.0 if the answer is right else 0.0}``.
-
-    The task named ``data_source`` scores it (``verl_score``) with its own ``reward_kwargs``. ``knights_knaves``:
-    the chat rendering's parser with the ``logic_rl`` reward (3, -0.5, -1, -3) or, with
-    ``reward_kwargs.knights_knaves_reward=binary``, 1.0/0.0. ``arithmetic``: 1.0 when the text before the first
-    ``;`` is the integer answer, else 0.0. ``extra_info`` and the reward-router arguments verl may pass are unused.
-    verl's reward managers take ``score`` as the reward and log every key, so ``val-core/<source>/acc`` is the
-    accuracy (with a plain float verl would log the Logic-RL score under ``acc``).
-    """
+    """Score one response with the ``verl_score`` of task ``data_source``: ``{"score", "acc"}``."""
     task_class = verl_task(data_source)
     return task_class.verl_score(solution_str, decode_ground_truth(ground_truth),
                                  **reward_options(task_class, reward_kwargs))
 
 
 def decode_ground_truth(ground_truth: Any) -> Any:
-    """A JSON string is decoded; a mapping or number (already decoded by the caller) passes through."""
     if isinstance(ground_truth, (bytes, str)):
         try:
             return json.loads(ground_truth)

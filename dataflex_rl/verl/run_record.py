@@ -1,29 +1,4 @@
-"""The run store of a verl run, beside verl's own loggers: the same files as the local backend writes.
-
-The trainer writes ``config.yaml`` (verl's resolved config), ``meta.json`` (the run's identity: sweep, run,
-backend ``verl``, mechanism, alpha, seed, config hash, git commit; plus ``mechanism_label``), ``status.json``
-(running, completed, failed with the traceback, interrupted), ``metrics.jsonl`` (every numeric metric verl logs for
-a step, at verl's global step) then ``metrics.parquet``, and the mechanism's histograms, through
-:class:`dataflex_rl.tracking.RunStore`. So ``python -m analysis.report runs/<sweep>`` reads a ``BACKEND=verl``
-sweep like a local one.
-
-Where and under what name, from an optional ``dataflex_run`` block of the verl config (the sweep driver passes it;
-without ``dataflex_run.dir`` no run store is written)::
-
-    +dataflex_run.dir=runs/<sweep>/<run>  +dataflex_run.sweep=<sweep>  +dataflex_run.name=<run>
-    +dataflex_run.mechanism_label=<preset>  +dataflex_run.seed=<seed>  +dataflex_run.axes=[<swept config keys>]
-    +dataflex_run.warm_start=<per_seed | shared>
-
-``sweep`` defaults to ``trainer.project_name``, ``name`` to the folder's name, ``seed`` to ``data.seed``,
-``mechanism_label`` to the mechanism; ``axes`` (the grid's axes, recorded with their values in ``meta.json``) to none.
-
-verl's W&B run is named like the local backend's, from the same :class:`RunIdentity`: name = the run folder's name
-for a run of a grid (else ``<sweep>-a<alpha>-s<seed>``), group = the sweep, job_type = the non-seed factors
-(``a0.5-lr0.0003``), tags = mechanism and backend. verl starts W&B itself (``wandb.init(name=
-trainer.experiment_name)``, the rest from ``WANDB_RUN_GROUP``, ``WANDB_JOB_TYPE``, ``WANDB_TAGS``), so the record
-sets ``trainer.experiment_name`` in the config it records (:attr:`VerlRunRecord.wandb_name`) and gives the trainer
-the variables (:meth:`VerlRunRecord.wandb_environment`).
-"""
+"""The run store of a verl run, placed by the optional ``dataflex_run`` block (docs/verl.md)."""
 
 from __future__ import annotations
 
@@ -36,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
+from dataflex_rl.config_keys import WARM_START_DESIGNS
 from dataflex_rl.validation import ConfigError, check_choice, check_keys, to_plain
 from dataflex_rl.metrics import Histogram
 from dataflex_rl.tracking import RunIdentity, RunStore, config_hash
+from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, RUNNING
 from dataflex_rl.tracking.identity import warm_start_record
 
 BACKEND = "verl"
@@ -52,8 +29,6 @@ WANDB_GROUP_VARIABLE, WANDB_JOB_TYPE_VARIABLE, WANDB_TAGS_VARIABLE = "WANDB_RUN_
 
 @dataclasses.dataclass(frozen=True)
 class RunPlace:
-    """The ``dataflex_run`` block, validated and with its defaults filled in."""
-
     dir: Path
     sweep: str
     name: str
@@ -64,7 +39,6 @@ class RunPlace:
 
 
 def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
-    """The run store's place from a verl config (``None``: the config has no ``dataflex_run.dir``)."""
     block = config.get(RUN_BLOCK)
     if block is None:
         return None
@@ -85,25 +59,15 @@ def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
         mechanism_label=str(block.get("mechanism_label") or mechanism),
         seed=int(seed),
         axes=tuple(str(key) for key in block.get("axes") or ()),
-        warm_start=_check_warm_start(block.get("warm_start")),
+        warm_start=None if block.get("warm_start") is None
+        else check_choice(f"{RUN_BLOCK}.warm_start", block["warm_start"], WARM_START_DESIGNS),
     )
 
 
-def _check_warm_start(design: Any) -> str | None:
-    return None if design is None else check_choice(f"{RUN_BLOCK}.warm_start", design, keys.WARM_START_DESIGNS)
-
-
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The finite numbers of a verl metric dict (Python, numpy or 0-d tensor scalars); the rest is skipped.
-
-    Adds ``val/accuracy`` when verl logged the validation accuracy of exactly one data source
-    (``val-core/<source>/acc/mean@1``), so the analysis's default metric is there for verl runs too.
-    """
-    numbers_only: dict[str, float] = {}
-    for key, value in metrics.items():
-        number = scalar(value)
-        if isinstance(key, str) and key != "step" and number is not None:
-            numbers_only[key] = number
+    """The finite numbers of a verl metric dict, plus ``val/accuracy`` for a single data source."""
+    numbers_only = {key: number for key, value in metrics.items()
+                    if isinstance(key, str) and key != "step" and (number := scalar(value)) is not None}
     accuracies = [key for key in numbers_only if key.startswith(VAL_ACC_PREFIX) and key.endswith(VAL_ACC_SUFFIX)]
     if len(accuracies) == 1 and keys.VAL_ACCURACY not in numbers_only:
         numbers_only[keys.VAL_ACCURACY] = numbers_only[accuracies[0]]
@@ -111,9 +75,6 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def scalar(value: Any) -> float | None:
-    """A finite float from a Python, numpy or one-element tensor number; ``None`` for anything else."""
-    if isinstance(value, bool):
-        return None
     item = getattr(value, "item", None)
     if item is not None and not isinstance(value, numbers.Real):
         try:
@@ -126,13 +87,6 @@ def scalar(value: Any) -> float | None:
 
 
 class VerlRunRecord:
-    """One verl run's :class:`RunStore`: opened at the start of ``fit``, one line per step, closed at its end.
-
-    ``identity`` is the run's :class:`RunIdentity` (axes read from the verl config at ``place.axes``); ``config``
-    the recorded config: verl's resolved config plus ``mechanism_label``, with ``trainer.experiment_name`` = the W&B
-    run name, so ``config.yaml``, the config hash and W&B agree.
-    """
-
     def __init__(self, place: RunPlace, resolved_config: Mapping[str, Any], mechanism: str, alpha: float) -> None:
         self.place = place
         self.store = RunStore(place.dir)
@@ -147,15 +101,7 @@ class VerlRunRecord:
         self.config = config
         self.identity = dataclasses.replace(identity, config_hash=config_hash(config))
 
-    @property
-    def wandb_name(self) -> str:
-        """The W&B run's name (:attr:`RunIdentity.wandb_name`: the run folder's name in a grid)."""
-        return self.identity.wandb_name
-
     def wandb_environment(self, environment: Mapping[str, str]) -> dict[str, str]:
-        """The W&B variables to set for verl's ``wandb.init``: group = the sweep, job_type = the non-seed factors
-        (left as in ``environment`` outside a grid), tags = mechanism and backend after any already in
-        ``environment``'s ``WANDB_TAGS``."""
         tags = [tag for tag in environment.get(WANDB_TAGS_VARIABLE, "").split(",") if tag]
         tags += [tag for tag in self.identity.tags if tag not in tags]
         variables = {WANDB_GROUP_VARIABLE: self.identity.sweep, WANDB_TAGS_VARIABLE: ",".join(tags)}
@@ -164,14 +110,12 @@ class VerlRunRecord:
         return variables
 
     def start(self, global_step: int) -> None:
-        """Meta, config and status ``running``; on a resume at ``global_step`` > 0 the lines after it are dropped
-        (verl restarts from its checkpoint), on a fresh start every earlier line is."""
         model_path = ((self.config.get("actor_rollout_ref") or {}).get("model") or {}).get("path")
         self.store.write_meta(self.identity, extra={
             "mechanism_label": self.place.mechanism_label, "resumed_from_step": global_step,
             "warm_start": warm_start_record(self.place.warm_start, None if model_path is None else str(model_path)),
         })
-        self.store.set_status("running", step=global_step)
+        self.store.set_status(RUNNING, step=global_step)
         if global_step:
             self.store.truncate_after(global_step)
         else:
@@ -179,17 +123,15 @@ class VerlRunRecord:
         self.store.log_config(self.config)
 
     def log_step(self, step: int, metrics: Mapping[str, Any], histograms: Mapping[str, Histogram]) -> None:
-        """Record one step's numeric metrics and the mechanism's histograms."""
         self.store.log_metrics(step, numeric_metrics(metrics))
         for name, histogram in histograms.items():
             self.store.log_histogram(step, name, histogram.edges.tolist(), histogram.counts.tolist())
 
     def finish(self, error: BaseException | None = None) -> None:
-        """Close the store: ``completed``, or ``failed``/``interrupted`` with the error and its traceback."""
         if error is None:
-            self.store.close("completed")
+            self.store.close(COMPLETED)
             return
-        state = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        state = INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED
         formatted = "".join(traceback_module.format_exception(type(error), error, error.__traceback__))
         self.store.record_error(state, error=f"{type(error).__name__}: {error}", traceback=formatted)
         self.store.close(state)

@@ -1,23 +1,12 @@
-"""The launcher interface and its registry: each run in its own OS process, so a crash or SIGKILL of one run never
-stops the others.
-
-A launcher starts runs, reports how each ended and stops them; the driver polls :meth:`Launcher.poll` and stops
-runs with :meth:`Launcher.terminate` (SIGTERM, scancel, stop_job) then :meth:`Launcher.kill` after the grace period.
-Exit codes follow ``subprocess``: negative = killed by that signal.
-
-Every launcher is a :class:`Launcher` subclass registered in :data:`LAUNCHERS` under its ``launcher=`` name, in a
-module of this package (every module here is imported when the package is), with its Hydra config
-``conf/sweeps/launcher/<name>.yaml``. Its settings, if any, are the ``<name>:`` block of that YAML, typed by the
-class's :attr:`Launcher.settings` dataclass (``slurm.partition=...``). This module imports nothing else of the
-sweep package, so ``sweeps.config`` can check ``launcher=`` names against the registry.
-"""
+"""The launcher interface and registry: each run in its own OS process (a crash of one never stops the others).
+The driver polls :meth:`Launcher.poll`, stops runs with :meth:`Launcher.terminate`, then :meth:`Launcher.kill` after
+the grace period; exit codes follow ``subprocess`` (negative: killed by that signal)."""
 
 from __future__ import annotations
 
-import re
-
 import abc
 import dataclasses
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,7 +19,7 @@ LAUNCHERS: Registry[type[Launcher]] = Registry("launcher")
 
 
 class RunToLaunch(Protocol):
-    """What a launcher needs of a planned run (:class:`sweeps.commands.PlannedRun` is one)."""
+    """What a launcher needs of a planned run (:class:`sweeps.run_plan.PlannedRun` is one)."""
 
     name: str
     command: tuple[str, ...]
@@ -41,8 +30,7 @@ class RunToLaunch(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """How a run's process ended: its exit code (None when unknown), if any, what went wrong around it, and whether
-    the scheduler stopped it (scancel, time limit, preemption: the run is interrupted, not failed)."""
+    """``interrupted``: the scheduler stopped the run (scancel, time limit, preemption), not a failure."""
 
     exit_code: int | None
     error: str | None = None
@@ -51,8 +39,6 @@ class Outcome:
 
 @dataclasses.dataclass
 class Job:
-    """A launched run: the plan and the launcher's handle (process, submitit job or Ray job id)."""
-
     run: RunToLaunch
     handle: Any
     info: dict[str, Any]
@@ -61,7 +47,6 @@ class Job:
 
 
 def process_matches(pid: int, marker: str) -> bool:
-    """True when process ``pid`` is alive and its command line holds ``marker`` (a run folder)."""
     try:
         command_line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -70,20 +55,13 @@ def process_matches(pid: int, marker: str) -> bool:
 
 
 def write_log_header(log_path: Path, attempt: int, line: str) -> None:
-    """Append ``=== attempt N at <time>: <command line>`` to a run's log before each launch."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n=== attempt {attempt} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {line}\n")
 
 
 class Launcher(abc.ABC):
-    """Starts runs, reports their end, stops them (see the module doc).
-
-    Class attributes a subclass may set: ``name`` (its ``launcher=`` value), ``settings`` (the frozen dataclass
-    of its ``<name>:`` config block, or None), ``batch`` (every pending run is submitted at once and the scheduler
-    limits concurrency), ``runs_here`` (runs share this machine's cores: ``jobs`` defaults to the core count and
-    the warm start gets a lone run's threads).
-    """
+    """``batch``: the scheduler limits concurrency; ``runs_here``: runs share this machine's cores."""
 
     name: ClassVar[str] = ""
     settings: ClassVar[type | None] = None
@@ -93,8 +71,6 @@ class Launcher(abc.ABC):
 
     @classmethod
     def from_config(cls, settings: Any, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
-        """The launcher for one sweep: ``settings`` is an instance of :attr:`settings` (None when it has none),
-        ``parallelism`` the most runs live at once."""
         return cls()
 
     @classmethod
@@ -104,7 +80,7 @@ class Launcher(abc.ABC):
 
     @abc.abstractmethod
     def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
-        """Start ``runs``; one :class:`Job` per run, in order."""
+        """One Job per run, in order."""
 
     @abc.abstractmethod
     def poll(self, job: Job) -> Outcome | None:
@@ -119,7 +95,6 @@ class Launcher(abc.ABC):
         return None
 
     def kill(self, job: Job) -> None:
-        """Stop the run now (after the grace period)."""
         self.terminate(job)
 
     def still_running(self, info: Mapping[str, Any], run: RunToLaunch) -> bool:
@@ -131,7 +106,6 @@ class Launcher(abc.ABC):
 
 
 def launcher_class(name: Any) -> type[Launcher]:
-    """The class registered as ``name``; :class:`ConfigError` naming the registered ones."""
     if not isinstance(name, str) or name not in LAUNCHERS:
         raise ConfigError(f"launcher = {name!r} is not allowed: registered launchers: {', '.join(LAUNCHERS.names())}")
     return LAUNCHERS.get(name)
@@ -141,9 +115,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_launcher_string(key: str, value: Any, pattern: str | None = None, allowed: str = "") -> str:
-    """A launcher setting that ends up in a job script or a job request: a string without control characters (a
-    newline would split an sbatch script into lines of its own), matching ``pattern`` when given (``allowed`` says
-    what it accepts); :class:`ConfigError` naming key, value and what is allowed."""
+    """A string for a job script: no control characters, matching ``pattern`` when given."""
     if not isinstance(value, str):
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be a string")
     if _CONTROL.search(value):
@@ -155,9 +127,7 @@ def check_launcher_string(key: str, value: Any, pattern: str | None = None, allo
 
 
 def parse_settings(name: str, given: Any) -> Any:
-    """The typed settings of launcher ``name`` from its ``<name>:`` block (a mapping or None; unknown keys refused).
-
-    A launcher without settings returns None and refuses a non-empty block."""
+    """The typed settings of launcher ``name`` (None for a launcher without settings)."""
     cls = launcher_class(name).settings
     given = {} if given is None else given
     if not isinstance(given, Mapping):
@@ -173,7 +143,17 @@ def parse_settings(name: str, given: Any) -> Any:
     return cls(**given)
 
 
+def store_settings_schemas() -> None:
+    """Store each launcher's settings defaults as the ConfigStore node ``launcher_settings/<name>``."""
+    from hydra.core.config_store import ConfigStore
+
+    for name in LAUNCHERS.names():
+        settings = LAUNCHERS.get(name).settings
+        if settings is not None:
+            defaults = {field.name: list(value) if isinstance(value := getattr(settings(), field.name), tuple)
+                        else value for field in dataclasses.fields(settings)}
+            ConfigStore.instance().store(group="launcher_settings", name=name, node=defaults)
+
+
 def build_launcher(config: Any, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
-    """The launcher registered under ``config.launcher`` (``config``: a :class:`sweeps.config.SweepConfig`), built
-    from ``config.launcher_settings``."""
     return launcher_class(config.launcher).from_config(config.launcher_settings, sweep_dir, sweep, parallelism)

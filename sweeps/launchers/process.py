@@ -1,9 +1,6 @@
-"""``launcher=process``: each run a child process of the driver on this machine.
-
-Each run is started with ``subprocess.Popen`` in its own session (a terminal's Ctrl-C reaches only the driver, which
-then stops the runs itself); on Linux each child gets SIGTERM if the driver dies (``PR_SET_PDEATHSIG``), so no run
-outlives a hard-killed driver. Config: ``conf/sweeps/launcher/process.yaml`` (no settings).
-"""
+"""``launcher=process``: each run a child process of the driver, in its own session (a terminal's Ctrl-C reaches
+only the driver, which stops the runs itself); on Linux a child gets SIGTERM when the driver dies
+(``PR_SET_PDEATHSIG``), so no run outlives a hard-killed driver."""
 
 from __future__ import annotations
 
@@ -33,20 +30,15 @@ _LIBC = _libc() if os.name == "posix" and os.uname().sysname == "Linux" else Non
 
 
 def _die_with_parent() -> None:
-    """Child-side setup: receive SIGTERM when the driver dies, so a hard-killed driver leaves no orphan run."""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @LAUNCHERS.register("process")
 class ProcessLauncher(Launcher):
-    """Each run a child process of the driver, in its own session (see the module doc)."""
-
-    name = "process"
     runs_here = True
 
     def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
-        """``Popen`` each run with its output appended to its log."""
         jobs = []
         for run in runs:
             run.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,7 +52,6 @@ class ProcessLauncher(Launcher):
         return jobs
 
     def poll(self, job: Job) -> Outcome | None:
-        """The child's exit code once it has ended."""
         code = job.handle.poll()
         return None if code is None else Outcome(code)
 
@@ -70,14 +61,11 @@ class ProcessLauncher(Launcher):
             os.killpg(job.handle.pid, signum)
 
     def terminate(self, job: Job) -> None:
-        """SIGTERM to the run's process group."""
         self._signal(job, signal.SIGTERM)
 
     def kill(self, job: Job) -> None:
-        """SIGKILL to the run's process group."""
         self._signal(job, signal.SIGKILL)
 
     def still_running(self, info: Mapping[str, Any], run: RunToLaunch) -> bool:
-        """Whether the recorded pid is alive and still runs this run (its command line names the run folder)."""
         pid = info.get("pid")
         return isinstance(pid, int) and process_matches(pid, str(run.run_dir))

@@ -1,8 +1,5 @@
 """``launcher=ray``: one Ray Job per run through ``ray.job_submission.JobSubmissionClient``; inside a Ray Job,
-``ray.init()`` (verl's own) joins the same cluster.
-
-Settings: the ``ray:`` block of ``conf/sweeps/launcher/ray.yaml`` (:class:`RaySettings`).
-"""
+``ray.init()`` (verl's own) joins the same cluster."""
 
 from __future__ import annotations
 
@@ -28,8 +25,6 @@ NODE_DIED = re.compile(r"its node has died\. Node Id: (?P<node>\w+)(?P<cause>.*)
 
 @dataclasses.dataclass(frozen=True)
 class RaySettings:
-    """Ray Jobs (``ray.*``): one job per run, submitted with ``JobSubmissionClient`` to ``address``."""
-
     address: str | None = None  # None: $RAY_ADDRESS (the dashboard address, http://HOST:8265)
     entrypoint_num_cpus: float | None = None
     entrypoint_num_gpus: float | None = None
@@ -44,65 +39,48 @@ class RaySettings:
             if value is not None:
                 check_number(f"ray.{name}", value, minimum=0.0)
 
-    def resolved_address(self) -> str:
-        """``address``, else ``$RAY_ADDRESS``; :class:`ConfigError` when neither is set."""
-        address = self.address or os.environ.get("RAY_ADDRESS")
-        if not address:
-            raise ConfigError("ray.address = None is not allowed with launcher=ray when RAY_ADDRESS is unset: give "
-                              "ray.address=http://HOST:8265 (the Ray dashboard) or export RAY_ADDRESS")
-        return address
-
 
 @LAUNCHERS.register("ray")
 class RayLauncher(Launcher):
-    """One Ray job per run on the cluster at ``ray.address`` (see the module doc)."""
-
-    name = "ray"
     settings = RaySettings
     poll_every_s = 1.0  # each poll is an HTTP request to the dashboard
 
     @classmethod
     def from_config(cls, settings: Any, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
-        """A job client for the configured Ray address."""
         return cls(settings or RaySettings(), sweep)
 
     def __init__(self, settings: RaySettings, sweep: str) -> None:
         from ray.job_submission import JobSubmissionClient
 
-        self.address = settings.resolved_address()
+        self.address = settings.address or os.environ.get("RAY_ADDRESS")
+        if not self.address:
+            raise ConfigError("ray.address = None is not allowed with launcher=ray when RAY_ADDRESS is unset: give "
+                              "ray.address=http://HOST:8265 (the Ray dashboard) or export RAY_ADDRESS")
         try:
             self.client = JobSubmissionClient(self.address)
         except Exception as error:  # noqa: BLE001  (any connection problem refuses the sweep with its reason)
             reason = str(error).strip().splitlines()[0]
             hint = ("; the cluster uses Ray's token authentication: run the sweep with RAY_AUTH_MODE=token and the "
-                    "cluster's token in RAY_AUTH_TOKEN or ~/.ray/auth_token") if "authentication" in reason.lower() else ""
+                    "cluster's token in RAY_AUTH_TOKEN or ~/.ray/auth_token"
+                    if "authentication" in reason.lower() else "")
             raise ConfigError(f"ray.address = {self.address!r} is not allowed: no Ray dashboard answers there "
                               f"({reason}){hint}") from None
-        self.settings = settings
-        self.sweep = sweep
-        self.cwd = os.getcwd()
+        self.settings, self.sweep, self.cwd = settings, sweep, os.getcwd()
         self._last_poll: dict[str, float] = {}
 
     def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
-        """Submit one Ray Job per run (``cd <driver's folder> && exec <command>``)."""
+        options = {name: getattr(self.settings, name) for name in ("entrypoint_num_cpus", "entrypoint_num_gpus")
+                   if getattr(self.settings, name) is not None}
         jobs = []
         for run in runs:
-            submission_id = f"{self.sweep}-{run.name}-{uuid.uuid4().hex[:8]}"
-            entrypoint = f"cd {shlex.quote(self.cwd)} && exec {shlex.join(run.command)}"
-            options: dict[str, Any] = {}
-            if self.settings.entrypoint_num_cpus is not None:
-                options["entrypoint_num_cpus"] = self.settings.entrypoint_num_cpus
-            if self.settings.entrypoint_num_gpus is not None:
-                options["entrypoint_num_gpus"] = self.settings.entrypoint_num_gpus
             job_id = self.client.submit_job(
-                entrypoint=entrypoint, submission_id=submission_id, runtime_env={"env_vars": dict(run.env)},
-                metadata={"sweep": self.sweep, "run": run.name}, **options,
-            )
+                entrypoint=f"cd {shlex.quote(self.cwd)} && exec {shlex.join(run.command)}",
+                submission_id=f"{self.sweep}-{run.name}-{uuid.uuid4().hex[:8]}",
+                runtime_env={"env_vars": dict(run.env)}, metadata={"sweep": self.sweep, "run": run.name}, **options)
             jobs.append(Job(run=run, handle=job_id, info={"job_id": job_id, "address": self.address}))
         return jobs
 
     def poll(self, job: Job) -> Outcome | None:
-        """The job's driver exit code once it has succeeded, failed or stopped (its logs appended to the run's)."""
         from ray.job_submission import JobStatus
 
         now = time.monotonic()
@@ -122,9 +100,9 @@ class RayLauncher(Launcher):
         code = info.driver_exit_code
         if code is None:
             code = {JobStatus.SUCCEEDED: 0, JobStatus.STOPPED: 130}.get(info.status, 1)
-        error = None if info.status == JobStatus.SUCCEEDED else f"Ray job {job.handle} {info.status.value}: " \
-                                                                 f"{(info.message or '').strip()}"
-        return Outcome(code, error)
+        if info.status == JobStatus.SUCCEEDED:
+            return Outcome(code)
+        return Outcome(code, f"Ray job {job.handle} {info.status.value}: {(info.message or '').strip()}")
 
     def _append_logs(self, job: Job) -> None:
         try:
@@ -137,12 +115,10 @@ class RayLauncher(Launcher):
             log.write(logs)
 
     def terminate(self, job: Job) -> None:
-        """Stop the Ray job (SIGTERM to its entrypoint)."""
         with contextlib.suppress(Exception):
             self.client.stop_job(job.handle)
 
     def still_running(self, info: Mapping[str, Any], run: RunToLaunch) -> bool:
-        """Whether the recorded job on the same cluster is still pending or running."""
         from ray.job_submission import JobStatus
 
         job_id = info.get("job_id")

@@ -1,10 +1,6 @@
-"""``launcher=slurm``: one SLURM job per run through submitit, submitted as one job array whose
-``array_parallelism`` is ``jobs``.
-
-Settings: the ``slurm:`` block of ``conf/sweeps/launcher/slurm.yaml`` (:class:`SlurmSettings`).
-``slurm.cluster=submitit_local`` runs the same jobs through submitit's local executor, for trying a sweep without
-SLURM; ``debug`` runs them in the driver's process.
-"""
+"""``launcher=slurm``: one SLURM job per run through submitit, one job array whose parallelism is ``jobs``.
+``slurm.cluster=submitit_local`` runs the same jobs through submitit's local executor (no SLURM needed), ``debug``
+in the driver's process."""
 
 from __future__ import annotations
 
@@ -20,15 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number
-from sweeps.launchers.base import (
-    LAUNCHERS,
-    Job,
-    Launcher,
-    Outcome,
-    RunToLaunch,
-    check_launcher_string,
-    process_matches,
-)
+from sweeps.launchers.base import (LAUNCHERS, Job, Launcher, Outcome, RunToLaunch, check_launcher_string,
+                                   process_matches)
 
 # slurm.cluster -> submitit's cluster name ("submitit_local": "local" alone is the CPU backend's name).
 SUBMITIT_CLUSTERS = {"slurm": "slurm", "submitit_local": "local", "debug": "debug"}
@@ -38,16 +27,15 @@ OPTION_PATTERN = r"[A-Za-z][A-Za-z0-9_-]*"  # an sbatch long option's name (subm
 
 @dataclasses.dataclass(frozen=True)
 class SlurmSettings:
-    """Resources of each SLURM job (``slurm.*``); one job per run, submitted as one job array through submitit."""
-
     cluster: str = "slurm"  # slurm | submitit_local (submitit's local executor, for testing) | debug (in-process)
     partition: str | None = None
     timeout_min: int = 1440
-    cpus_per_task: int = 8
+    cpus_per_task: int = 8  # also each run's thread count, unless threads=N
     gpus_per_node: int = 0
-    mem_gb: float | None = 4.0  # a local-backend run peaks at 0.7 GB resident (docs/verl.md); None: no request
-    additional_parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    setup: tuple[str, ...] = ()  # shell lines run before each job (module load ..., source venv)
+    # per job (a local run peaks at 0.7 GB, verl's CPU mode at 6.8 GB); None: SLURM's default, often the whole node
+    mem_gb: float | None = 4.0
+    additional_parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # {constraint: a100}
+    setup: tuple[str, ...] = ()  # shell lines run before each job, e.g. ["source .venv/bin/activate"]
 
     def __post_init__(self) -> None:
         check_choice("slurm.cluster", self.cluster, tuple(SUBMITIT_CLUSTERS))
@@ -66,20 +54,14 @@ class SlurmSettings:
             check_launcher_string("slurm.additional_parameters", str(name), OPTION_PATTERN,
                                   "an sbatch option name (letters, digits, '_', '-'), e.g. constraint")
             check_launcher_string(f"slurm.additional_parameters.{name}", str(value))
-        setup = self.setup
         object.__setattr__(self, "setup", tuple(str(line) for line in (
-            [] if setup is None else [setup] if isinstance(setup, str) else setup)))
+            [] if self.setup is None else [self.setup] if isinstance(self.setup, str) else self.setup)))
         for index, line in enumerate(self.setup):  # each a line of the job script: a list item per line
             check_launcher_string(f"slurm.setup[{index}]", line)
 
 
 def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, log_path: str) -> dict[str, Any]:
-    """The job: run one command with its output appended to ``log_path``; return ``{"exit_code", "stopped_by"}``.
-
-    SIGTERM/SIGINT (scancel, a requeue, submitit's cancel) and SLURM's ``USR2`` before the time limit (see
-    :func:`signal_margin_s`) are passed on to the run as SIGTERM, so it checkpoints and marks itself interrupted
-    before SLURM's SIGKILL; ``stopped_by`` names the first such signal (``SIGUSR2``: the time limit).
-    """
+    """The job: run ``command``, forwarding SIGTERM/SIGINT/USR2 (time limit) to it as SIGTERM."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     stopped_by: list[str] = []
     with open(log_path, "ab") as log:
@@ -91,20 +73,17 @@ def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, log_pa
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
 
-        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
-        previous = {signum: signal.signal(signum, forward) for signum in signals}
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
         try:
             code = process.wait()
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
     return {"exit_code": code, "stopped_by": stopped_by[0] if stopped_by else None}
 
 
 def signal_margin_s(timeout_min: int) -> int:
-    """Seconds before the time limit at which SLURM sends ``USR2`` (the run then checkpoints and stops): a tenth of
-    the limit, at least 20 s and at most 90 s (SLURM may send it up to a minute early; submitit's 90 s would come
-    before a 1-minute job even starts)."""
+    """A tenth of the limit, 20-90 s (SLURM may send USR2 a minute early)."""
     return int(min(90, max(20, timeout_min * 6)))
 
 
@@ -118,9 +97,7 @@ STOPPED_STATES = {"CANCELLED": "was cancelled (scancel)", "TIMEOUT": "reached it
 
 
 class SlurmQueue:
-    """Each job's ``(state, reason)`` as ``squeue`` shows it, read at most every ``every_s`` seconds in one call
-    for the user's jobs. Needs no accounting (``sacct``); a job finished more than SLURM's ``MinJobAge`` ago is no
-    longer listed. ``problem`` holds squeue's error when the last call failed (the states are then the last known)."""
+    """squeue's ``(state, reason)`` of the user's jobs, read at most every ``every_s`` seconds."""
 
     def __init__(self, every_s: float = 2.0) -> None:
         self.every_s = every_s
@@ -129,13 +106,11 @@ class SlurmQueue:
         self.read_at = -float("inf")
 
     def get(self, job_id: str) -> tuple[str, str] | None:
-        """``(state, reason)`` of ``job_id`` (``12_0`` for an array task), or None when squeue does not list it."""
         if time.monotonic() - self.read_at >= self.every_s:
             self.refresh()
         return self.jobs.get(job_id)
 
     def refresh(self) -> None:
-        """Read every job of the user (array tasks one per line) from squeue."""
         self.read_at = time.monotonic()
         try:
             done = subprocess.run(["squeue", "--me", "-h", "-r", "--states=all", "-o", "%i|%T|%r"],
@@ -155,40 +130,27 @@ class SlurmQueue:
 
 
 def _executor_parameters(settings: SlurmSettings, sweep: str, parallelism: int) -> dict[str, Any]:
-    """submitit's ``update_parameters`` arguments for the job array."""
-    parameters: dict[str, Any] = {
-        "name": f"sweep-{sweep}", "timeout_min": settings.timeout_min, "cpus_per_task": settings.cpus_per_task,
-        "gpus_per_node": settings.gpus_per_node, "slurm_array_parallelism": parallelism,
-        "slurm_signal_delay_s": signal_margin_s(settings.timeout_min),
-    }
-    if settings.mem_gb is not None:
-        parameters["mem_gb"] = settings.mem_gb
-    if settings.partition:
-        parameters["slurm_partition"] = settings.partition
-    if settings.additional_parameters:
-        parameters["slurm_additional_parameters"] = dict(settings.additional_parameters)
-    if settings.setup:
-        parameters["slurm_setup"] = list(settings.setup)
-    return parameters
+    optional = {"mem_gb": settings.mem_gb, "slurm_partition": settings.partition or None,
+                "slurm_additional_parameters": dict(settings.additional_parameters) or None,
+                "slurm_setup": list(settings.setup) or None}
+    return {"name": f"sweep-{sweep}", "timeout_min": settings.timeout_min, "cpus_per_task": settings.cpus_per_task,
+            "gpus_per_node": settings.gpus_per_node, "slurm_array_parallelism": parallelism,
+            "slurm_signal_delay_s": signal_margin_s(settings.timeout_min),
+            **{key: value for key, value in optional.items() if value is not None}}
 
 
 @LAUNCHERS.register("slurm")
 class SlurmLauncher(Launcher):
-    """One SLURM job per run through submitit, submitted as a job array (see the module doc)."""
-
-    name = "slurm"
     settings = SlurmSettings
     batch = True
     threads_origin = "slurm.cpus_per_task"
 
     @classmethod
     def from_config(cls, settings: Any, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:
-        """A submitit executor for the sweep folder, ``parallelism`` jobs of the array at once."""
         return cls(settings or SlurmSettings(), sweep_dir, sweep, parallelism)
 
     @classmethod
     def threads_per_run(cls, settings: Any) -> int | None:
-        """Each job owns its ``slurm.cpus_per_task`` CPUs: that many threads."""
         return (settings or SlurmSettings()).cpus_per_task
 
     def __init__(self, settings: SlurmSettings, sweep_dir: Path, sweep: str, parallelism: int) -> None:
@@ -201,13 +163,11 @@ class SlurmLauncher(Launcher):
         self.folder = sweep_dir / "submitit" / "%j"
         self.executor = submitit.AutoExecutor(folder=self.folder, cluster=SUBMITIT_CLUSTERS[settings.cluster])
         self.executor.update_parameters(**_executor_parameters(settings, sweep, parallelism))
-        self.cluster = settings.cluster
-        self.timeout_min = settings.timeout_min
+        self.cluster, self.timeout_min = settings.cluster, settings.timeout_min
         self.queue = SlurmQueue() if settings.cluster == "slurm" else None
         self.cwd = os.getcwd()
 
     def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
-        """Submit ``runs`` as one job array."""
         with self.executor.batch():
             handles = [self.executor.submit(run_command, list(run.command), dict(run.env), self.cwd,
                                             str(run.log_path)) for run in runs]
@@ -215,12 +175,9 @@ class SlurmLauncher(Launcher):
                 for run, handle in zip(runs, handles, strict=True)]
 
     def poll(self, job: Job) -> Outcome | None:
-        """The run's end once its job has ended: its exit code and, when SLURM stopped it (scancel, time limit,
-        preemption, node failure), the scheduler's reason. A requeued job is waiting again, not ended."""
+        """A requeued job is waiting again, not ended."""
         if self.queue is None:  # submitit's local executor or debug: submitit knows when the job is done
-            if not job.handle.done():
-                return None
-            return self._outcome(job, None)
+            return self._outcome(job, None) if job.handle.done() else None
         state = self.queue.get(str(job.handle.job_id))
         if state is None and not job.handle.paths.result_pickle.exists():
             if self.queue.problem is not None or self.queue.read_at < job.started:
@@ -232,7 +189,6 @@ class SlurmLauncher(Launcher):
         return self._outcome(job, state[0] if state else None)
 
     def _outcome(self, job: Job, final_state: str | None) -> Outcome:
-        """The Outcome of an ended job from its result file and, for SLURM, its final state."""
         job_id = job.handle.job_id
         result, error = None, None
         if job.handle.paths.result_pickle.exists() or self.queue is None:
@@ -252,7 +208,6 @@ class SlurmLauncher(Launcher):
         return Outcome(code, error)
 
     def waiting(self, job: Job) -> str | None:
-        """Why the job waits in SLURM's queue (``PENDING: JobArrayTaskLimit``), None once it runs."""
         if self.queue is None:
             return None
         state = self.queue.get(str(job.handle.job_id))
@@ -263,12 +218,10 @@ class SlurmLauncher(Launcher):
         return f"{state[0]}: {state[1]}" if state[1] and state[1] != "None" else state[0]
 
     def terminate(self, job: Job) -> None:
-        """Cancel the job (scancel: SIGTERM to the run, then SLURM's SIGKILL)."""
         with contextlib.suppress(Exception):
             job.handle.cancel(check=False)
 
     def still_running(self, info: Mapping[str, Any], run: RunToLaunch) -> bool:
-        """A job of an earlier invocation (a driver that ended) may still be queued, requeued or running."""
         job_id = str(info.get("job_id") or "")
         if not job_id:
             return False

@@ -1,4 +1,4 @@
-"""Fixtures shared by the analysis tests: small fake sweeps written with :mod:`analysis.synthetic`."""
+"""Fixtures shared by the analysis tests: small fake sweeps written with :mod:`tests.analysis.synthetic`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.synthetic import write_fake_sweep
+from tests.analysis.synthetic import write_fake_sweep
 
 ALPHAS = (0.0, 0.5, 1.0)
 SEEDS = (1, 2, 3)

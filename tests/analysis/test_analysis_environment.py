@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import aggregate, environment, load, report
-from analysis.synthetic import write_fake_run
+from analysis import aggregate, environment, frames, load, report
+from tests.analysis.synthetic import write_fake_run
 from dataflex_rl.tracking import RunIdentity, RunStore, run_store
 
 VARIABLE = "ATEN_CPU_CAPABILITY"
@@ -51,17 +51,17 @@ def _sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second_variable: str
 
 
 def test_label_parts_hand_written() -> None:
-    assert load.environment_label({"environment": XEON}) == (
+    assert environment.environment_label({"environment": XEON}) == (
         "AVX512 · mkl · 1 thread · Intel(R) Xeon(R) Processor (x86_64)")
     capped = {**XEON, "cpu_capability": "AVX2", "aten_cpu_capability": "avx2", "threads": 4}
-    assert load.environment_label({"environment": capped}) == (
+    assert environment.environment_label({"environment": capped}) == (
         "AVX2 (ATEN_CPU_CAPABILITY=avx2) · mkl · 4 threads · Intel(R) Xeon(R) Processor (x86_64)")
     # each change names what differs from the environment before it
     resumed = {"environment": XEON, "environment_changes": [{**capped, "time": "t1"}, {**XEON, "time": "t2"}]}
-    assert load.environment_label(resumed) == (
+    assert environment.environment_label(resumed) == (
         "AVX512 · mkl · 1 thread · Intel(R) Xeon(R) Processor (x86_64) · resumed under "
         "AVX2 (ATEN_CPU_CAPABILITY=avx2), 4 threads; then AVX512, 1 thread")
-    assert load.environment_label({"run": "hand-made"}) is None
+    assert environment.environment_label({"run": "hand-made"}) is None
 
 
 def test_loader_environment_column(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,13 +73,13 @@ def test_loader_environment_column(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     runs = load.load_sweep(sweep).runs.set_index("run")
     first = runs.loc[f"{sweep.name}-a0-s1", "environment"]
     capped = runs.loc[f"{sweep.name}-a0.5-s1", "environment"]
-    expected = load.environment_label(run_store.read_meta(sweep / "a0-s1"))
+    expected = environment.environment_label(run_store.read_meta(sweep / "a0-s1"))
     assert first == expected and first.startswith(f"{run_store.numeric_environment()['cpu_capability']} · ")
     assert "ATEN_CPU_CAPABILITY" not in first and "(ATEN_CPU_CAPABILITY=avx2) · " in capped
     assert pd.isna(runs.loc[f"{sweep.name}-a1-s1", "environment"])
     # a label, not a swept factor: runs of two environments are not grouped by it
     frame = load.load_sweep(sweep).runs
-    assert "environment" not in load.factor_columns(frame)
+    assert "environment" not in frames.factor_columns(frame)
     assert "environment" not in aggregate.default_group_keys(frame)
 
 

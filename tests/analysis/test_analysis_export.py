@@ -11,7 +11,7 @@ import pytest
 from analysis.export import export_sweep, write_sweep_tables
 from analysis.load import load_sweep
 from analysis.report import build_report
-from analysis.synthetic import write_fake_run, write_fake_sweep
+from tests.analysis.synthetic import write_fake_run, write_fake_sweep
 from dataflex_rl import keys
 
 

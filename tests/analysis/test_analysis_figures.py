@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from matplotlib.collections import QuadMesh
 
-from analysis import load, plots
+from analysis import frames, load, plots
 from analysis.report import build_report
-from analysis.synthetic import write_fake_run, write_fake_sweep
+from tests.analysis.synthetic import write_fake_run, write_fake_sweep
 from dataflex_rl import keys
 
 WEIGHT_EDGES = np.linspace(0.0, 4.0, 81)  # the trainer's fixed edges: 80 bins of 0.05
@@ -42,7 +42,7 @@ def weight_histograms(alpha: float, steps=(0, 10)) -> list[dict]:
 
 
 @pytest.fixture
-def histogram_sweep(tmp_path: Path) -> load.SweepData:
+def histogram_sweep(tmp_path: Path) -> frames.SweepData:
     for alpha in (0.0, 0.5):
         write_fake_run(tmp_path / "sweep" / f"a{alpha}", metrics={keys.SCORE_MEAN: [0.1, 0.2]}, steps=[0, 10],
                        sweep="sweep", run=f"a{alpha}", alpha=alpha, seed=1, histograms=weight_histograms(alpha))
@@ -92,7 +92,7 @@ def test_ema_by_hand():
 def test_smoothed_curves_keep_the_raw_mean_faint_behind(tmp_path):
     data = load.load_sweep(write_fake_sweep(tmp_path / "s", alphas=(0.0, 0.5), seeds=(1, 2), n_steps=20,
                                             histograms=False, grad_stats=False))
-    ax = plots.plot_curves(data.metrics, keys.SCORE_MEAN, smoothing=0.8, n_bootstrap=50)
+    ax = plots.plot_curves(data.metrics, keys.SCORE_MEAN, smoothing=0.8)
     raw, smoothed = ax.lines[0], ax.lines[1]
     assert raw.get_alpha() < 1 and smoothed.get_alpha() is None
     np.testing.assert_allclose(smoothed.get_ydata(), plots.ema(np.asarray(raw.get_ydata()), 0.8))

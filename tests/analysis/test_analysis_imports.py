@@ -9,7 +9,7 @@ PROBE = """
 import sys
 import dataflex_rl.keys
 torch_from_core = "torch" in sys.modules
-import analysis.aggregate, analysis.load, analysis.plots, analysis.report, analysis.tables, analysis.synthetic
+import analysis.aggregate, analysis.load, analysis.plots, analysis.report, analysis.tables
 print(torch_from_core, "torch" in sys.modules, "wandb" in sys.modules)
 """
 

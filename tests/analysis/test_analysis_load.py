@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import load
-from analysis.synthetic import write_fake_run
+from analysis import frames, load, wandb_runs
+from tests.analysis.synthetic import write_fake_run
 from dataflex_rl import keys
 
 
@@ -24,10 +24,10 @@ def _two_metric_run(run_dir: Path, metrics_format: str = "parquet", **kwargs: An
 def test_long_table_columns_dtypes_and_order(complete_sweep: Path) -> None:
     data = load.load_sweep(complete_sweep)
     long = data.metrics
-    assert tuple(long.columns) == load.LONG_COLUMNS
+    assert tuple(long.columns) == frames.LONG_COLUMNS
     assert long["step"].dtype == np.int64 and long["value"].dtype == np.float64
     assert long["seed"].dtype == "Int64" and long["alpha"].dtype == np.float64
-    assert all(isinstance(long[c].dtype, pd.CategoricalDtype) for c in (*load.CATEGORY_COLUMNS, "metric"))
+    assert all(isinstance(long[c].dtype, pd.CategoricalDtype) for c in (*frames.CATEGORY_COLUMNS, "metric"))
     assert np.isfinite(long["value"]).all()
     # val/accuracy is logged every 5 steps of 30 plus the last step: 7 rows per run, NaN steps dropped.
     assert (long[long["metric"] == keys.VAL_ACCURACY].groupby("run", observed=True).size() == 7).all()
@@ -88,7 +88,7 @@ def test_jsonl_truncated_line_and_repeated_step(tmp_path: Path, caplog: pytest.L
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "a": 1.0}\ngarbage\n{"step": 1, "a": 2.0}\n{"step": 1, "a": 5.0, "b": "text"}\n'
                     '{"step": 2, "a"')
-    metrics = load.read_metrics_jsonl(path)
+    metrics = load.read_run_metrics(tmp_path, source="jsonl")
     assert metrics.steps.tolist() == [0, 1]
     assert metrics.values[metrics.names.index("a")].tolist() == [1.0, 5.0]  # the repeated step keeps its last line
     assert np.isnan(metrics.values[metrics.names.index("b")]).all()  # non-numeric value dropped
@@ -149,7 +149,7 @@ def test_histograms_from_parquet_and_jsonl(tmp_path: Path) -> None:
         _two_metric_run(tmp_path / metrics_format / "r", metrics_format=metrics_format, histograms=[record],
                         sweep=metrics_format, run="r")
         histograms = load.load_sweep(tmp_path / metrics_format).histograms
-        assert tuple(histograms.columns) == load.HISTOGRAM_COLUMNS
+        assert tuple(histograms.columns) == frames.HISTOGRAM_COLUMNS
         assert len(histograms) == 1 and histograms.loc[0, "step"] == 3
         assert histograms.loc[0, "edges"].tolist() == [0.0, 0.5, 1.0]
         assert histograms.loc[0, "counts"].tolist() == [4.0, 6.0]
@@ -217,7 +217,7 @@ def test_wandb_load_and_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     _FakeApi.calls = []
     monkeypatch.setattr(wandb, "Api", _FakeApi)
-    data = load.load_wandb("team", "proj", group="grp", cache_dir=tmp_path / "cache")
+    data = wandb_runs.load_wandb("team", "proj", group="grp", cache_dir=tmp_path / "cache")
     assert _FakeApi.calls == [("team/proj", {"group": "grp"})]
     runs = data.runs.set_index("run")
     assert runs.loc["grp-a0.5-s3", "alpha"] == 0.5 and runs.loc["grp-a0.5-s3", "seed"] == 3  # from the run name
@@ -237,14 +237,14 @@ def test_wandb_load_and_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         raise AssertionError("the second load must come from the cache")
 
     monkeypatch.setattr(wandb, "Api", no_network)
-    cached = load.load_wandb("team", "proj", group="grp", cache_dir=tmp_path / "cache")
+    cached = wandb_runs.load_wandb("team", "proj", group="grp", cache_dir=tmp_path / "cache")
     assert "cache" in cached.source
     pd.testing.assert_frame_equal(cached.metrics, data.metrics)
     assert cached.runs["run"].tolist() == data.runs["run"].tolist()
     assert cached.histograms.iloc[0]["edges"].tolist() == [0.0, 0.5, 1.0]
 
     monkeypatch.setattr(wandb, "Api", _FakeApi)
-    load.load_wandb("team", "proj", group="grp", cache_dir=tmp_path / "cache", refresh=True)
+    wandb_runs.load_wandb("team", "proj", group="grp", cache_dir=tmp_path / "cache", refresh=True)
     assert len(_FakeApi.calls) == 2
 
 

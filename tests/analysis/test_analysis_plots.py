@@ -11,13 +11,13 @@ import pytest
 from matplotlib.collections import QuadMesh
 from matplotlib.container import BarContainer, ErrorbarContainer
 
-from analysis import aggregate, load, plots
+from analysis import aggregate, frames, load, plots
 from analysis.curves import aggregate_curves
 from dataflex_rl import keys
 
 
 @pytest.fixture
-def data(complete_sweep: Path) -> load.SweepData:
+def data(complete_sweep: Path) -> frames.SweepData:
     return load.load_sweep(complete_sweep)
 
 
@@ -27,20 +27,20 @@ def close_figures() -> None:
     plt.close("all")
 
 
-def test_plot_curves_one_line_and_band_per_alpha(data: load.SweepData) -> None:
+def test_plot_curves_one_line_and_band_per_alpha(data: frames.SweepData) -> None:
     _, ax = plt.subplots()
-    returned = plots.plot_curves(data.metrics, keys.VAL_ACCURACY, ax=ax, n_bootstrap=100)
+    returned = plots.plot_curves(data.metrics, keys.VAL_ACCURACY, ax=ax)
     assert returned is ax
     assert len(ax.lines) == 3 and len(ax.collections) == 3
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["alpha=0 (n=3)", "alpha=0.5 (n=3)", "alpha=1 (n=3)"]
-    curves = aggregate_curves(data.metrics, keys.VAL_ACCURACY, n_bootstrap=100)
+    curves = aggregate_curves(data.metrics, keys.VAL_ACCURACY)
     first = curves[curves["alpha"] == 0.0]
     np.testing.assert_allclose(ax.lines[0].get_ydata(), first["mean"])
-    new_ax = plots.plot_low_prob_share(data.metrics, band=False, n_bootstrap=50)
+    new_ax = plots.plot_low_prob_share(data.metrics, band=False)
     assert new_ax is not ax and len(new_ax.lines) == 3 and not new_ax.collections
 
 
-def test_plot_metric_vs_alpha_one_series_per_label(data: load.SweepData) -> None:
+def test_plot_metric_vs_alpha_one_series_per_label(data: frames.SweepData) -> None:
     summaries = aggregate.run_summaries(data.metrics, metrics=[keys.VAL_ACCURACY])
     labelled = pd.concat([summaries.assign(mechanism_label="ar"), summaries.assign(mechanism_label="lopti")])
     aggregates = aggregate.aggregate_runs(labelled, group_keys=("mechanism_label", "alpha"), n_bootstrap=100)
@@ -58,7 +58,7 @@ def test_rebin_histogram_by_hand() -> None:
                                                      np.array([0.0, 0.5, 2.0])), [1.0, 5.0])
 
 
-def test_histogram_heatmaps_and_histogram(data: load.SweepData) -> None:
+def test_histogram_heatmaps_and_histogram(data: frames.SweepData) -> None:
     axes = plots.plot_histogram_heatmaps(data.histograms, keys.HIST_WEIGHT, bins=16)
     assert axes.shape == (3,)
     meshes = [c for c in axes[0].collections if isinstance(c, QuadMesh)]
@@ -72,7 +72,7 @@ def test_histogram_heatmaps_and_histogram(data: load.SweepData) -> None:
         plots.plot_histogram(data.histograms, "dataflex/hist/none")
 
 
-def test_grad_by_bucket_bars(data: load.SweepData) -> None:
+def test_grad_by_bucket_bars(data: frames.SweepData) -> None:
     ax = plots.plot_grad_by_bucket(data.metrics, stat="logit_grad_norm_share", n_bootstrap=100)
     bars = [c for c in ax.containers if isinstance(c, BarContainer)]
     assert len(bars) == 3 and all(len(b) == 4 for b in bars)  # 3 alphas x 4 buckets

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis import report, report_figures
-from analysis.synthetic import fake_metrics, write_fake_run, write_fake_sweep
+from tests.analysis.synthetic import fake_metrics, write_fake_run, write_fake_sweep
 
 FAST = ["--bootstrap", "200"]
 

@@ -12,7 +12,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from analysis import aggregate, plots, report, statistics
-from analysis.synthetic import write_fake_run
+from tests.analysis.synthetic import write_fake_run
 
 FAST = ["--bootstrap", "200"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis import results
-from analysis.synthetic import write_fake_sweep
+from tests.analysis.synthetic import write_fake_sweep
 
 
 def test_every_results_block_in_the_docs_equals_its_file_and_every_file_is_shown():

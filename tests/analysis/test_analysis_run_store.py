@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from analysis import load, report
-from analysis.synthetic import write_fake_run
+from tests.analysis.synthetic import write_fake_run
 from dataflex_rl.tracking import RunStore, run_store
 from dataflex_rl.tracking.identity import config_hash
 
@@ -57,9 +57,3 @@ def test_a_run_written_by_the_store_loads_with_its_identity_and_curves(tmp_path:
     assert data.metric_names == ["grad_norm/by_prob/low"]  # the glob selected one column
     assert data.metrics["value"].tolist() == [1.0, 2.0, 3.0]
     assert data.histograms["counts"].iloc[0].tolist() == [2.0, 3.0]
-
-
-def test_the_states_are_defined_once() -> None:
-    from sweeps import manifest
-
-    assert load.RUN_STATES is run_store.STATES and manifest.RUN_STATES is run_store.STATES

@@ -9,7 +9,7 @@ import pandas as pd
 from analysis import tables
 from analysis.html_report import render_report_html
 from analysis.report import build_report
-from analysis.synthetic import write_fake_sweep
+from tests.analysis.synthetic import write_fake_sweep
 
 
 

@@ -10,7 +10,10 @@ import pandas as pd
 import pytest
 
 from analysis import aggregate, tables
-from analysis.load import factor_columns, load_sweep, load_wandb, load_wandb_offline
+from analysis.frames import factor_columns
+from analysis.load import load_sweep
+from analysis.wandb_offline import load_wandb_offline
+from analysis.wandb_runs import load_wandb
 from analysis.wandb_offline import history_tables, offline_state
 from dataflex_rl import keys
 from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers, wandb_run_id

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis import load, report, warm_starts
-from analysis.synthetic import write_fake_run
+from tests.analysis.synthetic import write_fake_run
 from dataflex_rl.tracking import run_store
 
 

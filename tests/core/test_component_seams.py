@@ -1,5 +1,5 @@
 """The seams between the schema and the components: validated Params reach the mechanism as they are, scorers
-reuse the mechanism's token probabilities through a hook, and "staged" is one class attribute."""
+reuse the mechanism's token probabilities through a hook, and staging is the actuator's."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import dataclasses
 import torch
 
 from dataflex_rl import build_mechanism, parse_dataflex_config
-from dataflex_rl.mechanism import MECHANISMS, Mechanism, staged_mechanism_names
+from dataflex_rl.actuators import ACTUATORS
 from dataflex_rl.scorers import SCORERS, Scorer
+from tests import registry_snapshot
 
 
 def _fields(probs: list[list[float]]) -> dict[str, torch.Tensor]:
@@ -28,10 +29,9 @@ def test_the_mechanism_keeps_the_params_the_schema_validated():
 
 
 def test_a_scorer_with_its_own_signal_is_scored_not_replaced_by_pi():
-    with SCORERS.snapshot():
+    with registry_snapshot(SCORERS):
         @SCORERS.register("constant_half")
         class ConstantHalf(Scorer):
-            name = "constant_half"
             signal = "token_prob"  # the same signal kind as pi, but its own numbers
             required_fields = ("response_mask",)
 
@@ -46,6 +46,8 @@ def test_a_scorer_with_its_own_signal_is_scored_not_replaced_by_pi():
     assert torch.equal(output.weights, torch.full((1, 2), 0.5))
 
 
-def test_staged_is_one_class_attribute():
-    assert Mechanism.staged is False and MECHANISMS.get("isolate").staged is True
-    assert staged_mechanism_names() == ["isolate"]
+def test_staging_is_the_actuators_and_the_registry_names_each_class():
+    assert [name for name in ACTUATORS.names() if ACTUATORS.get(name).staged] == ["lopti"]
+    assert build_mechanism({"mechanism": "isolate"}).staged and not build_mechanism({}).staged
+    assert all(ACTUATORS.get(name).name == name for name in ACTUATORS.names())
+    assert all(SCORERS.get(name).name == name for name in SCORERS.names())

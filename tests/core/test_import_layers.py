@@ -1,14 +1,30 @@
-"""Imports in the core, tracking, the local backend and the sweep driver point one way: no module reaches itself
-again (function-level imports too)."""
+"""Imports point one way in every package (dataflex_rl with its backends, sweeps, analysis, benchmarks): no import
+circle, function-level imports included, and the layers of docs/architecture.md hold."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = ("dataflex_rl", "sweeps", "analysis", "benchmarks")
+# The core: what a mechanism and its config need, importing nothing else of the project.
+CORE = tuple(f"dataflex_rl.{name}" for name in (
+    "actuators", "config", "config_keys", "hashing", "interrupts", "keys", "mechanism", "metrics", "overrides",
+    "registry", "scorers", "validation"))
+# layer -> (its modules, the project's modules it may import), as dotted prefixes. Any module may import the
+# package ``dataflex_rl`` itself (its lazy public names).
+LAYERS = {
+    "core": (CORE, CORE),
+    "tasks": (("dataflex_rl.tasks",), (*CORE, "dataflex_rl.tasks")),
+    "tracking": (("dataflex_rl.tracking",), (*CORE, "dataflex_rl.tracking")),
+    "analysis": (("analysis",), (*CORE, "dataflex_rl.tasks", "dataflex_rl.tracking", "analysis")),
+}
+# modules -> what they never import: the backends and the core never the analysis, nothing the benchmarks.
+FORBIDDEN = {"dataflex_rl": ("analysis", "benchmarks"), "sweeps": ("benchmarks",), "analysis": ("benchmarks",)}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -16,46 +32,86 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(folder: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``folder`` it imports anywhere in its body (``from pkg import sub`` counts sub)."""
-    modules = {module_name(path): path for path in (ROOT / folder).glob("*.py")}
-    graph: dict[str, set[str]] = {}
+def imported_names(name: str, path: pathlib.Path) -> set[str]:
+    """Every dotted name a module imports anywhere in its body (``from pkg import sub`` counts ``pkg.sub``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package upwards
+                anchor = name.split(".")[: len(name.split(".")) - node.level + (path.name == "__init__.py")]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.update({base, *(f"{base}.{alias.name}" for alias in node.names)})
+    return names
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports. A module importing one of its own packages imports the
+    package's public face, not itself: that edge is left out."""
+    modules = {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    graph = {}
     for name, path in modules.items():
-        imported: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                imported.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                imported.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
-        # A package's __init__ re-exports its modules; a module importing a sibling names the sibling, not the package.
-        package = folder.replace("/", ".")
-        graph[name] = {other for other in imported & set(modules) if other not in (name, package)}
+        parents = {".".join(name.split(".")[:depth]) for depth in range(1, name.count(".") + 1)}
+        graph[name] = {other for other in imported_names(name, path) & set(modules) if other not in {name, *parents}}
     return graph
 
 
-def cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
-    """A path start -> ... -> start, or None."""
-    stack, seen = [(start, [start])], set()
-    while stack:
-        node, path = stack.pop()
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: the strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = lowest[node] = len(index)
+        stack.append(node)
         for successor in sorted(graph[node]):
-            if successor == start:
-                return [*path, start]
-            if successor not in seen:
-                seen.add(successor)
-                stack.append((successor, [*path, successor]))
-    return None
+            if successor not in index:
+                visit(successor)
+                lowest[node] = min(lowest[node], lowest[successor])
+            elif successor in stack:
+                lowest[node] = min(lowest[node], index[successor])
+        if lowest[node] == index[node]:
+            component = stack[stack.index(node):]
+            del stack[stack.index(node):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
 
 
-@pytest.mark.parametrize(
-    "folder", ["dataflex_rl", "dataflex_rl/tracking", "dataflex_rl/tracking/run_store", "dataflex_rl/local", "sweeps"]
-)
-def test_no_import_cycles(folder):
-    graph = import_graph(folder)
-    cycles = [cycle for cycle in (cycle_from(graph, name) for name in sorted(graph)) if cycle]
-    assert cycles == []
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)
 
 
-def test_the_cycle_finder_finds_one():
-    assert cycle_from({"a": {"b"}, "b": {"a"}, "c": set()}, "a") == ["a", "b", "a"]
-    assert cycle_from({"a": {"b"}, "b": set()}, "a") is None
+def test_no_import_circles():
+    assert circles(import_graph()) == []
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_imports_only_the_layers_below(layer):
+    graph = import_graph()
+    modules, allowed = LAYERS[layer]
+    wrong = sorted(f"{name} -> {other}" for name in graph if within(name, modules)
+                   for other in graph[name] if other != "dataflex_rl" and not within(other, allowed))
+    assert wrong == []
+
+
+@pytest.mark.parametrize("package", FORBIDDEN)
+def test_no_package_imports_what_is_above_it(package):
+    graph = import_graph()
+    wrong = sorted(f"{name} -> {other}" for name in graph if within(name, (package,))
+                   for other in graph[name] if within(other, FORBIDDEN[package]))
+    assert wrong == []
+
+
+def test_the_circle_finder_finds_one():
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -15,15 +15,15 @@ Here ``split: quantile`` with ``eta = portion``.
 """
 
 import math
+import pathlib
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dataflex_rl import ConfigError, build_mechanism, keys, parse_dataflex_config
-from dataflex_rl.mechanism import IsolateMechanism
-from dataflex_rl.train import CONF_DIR
+from dataflex_rl.compose import CONF_DIR, compose_train_config
+from dataflex_rl.config import dataflex_defaults
 from tests.core.devices import on, on_cpu, processed
 
 
@@ -191,7 +191,7 @@ def test_isolate_defaults_to_the_lopti_actuator():
     assert parsed.actuator.name == "lopti"
     assert dict(parsed.actuator.params) == {"alpha": 0.0, "normalize": "mean", "tau": None, "neg_adv_weight": 1.0,
                                             "eta": 0.5, "split": "threshold"}
-    assert isinstance(build_mechanism({"mechanism": "isolate"}), IsolateMechanism)
+    assert build_mechanism({"mechanism": "isolate"}).staged
 
 
 def test_mismatched_mechanism_and_actuator_are_refused():
@@ -204,8 +204,7 @@ def test_mismatched_mechanism_and_actuator_are_refused():
 
 
 def compose_dataflex(overrides):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=overrides).dataflex
+    return compose_train_config(overrides)["dataflex"]
 
 
 @pytest.mark.parametrize(
@@ -237,10 +236,15 @@ def test_alpha_overrides_baseline_and_eta_is_refused_there():
         build_mechanism(block)
 
 
-def test_preset_files_keep_the_public_block_shape():
-    for preset in ("lopti", "ar_lopti"):
-        block = OmegaConf.load(f"{CONF_DIR}/dataflex/{preset}.yaml")
-        assert set(block) == {"mechanism", "scorer", "actuator", "warmup_step"}
+def test_presets_hold_what_differs_and_compose_to_the_public_block_shape():
+    defaults = dataflex_defaults()
+    for path in sorted(pathlib.Path(CONF_DIR, "dataflex").glob("*.yaml")):
+        preset = OmegaConf.to_container(OmegaConf.load(path))
+        restated = [key for key in ("mechanism", "warmup_step") if preset.get(key) == defaults[key]]
+        scorer = preset.get("scorer") or {}
+        restated += ["scorer"] * (scorer.get("name") == defaults["scorer"]["name"] or scorer.get("params") == {})
+        assert restated == [], path.name
+        assert set(compose_dataflex([f"dataflex={path.stem}"])) == {"mechanism", "scorer", "actuator", "warmup_step"}
 
 
 # --- quantile split (the paper code's seperate_portion) -------------------------------------------------------------

@@ -1,22 +1,23 @@
 """Hand-derived values for the statistics helpers (histograms, quantiles, probability buckets)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
-from dataflex_rl import keys
+from dataflex_rl import ConfigError, keys
 from dataflex_rl.metrics import (
-    bucket_edges, histogram, histogram_counts, prob_bucket_stats, read_on_host, sample_quantile_tensor,
+    bucket_edges, histogram_counts, prob_bucket_stats, read_on_host, sample_quantile_tensor,
     sample_quantiles,
 )
 
 
 def test_histogram_fixed_edges_with_overflow_into_end_bins(device):
     edges = np.array([0.0, 1.0, 2.0, 3.0])
-    result = histogram(torch.tensor([-5.0, 0.5, 1.0, 2.5, 3.0, 99.0], device=device), edges)
+    values = torch.tensor([-5.0, 0.5, 1.0, 2.5, 3.0, 99.0], device=device)
     # [-5 -> first bin], [0.5 -> 0], [1.0 -> 1], [2.5 -> 2], [3.0 -> last], [99 -> last]
-    assert result.counts.tolist() == [2, 1, 3]
-    assert result.edges.tolist() == edges.tolist()
+    assert histogram_counts(values, torch.ones_like(values, dtype=torch.bool), edges).cpu().tolist() == [2, 1, 3]
 
 
 def test_sample_quantiles_lower_definition(device):
@@ -78,3 +79,13 @@ def test_prob_bucket_stats_empty_batch_is_all_zero(device):
     ones = torch.ones(1, 2, device=device)
     stats = prob_bucket_stats(ones, ones, torch.zeros(1, 2, device=device), edges=(0.5,))
     assert all(value == 0.0 for value in stats.values())
+
+
+@pytest.mark.parametrize("value", ["baseline", "dataflex.actuator.params.alpha", "sft.seed", "val/acc", 3])
+def test_the_metric_check_accepts_metric_names_only(value):
+    """Config keys and preset names are not metrics: ``plan_metric=baseline`` is refused naming key, value, allowed."""
+    with pytest.raises(ConfigError, match=rf"^plan_metric = {re.escape(repr(value))} is not allowed: not a metric the "
+                                          rf"trainer logs.*; allowed: .*val/accuracy, .*grad_norm/by_prob/<bucket>"):
+        keys.check_metric_key("plan_metric", value)
+    for metric in ("val/accuracy", "actor/stage1/pg_loss", keys.grad_by_prob("0.00-0.25", "token_share")):
+        assert keys.check_metric_key("plan_metric", metric) == metric

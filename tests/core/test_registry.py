@@ -3,19 +3,28 @@ import pytest
 from dataflex_rl import ACTUATORS, SCORERS, build_mechanism
 from dataflex_rl.registry import Registry, RegistryError
 from dataflex_rl.scorers import TokenProbScorer
+from tests import registry_snapshot
+
+
+class Widget:
+    pass
+
+
+class Gadget:
+    pass
 
 
 def test_duplicate_name_raises_and_names_the_holder():
     registry = Registry("widget")
-    registry.register("a")(int)
-    with pytest.raises(RegistryError, match=r"widget 'a' is already registered \(by builtins.int\)"):
-        registry.register("a")(float)
+    registry.register("a")(Widget)
+    with pytest.raises(RegistryError, match=r"widget 'a' is already registered \(by tests.core.test_registry.Widget\)"):
+        registry.register("a")(Gadget)
 
 
 def test_unknown_name_lists_registered():
     registry = Registry("widget")
-    registry.register("b")(int)
-    registry.register("a")(int)
+    registry.register("b")(1)
+    registry.register("a")(2)
     with pytest.raises(RegistryError, match=r"unknown widget 'c'; registered widgets: a, b"):
         registry.get("c")
 
@@ -37,8 +46,9 @@ def test_dotted_path_in_config_builds_mechanism():
 
 
 def test_snapshot_restores_entries():
-    with ACTUATORS.snapshot():
-        ACTUATORS.register("temporary")(object)
+    with registry_snapshot(ACTUATORS):
+        ACTUATORS.register("temporary")(Widget)
+        assert Widget.name == "temporary"  # the registry names the class
         assert "temporary" in ACTUATORS
     assert "temporary" not in ACTUATORS
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dataflex_rl import ConfigError, build_mechanism, keys
-from dataflex_rl.actuators import masked_mean_normalize, masked_quantile
+from dataflex_rl.actuators import masked_mean_normalize, masked_quantile_tensor
 from dataflex_rl.mechanism import MechanismOutput
 from tests.core.devices import on, on_cpu
 
@@ -131,8 +131,8 @@ def test_masked_quantile_equals_torch_quantile(device):
     values = torch.rand(7, 9, generator=generator).to(device)
     mask = (torch.rand(7, 9, generator=generator) > 0.4).to(device)
     for q in (0.0, 0.05, 0.5, 0.8, 1.0):
-        assert masked_quantile(values, mask, q) == float(torch.quantile(values[mask], q))
-    assert masked_quantile(values, torch.zeros_like(mask), 0.5) == 0.0
+        assert float(masked_quantile_tensor(values, mask, q)) == float(torch.quantile(values[mask], q))
+    assert float(masked_quantile_tensor(values, torch.zeros_like(mask), 0.5)) == 0.0
 
 
 # --- STAPO -------------------------------------------------------------------------------------------------------

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from dataflex_rl.train import CONF_DIR
+from dataflex_rl.compose import compose_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,9 +38,8 @@ def tiny_overrides(run_dir: Path, cache_dir: Path, steps: int = 3) -> list[str]:
     ]
 
 
-def compose_train(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+def compose_train(overrides: list[str]) -> dict:
+    return compose_train_config(overrides)
 
 
 def run_cli(overrides: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
-"""A run's config is composed once: ``python -m dataflex_rl.train <overrides>`` composes ``conf/train.yaml`` once
-(no precheck, no ``hydra.main``), and ``--config-file`` composes nothing; either validates once, logs as Hydra did,
+"""A run's config is composed once: ``python -m dataflex_rl.train <overrides>`` composes ``conf/train.yaml`` once,
+and ``--config-file`` composes nothing; either validates once, logs as Hydra did,
 and refuses what it refused before, touching nothing."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from dataflex_rl.local.cli import compose_train_config, write_config_file
-from dataflex_rl.tracking import read_config
-from dataflex_rl.train import CONFIG_FILE_FLAG
+from dataflex_rl.compose import compose_train_config
+from dataflex_rl.tracking.run_store import read_config
+from dataflex_rl.train import CONFIG_FILE_FLAG, write_config_file
 from dataflex_rl.train import main as train_main
 from tests.counted_train import COUNT_ENV, compositions
 
@@ -85,6 +85,7 @@ def run_main(arguments: list[str]) -> tuple[int, str]:
     (["--config-file"], "--config-file takes one path and nothing else"),
     (["--config-file", "x.yaml", "seed=2"], "--config-file takes one path and nothing else"),
     (["--config-file", "/nonexistent/launch.yaml"], "config file /nonexistent/launch.yaml cannot be read"),
+    (["-m", "seed=1,2"], "-m is not allowed: give overrides key=value"),
 ])
 def test_a_bad_config_file_argument_is_refused(arguments, message):
     code, error = run_main(arguments)
@@ -103,3 +104,15 @@ def test_a_config_file_with_a_bad_value_or_no_mapping_is_refused_before_run_dir_
     config_file.write_text("- a list\n")
     code, error = run_main([CONFIG_FILE_FLAG, str(config_file)])
     assert code == 2 and "holds a list, expected a resolved conf/train.yaml" in error
+
+
+def test_cfg_prints_the_composed_config_and_runs_nothing(capsys):
+    saved = sys.argv
+    sys.argv = ["dataflex_rl.train", "--cfg", "job", "run_dir=x", "trainer.lr=0.003"]
+    try:
+        train_main()
+    finally:
+        sys.argv = saved
+    import yaml
+
+    assert yaml.safe_load(capsys.readouterr().out) == compose_train_config(["run_dir=x", "trainer.lr=0.003"])

@@ -8,9 +8,9 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dataflex_rl.local.config import ModelConfig, TrainerConfig
-from dataflex_rl.local.decoder import supported
-from dataflex_rl.local.model import build_model
-from dataflex_rl.local.sequences import generate, response_token_outputs
+from dataflex_rl.lm.decoder import supported
+from dataflex_rl.lm.model import build_model
+from dataflex_rl.lm.sequences import generate, response_token_outputs
 from dataflex_rl.local.trainer import fast_paths
 from dataflex_rl.tasks import build_task
 from dataflex_rl.validation import ConfigError
@@ -120,17 +120,15 @@ def test_compiled_packed_forward_matches_eager(tmp_path, monkeypatch):
 
 
 def build_trainer(overrides: list[str]):
-    from omegaconf import OmegaConf
-
     from dataflex_rl import build_mechanism
     from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.local.sft import warm_start
+    from dataflex_rl.lm.sft import warm_start
     from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
 
     from .conftest import compose_train
 
-    resolved = OmegaConf.to_container(compose_train(overrides), resolve=True)
+    resolved = compose_train(overrides)
     config = parse_train_config(resolved)
     task = build_task(config.task.name, config.task.params)
     model, tokenizer, _ = warm_start(config.model, config.task, config.sft, task)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dataflex_rl.tracking.run_store import load_metrics
+from dataflex_rl.tracking.run_store import read_metrics
 
 from .conftest import REPO
 
@@ -29,7 +29,7 @@ def test_kk_experiment_rl_raises_greedy_accuracy_above_the_warm_start(tmp_path, 
                f"run_dir={run_dir}", "trainer.total_steps=200", "logger.wandb.mode=disabled", "threads=1",
                "stats.prob_change_every=0", "stats.exact_every=0"]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=1800)
-    accuracy = load_metrics(run_dir).dropna(subset=["val/accuracy"]).set_index("step")["val/accuracy"]
+    accuracy = read_metrics(run_dir).dropna(subset=["val/accuracy"]).set_index("step")["val/accuracy"]
     start, end = accuracy.loc[0], accuracy.iloc[-3:].mean()  # the last three evaluations: steps 100, 150, 200
     assert start < CONSTANT_ANSWER_ACCURACY  # the warm start has the format, not the puzzles
     assert end > max(start + 0.05, CONSTANT_ANSWER_ACCURACY), accuracy.to_dict()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dataflex_rl import keys
-from dataflex_rl.tracking import load_histograms, load_metrics
+from dataflex_rl.tracking.run_store import load_histograms, read_metrics
 from dataflex_rl.train import run
 
 from .conftest import compose_train, tiny_overrides
@@ -33,7 +33,7 @@ def run_preset(tmp_path, sft_cache, preset: str, extra: list[str] = ()):
     run_dir = tmp_path / preset
     overrides = tiny_overrides(run_dir, sft_cache, steps=STEPS) + [f"dataflex={preset}", *extra]
     assert run(compose_train(overrides)) == 0
-    return run_dir, load_metrics(run_dir).set_index("step")
+    return run_dir, read_metrics(run_dir).set_index("step")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dataflex_rl.local.progress import progress_bar, show_latest
+from dataflex_rl.lm.progress import progress_bar, show_latest
 
 
 def test_postfix_keeps_the_last_finite_value_between_evaluations():

@@ -15,7 +15,7 @@ import pytest
 
 from dataflex_rl import keys
 from dataflex_rl.local import trainer as trainer_module
-from dataflex_rl.tracking import RunStore, load_metrics, read_status
+from dataflex_rl.tracking.run_store import RunStore, read_metrics, read_status
 from dataflex_rl.train import main as train_main
 from dataflex_rl.train import run
 
@@ -48,12 +48,12 @@ def test_resume_with_a_different_config_is_refused_naming_the_keys(tmp_path, sft
     assert run(compose_train(changed)) == 2  # the in-process entry refuses the same way
     # Keys that cannot change the numbers may differ, and total_steps may grow: the run is extended.
     assert run(compose_train(overrides + ["trainer.total_steps=3", "logger.console_every=5"])) == 0
-    frame = load_metrics(run_dir)
+    frame = read_metrics(run_dir)
     assert list(frame["step"]) == [0, 1, 2, 3]
     assert read_status(run_dir)["state"] == "completed"
     # A completed run can be extended too; asking for fewer steps is refused.
     assert run(compose_train(overrides + ["trainer.total_steps=4"])) == 0
-    assert list(load_metrics(run_dir)["step"]) == [0, 1, 2, 3, 4]
+    assert list(read_metrics(run_dir)["step"]) == [0, 1, 2, 3, 4]
     assert run(compose_train(overrides + ["trainer.total_steps=3"])) == 2
 
 
@@ -113,7 +113,7 @@ def test_a_full_disk_is_recorded_as_failed_leaves_no_temp_file_and_a_retry_works
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == []  # the temp file went with the failure
     monkeypatch.setattr(trainer_module.torch, "save", real_save)  # space again
     assert run(compose_train(overrides)) == 0
-    assert read_status(run_dir)["state"] == "completed" and list(load_metrics(run_dir)["step"]) == [0, 1, 2]
+    assert read_status(run_dir)["state"] == "completed" and list(read_metrics(run_dir)["step"]) == [0, 1, 2]
 
 
 class _SignalOnWrite:
@@ -151,10 +151,10 @@ def test_a_stop_in_the_middle_of_a_checkpoint_is_interrupted_not_failed(tmp_path
         signal.signal(signal.SIGTERM, saved_handler)
     status = read_status(run_dir)
     assert status["state"] == "interrupted", status  # torch.save was let finish: no RuntimeError from its zip file
-    assert saves == [1, 2] and list(load_metrics(run_dir)["step"]) == [0, 1, 2]
+    assert saves == [1, 2] and list(read_metrics(run_dir)["step"]) == [0, 1, 2]
     monkeypatch.setattr(trainer_module.torch, "save", real_save)
     assert run(compose_train(overrides)) == 0  # the step-2 checkpoint is whole: the run resumes from it
-    assert read_status(run_dir)["state"] == "completed" and list(load_metrics(run_dir)["step"]) == [0, 1, 2, 3, 4]
+    assert read_status(run_dir)["state"] == "completed" and list(read_metrics(run_dir)["step"]) == [0, 1, 2, 3, 4]
 
 
 def test_a_corrupt_checkpoint_is_named(tmp_path, sft_cache):
@@ -194,12 +194,12 @@ def test_a_run_writes_a_fingerprint_and_group_readable_files(tmp_path, sft_cache
     assert any(path.suffix == ".safetensors" for path in cached)
     for path in cached:
         assert path.stat().st_mode & 0o777 == 0o644, path
-    from dataflex_rl.tracking import config_fingerprint, read_config, read_meta
+    from dataflex_rl.tracking.run_store import config_fingerprint, read_config, read_meta
 
     assert read_meta(run_dir)["config_fingerprint"] == config_fingerprint(read_config(run_dir))
     for name in ("config.yaml", "meta.json", "status.json", "metrics.parquet", "checkpoints/last.pt"):
         assert (run_dir / name).stat().st_mode & 0o777 == 0o644, name
-    assert keys.VAL_ACCURACY in load_metrics(run_dir).columns
+    assert keys.VAL_ACCURACY in read_metrics(run_dir).columns
 
 
 def test_a_full_disk_under_a_library_error_is_named_first(tmp_path, sft_cache, monkeypatch):
@@ -222,7 +222,7 @@ def test_a_damaged_sft_cache_is_named_with_its_fix(tmp_path, sft_cache):
 
     assert run(compose_train(tiny_overrides(tmp_path / "first", sft_cache, steps=1))) == 0
     from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.local.sft import sft_cache_key
+    from dataflex_rl.lm.sft import sft_cache_key
 
     cache = tmp_path / "cache"
     shutil.copytree(sft_cache, cache)  # the session's cache may hold other tests' warm starts too

@@ -15,7 +15,7 @@ import pytest
 
 from dataflex_rl import keys
 from dataflex_rl.train import run
-from dataflex_rl.tracking import load_histograms, load_metrics
+from dataflex_rl.tracking.run_store import load_histograms, read_metrics
 
 from .conftest import REPO, compose_train, run_cli, tiny_overrides
 
@@ -23,7 +23,7 @@ TIMING_PREFIX = "timing_s/"
 
 
 def metrics_without_timing(run_dir) -> pd.DataFrame:
-    frame = load_metrics(run_dir)
+    frame = read_metrics(run_dir)
     return frame[[c for c in frame.columns if not c.startswith(TIMING_PREFIX)]]
 
 
@@ -38,7 +38,7 @@ def test_three_step_cli_run_writes_every_artifact(tmp_path, sft_cache):
     assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["backend"] == "local" and meta["alpha"] == 0.5 and meta["seed"] == 1
-    frame = load_metrics(run_dir)
+    frame = read_metrics(run_dir)
     assert list(frame["step"]) == [0, 1, 2, 3]
     train_keys = [
         keys.SCORE_MEAN, keys.ADV_MEAN, keys.ADV_MAX, keys.ADV_MIN, keys.PG_LOSS, keys.GRAD_NORM,
@@ -140,7 +140,7 @@ def test_existing_run_folder_is_not_touched_by_a_bad_config(tmp_path, sft_cache)
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.is_file()}
     assert run(compose_train(tiny_overrides(run_dir, sft_cache, steps=1) + ["trainer.adv_estimator=nope"])) == 2
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.is_file()} == before
-    assert math.isfinite(load_metrics(run_dir)[keys.VAL_ACCURACY].iloc[-1])
+    assert math.isfinite(read_metrics(run_dir)[keys.VAL_ACCURACY].iloc[-1])
 
 
 def test_restart_of_a_run_that_left_no_checkpoint_logs_each_step_once(tmp_path, sft_cache):
@@ -150,7 +150,7 @@ def test_restart_of_a_run_that_left_no_checkpoint_logs_each_step_once(tmp_path, 
     # An attempt that died before any checkpoint: its lines are in the jsonl, its status is not completed.
     (run_dir / "status.json").write_text(json.dumps({"state": "failed", "step": 2}))
     assert run(compose_train(overrides)) == 0
-    assert list(load_metrics(run_dir)["step"]) == [0, 1, 2]
+    assert list(read_metrics(run_dir)["step"]) == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -171,14 +171,14 @@ def test_knights_and_knaves_run_and_a_local_checkpoint_as_model_path(tmp_path, s
     kk = ["task=knights_knaves", "task.test_size=16", "trainer.max_new_tokens=6"]
     kk_overrides = [o for o in tiny_overrides(tmp_path / "kk", sft_cache, steps=2) if not o.startswith("task.")] + kk
     assert run(compose_train(kk_overrides)) == 0
-    frame = load_metrics(tmp_path / "kk")
+    frame = read_metrics(tmp_path / "kk")
     assert list(frame["step"]) == [0, 1, 2] and keys.val_accuracy_by_difficulty(3) in frame.columns
     # The cached SFT checkpoint is a plain Hugging Face folder: load it as a local model and skip SFT.
     checkpoint = json.loads((tmp_path / "kk" / "meta.json").read_text())["sft_checkpoint"]
     local = [o for o in kk_overrides if not o.startswith(("run_dir=", "sft.steps="))]
     assert run(compose_train(local + [f"run_dir={tmp_path / 'local'}", f"model.path={checkpoint}", "sft.steps=0"])) == 0
-    first = load_metrics(tmp_path / "kk")
-    second = load_metrics(tmp_path / "local")
+    first = read_metrics(tmp_path / "kk")
+    second = read_metrics(tmp_path / "local")
     assert first[keys.VAL_ACCURACY].iloc[0] == second[keys.VAL_ACCURACY].iloc[0]  # same weights, same greedy answers
 
 
@@ -191,7 +191,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path, sft_cache, capsys):
 def test_a_run_dir_that_is_a_sweep_folder_is_refused_and_nothing_is_written(tmp_path):
     """make train ARGS="run_dir=runs/<a sweep>" """
     from analysis.export import export_sweep
-    from analysis.synthetic import write_fake_sweep
+    from tests.analysis.synthetic import write_fake_sweep
 
     sweep = write_fake_sweep(tmp_path / "runs" / "my-sweep", alphas=(0.0, 0.5), seeds=(1,), n_steps=4)
     export_sweep(sweep)
@@ -232,4 +232,4 @@ def test_a_run_resumed_at_its_last_step_says_it_completed_with_nothing_left(tmp_
     lines = [record.getMessage() for record in caplog.records if record.name == "dataflex_rl.tracking.console"]
     assert lines == ["run completed: it resumed at its last step, nothing was left to train"]
     assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
-    assert list(load_metrics(run_dir)["step"]) == [0, 1]
+    assert list(read_metrics(run_dir)["step"]) == [0, 1]

@@ -24,6 +24,14 @@ def tiny_extra(cache_dir: Path) -> str:
     return "extra=[" + " ".join(overrides) + "]"
 
 
+def plan_of(config):
+    """The driver's plan of ``config`` (its grid expanded, its name or the default one)."""
+    from sweeps.grid import default_name, expand_grid
+    from sweeps.plan import plan_sweep
+
+    return plan_sweep(config, config.name or default_name(config), expand_grid(config))[0]
+
+
 def read_manifest(sweep_dir: Path) -> dict:
     return json.loads((sweep_dir / "sweep.json").read_text())
 

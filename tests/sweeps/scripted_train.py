@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataflex_rl.local.cli import CONFIG_FILE_FLAG, read_config_file
+from dataflex_rl.train import CONFIG_FILE_FLAG, read_config_file
 from dataflex_rl.tracking.identity import RunIdentity, axis_name
 from dataflex_rl.tracking.run_store import RunStore, flatten_config, read_status
 

@@ -9,8 +9,9 @@ import sys
 
 from hydra._internal.hydra import Hydra
 
-from dataflex_rl.local.cli import compose_train_config, read_config_file
-from dataflex_rl.tracking import read_config
+from dataflex_rl.compose import compose_train_config
+from dataflex_rl.train import read_config_file
+from dataflex_rl.tracking.run_store import read_config
 from sweeps.cli import main
 from tests.counted_train import COUNT_ENV, compositions, counting
 
@@ -28,8 +29,8 @@ def test_a_launched_run_and_its_warm_start_are_composed_once_by_the_driver_and_n
     sweep_dir = (tmp_path / "runs" / "once").resolve()
     composed = compositions(count)
     assert {pid for pid, _ in composed} == {os.getpid()}  # the trainers composed nothing
-    # the runs' config groups and the warm starts' (each list's values applied to a copy: sweeps.commands.
-    # TrainComposer), and the sweep's common settings (sweep.json)
+    # the runs' config groups and the warm starts' (each list's values applied to a copy:
+    # dataflex_rl.local.sweep_backend.TrainComposer), and the sweep's common settings (sweep.json)
     assert len(composed) == 3
 
     launch = sweep_dir / "launch" / "a0.5-s1.yaml"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+from dataflex_rl.compose import compose_train_config
 from dataflex_rl.local.config import parse_train_config
 from dataflex_rl.validation import ConfigError
-from sweeps.backends import plan_runs
+from sweeps.backends import get_backend
 from sweeps.cli import load_config
 from sweeps.config import CONF_DIR, available_experiments
 from sweeps.grid import default_name, expand_grid
@@ -24,11 +24,9 @@ def test_kk_is_a_named_experiment_with_both_files():
 
 
 def test_a_single_run_composes_the_experiment_over_the_defaults():
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        plain = parse_train_config(compose(config_name="train", overrides=["run_dir=x"]))
-        kk = parse_train_config(compose(config_name="train", overrides=["run_dir=x", "experiment=kk"]))
-        later = parse_train_config(compose(config_name="train", overrides=["run_dir=x", "experiment=kk",
-                                                                          "sft.steps=7"]))
+    plain = parse_train_config(compose_train_config(["run_dir=x"]))
+    kk = parse_train_config(compose_train_config(["run_dir=x", "experiment=kk"]))
+    later = parse_train_config(compose_train_config(["run_dir=x", "experiment=kk", "sft.steps=7"]))
     assert plain.experiment is None and plain.task.name == "arithmetic"
     assert kk.experiment == "kk" and kk.task.name == "knights_knaves"
     assert kk.task.params["test_size"] >= kk.trainer.val_size == 1024  # every validation puzzle held out
@@ -45,7 +43,7 @@ def test_the_sweep_runs_the_paper_ablation_with_the_experiment_first():
     specs = expand_grid(config)
     assert len(specs) == 4 * len(config.seeds)
     assert default_name(config).startswith("kk-")
-    runs = plan_runs(config, specs[:2], "kk-test", CONF_DIR.parent / "runs" / "kk-test", 1)
+    runs = get_backend(config.backend).plan(config, specs[:2], "kk-test", CONF_DIR.parent / "runs" / "kk-test", 1)
     assert all(run.overrides[0] == "experiment=kk" for run in runs), runs[0].overrides
     extra = config_of("experiment=kk", "extra=[trainer.lr=3e-4]")
     assert extra.extra == ("experiment=kk", "trainer.lr=3e-4")  # EXTRA adds to the experiment, never replaces it

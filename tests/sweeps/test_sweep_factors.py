@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from analysis import aggregate, load, plots
+from analysis import aggregate, frames, load, plots
 from analysis.report import main as report_main
-from analysis.synthetic import write_fake_run
+from tests.analysis.synthetic import write_fake_run
 from sweeps.cli import main
 
 from .conftest import SCRIPTED_TRAIN
@@ -27,7 +27,7 @@ def test_alpha_by_lr_sweep_records_axes_and_reports_deltas_per_lr(tmp_path, repo
     assert meta["axes"] == {"alpha": 0.5, "trainer.lr": 3e-4, "seed": 2}
 
     data = load.load_sweep(sweep_dir)
-    assert load.factor_columns(data.runs) == ["trainer.lr"]
+    assert frames.factor_columns(data.runs) == ["trainer.lr"]
     assert aggregate.default_group_keys(data.included_runs) == ("alpha", "trainer.lr")
     summaries = aggregate.run_summaries(data.metrics, metrics=["val/accuracy"])
     keys = aggregate.default_group_keys(data.included_runs)
@@ -67,7 +67,7 @@ def test_mech_by_eta_groups_each_eta_against_the_baseline_preset(tmp_path):
         for eta in (0.3, 0.5):
             _lopti_store(sweep_dir, "lopti", eta, seed, 0.5 + 0.01 * seed + eta / 10 + 0.001 * seed * seed)
     data = load.load_sweep(sweep_dir)
-    assert load.factor_columns(data.runs) == ["eta"]
+    assert frames.factor_columns(data.runs) == ["eta"]
     assert np.isnan(data.runs.loc[data.runs["mechanism_label"] == "baseline", "eta"]).all()
     keys = aggregate.default_group_keys(data.included_runs)
     assert keys == ("mechanism_label", "alpha", "eta")
@@ -95,7 +95,7 @@ def test_a_store_without_axes_loads_and_reports(tmp_path):
                            seed=seed, metrics={"val/accuracy": [alpha + 0.01 * seed]})
     assert "axes" not in json.loads((sweep_dir / "a0.5-s1" / "meta.json").read_text())
     data = load.load_sweep(sweep_dir)
-    assert load.factor_columns(data.runs) == [] and list(data.metrics.columns) == list(load.LONG_COLUMNS)
+    assert frames.factor_columns(data.runs) == [] and list(data.metrics.columns) == list(frames.LONG_COLUMNS)
     assert aggregate.default_group_keys(data.included_runs) == ("alpha",)
     assert report_main([str(sweep_dir), "--out", str(tmp_path / "report")]) == 0
     assert "Baseline: alpha=0." in (tmp_path / "report" / "report.md").read_text()

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 import time
 from pathlib import Path
 
 import pytest
 
 from dataflex_rl.validation import ConfigError
-from sweeps import driver
+from sweeps import plan as sweep_plan
 from sweeps.cli import load_config
-from sweeps.backends import plan_runs, plan_warm_starts
+from sweeps.backends import get_backend
 from sweeps.cli import normalize_argv, split_extra
-from sweeps.driver import concurrency, default_name
+from sweeps.grid import default_name
+from sweeps.plan import concurrency
 from sweeps.config import parse_extra
 from sweeps.grid import expand_grid
 from sweeps.manifest import Manifest
-from sweeps.planning import final_window_mean
+from sweeps.seed_plan import final_window_mean
 from sweeps.runner import SweepRunner, mark_run_store
 
-from .conftest import REPO
+from .conftest import REPO, plan_of
 
 
 def config_of(*argv: str):
@@ -111,16 +113,18 @@ def test_bad_sweep_values_are_refused_naming_them(argv, named):
 
 
 def test_concurrency_never_oversubscribes_and_a_lone_run_gets_the_measured_default(monkeypatch):
-    monkeypatch.setattr(driver, "available_cores", lambda: 8)
-    assert concurrency(config_of(), runs=6) == (6, 1)  # jobs = min(cores, runs), one thread each
-    assert concurrency(config_of("jobs=2"), runs=6) == (2, 1)  # more than one run live: 1 thread
-    assert concurrency(config_of("jobs=3", "threads=2"), runs=6) == (3, 2)  # threads=N wins
-    assert concurrency(config_of(), runs=2) == (2, 1)  # never more jobs than runs
-    assert concurrency(config_of("jobs=1"), runs=6) == (1, driver.SINGLE_RUN_THREADS)
-    assert concurrency(config_of(), runs=1) == (1, driver.SINGLE_RUN_THREADS)
-    assert concurrency(config_of("launcher=slurm", "slurm.cpus_per_task=16"), runs=6) == (6, 16)
-    assert concurrency(config_of("launcher=ray"), runs=6) == (6, 1)
-    assert concurrency(config_of("backend=verl", "launcher=ray"), runs=6) == (6, None)
+    monkeypatch.setattr(sweep_plan, "available_cores", lambda: 8)
+    assert astuple(concurrency(config_of(), runs=6))[:2] == (6, 1)  # jobs = min(cores, runs), one thread each
+    assert astuple(concurrency(config_of("jobs=2"), runs=6))[:2] == (2, 1)  # more than one run live: 1 thread
+    assert astuple(concurrency(config_of("jobs=3", "threads=2"), runs=6))[:2] == (3, 2)  # threads=N wins
+    assert astuple(concurrency(config_of(), runs=2))[:2] == (2, 1)  # never more jobs than runs
+    assert astuple(concurrency(config_of("jobs=1"), runs=6))[:2] == (1, sweep_plan.SINGLE_RUN_THREADS)
+    assert astuple(concurrency(config_of(), runs=1))[:2] == (1, sweep_plan.SINGLE_RUN_THREADS)
+    assert astuple(concurrency(config_of("launcher=slurm", "slurm.cpus_per_task=16"), runs=6))[:2] == (6, 16)
+    assert astuple(concurrency(config_of("launcher=ray"), runs=6))[:2] == (6, 1)
+    assert astuple(concurrency(config_of("backend=verl", "launcher=ray"), runs=6))[:2] == (6, None)
+    assert concurrency(config_of("jobs=1"), runs=6).note == f"1 run(s) at once, {sweep_plan.SINGLE_RUN_THREADS} thread(s) per run (default)"
+    assert concurrency(config_of("launcher=slurm"), runs=6).note.endswith("8 thread(s) per run (slurm.cpus_per_task)")
 
 
 def test_default_name_is_stable_for_the_same_grid_and_differs_otherwise():
@@ -132,7 +136,7 @@ def test_default_name_is_stable_for_the_same_grid_and_differs_otherwise():
 def test_commands_carry_threads_run_dir_and_identity(tmp_path):
     config = config_of("alpha=0.5", "seeds=3", "steps=7", "jobs=2", "threads=1", f"root={tmp_path}", "name=demo",
                        "validate=false", "extra=[trainer.val_every=1]")
-    runs = plan_runs(config, expand_grid(config), "demo", tmp_path / "demo", threads=1)
+    runs = get_backend(config.backend).plan(config, expand_grid(config), "demo", tmp_path / "demo", threads=1)
     command = runs[1].command
     assert command[1:3] == ("-m", "dataflex_rl.train")
     assert command[3:] == ("trainer.total_steps=7", "trainer.val_every=1", "++dataflex.actuator.params.alpha=0.5",
@@ -146,21 +150,22 @@ def test_commands_carry_threads_run_dir_and_identity(tmp_path):
 def test_one_warm_start_unless_an_axis_changes_the_sft_inputs(tmp_path):
     config = config_of("alpha=0.5", "seeds=1,2", "validate=false", "extra=[trainer.lr=1e-4,1e-3]",
                        "warm_start=shared")
-    assert len(plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)) == 1
-    warm = plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)[0]
+    assert len(get_backend(config.backend).warm_starts(config, expand_grid(config), tmp_path, threads=2)) == 1
+    warm = get_backend(config.backend).warm_starts(config, expand_grid(config), tmp_path, threads=2)[0]
     assert "mode=sft" in warm.command and "threads=2" in warm.command
     config = config_of("alpha=0.5", "seeds=1", "validate=false", "extra=[task=arithmetic,knights_knaves]",
                        "warm_start=shared")
-    warm_starts = plan_warm_starts(config, expand_grid(config), tmp_path, threads=2)
+    warm_starts = get_backend(config.backend).warm_starts(config, expand_grid(config), tmp_path, threads=2)
     assert [w.command[3:5] for w in warm_starts] == [("task=arithmetic", "mode=sft"),
                                                      ("task=knights_knaves", "mode=sft")]
-    assert plan_warm_starts(config_of("sft_warm_start=false"), expand_grid(config), tmp_path, threads=2) == []
+    off = config_of("sft_warm_start=false")
+    assert get_backend(off.backend).warm_starts(off, expand_grid(config), tmp_path, threads=2) == []
 
 
 def test_steps_and_an_extra_total_steps_together_are_refused(tmp_path):
     config = config_of("steps=3", "validate=false", "extra=[trainer.total_steps=5]")
     with pytest.raises(ConfigError, match="steps = 3 is not allowed together with extra trainer.total_steps"):
-        plan_runs(config, expand_grid(config), "x", tmp_path, threads=1)
+        get_backend(config.backend).plan(config, expand_grid(config), "x", tmp_path, threads=1)
 
 
 def test_manifest_keeps_earlier_runs_and_writes_atomically(tmp_path):
@@ -197,16 +202,16 @@ def test_final_metric_reads_the_last_logged_value(tmp_path):
 def planned(tmp_path, *argv: str):
     config = config_of("alpha=0.5", "seeds=1", "add_baseline=false", "validate=false", f"root={tmp_path}",
                        "name=demo", *argv)
-    plan = driver.plan_sweep(config)
+    plan = plan_of(config)
     return plan, Manifest(plan.sweep_dir, plan.header())
 
 
 def test_completed_runs_are_skipped_from_the_run_store_never_from_sweep_json_alone(tmp_path):
-    from sweeps.launchers import ProcessLauncher
+    from sweeps.launchers.process import ProcessLauncher
 
     plan, manifest = planned(tmp_path)
     run = plan.runs[0]
-    runner = SweepRunner(plan, ProcessLauncher(), manifest, quiet=True)
+    runner = SweepRunner(plan, ProcessLauncher(), manifest)
     assert runner.pending_runs(plan.runs) == [run]
     # No run folder (deleted, or never written): sweep.json's completed state does not make it completed (a verl
     # run's own folder without a run store has its own rule: tests/sweeps/test_sweep_record_checks.py).
@@ -223,7 +228,7 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
     import subprocess
     import sys
 
-    from sweeps.launchers import ProcessLauncher
+    from sweeps.launchers.process import ProcessLauncher
 
     plan, manifest = planned(tmp_path)
     run = plan.runs[0]
@@ -236,7 +241,7 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
                 break
             time.sleep(0.01)
         manifest.entry(run.name, {"state": "running", "launch": {"pid": orphan.pid}})
-        runner = SweepRunner(plan, ProcessLauncher(), manifest, quiet=True)
+        runner = SweepRunner(plan, ProcessLauncher(), manifest)
         with pytest.raises(ConfigError, match=f"run {run.name} is still running"):
             runner.pending_runs(plan.runs)
     finally:
@@ -263,14 +268,14 @@ def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
 
 
 def test_every_backend_and_launcher_choice_has_a_registered_object():
-    from sweeps import config as sweep_config
-    from sweeps.backends import BACKENDS, backend_for
-    from sweeps.launchers import LAUNCHERS, ProcessLauncher, build_launcher
+    from sweeps.backends import backend_names, get_backend
+    from sweeps.launchers import LAUNCHERS, build_launcher
+    from sweeps.launchers.process import ProcessLauncher
 
-    assert sorted(BACKENDS.names()) == sorted(sweep_config.BACKENDS)
+    assert all(config_of(f"backend={name}").backend == name for name in backend_names())
     assert all(config_of(f"launcher={name}").launcher == name for name in LAUNCHERS.names())
-    assert backend_for(config_of("backend=verl")).sets_threads is False
-    assert backend_for(config_of()).sets_threads is True
+    assert get_backend(config_of("backend=verl").backend).sets_threads is False
+    assert get_backend(config_of().backend).sets_threads is True
     assert isinstance(build_launcher(config_of(), Path("."), "s", 1), ProcessLauncher)
 
 
@@ -289,7 +294,7 @@ def test_seeds_that_would_repeat_other_runs_are_refused():
     (["name=" + "a" * 300], "(300 characters) is not allowed: a sweep name has at most 128 characters"),
     (["extra=[trainer.lrr=1e-3]"], "trainer.lrr = '1e-3' is not allowed: trainer has no key 'lrr'; allowed keys of "
                                    "trainer: total_steps, prompts_per_step"),
-    (["lrr=1"], "lrr = '1' is not allowed: the config has no key 'lrr'; allowed keys: launcher, name, root"),
+    (["lrr=1"], "lrr = '1' is not allowed: the config has no key 'lrr'; allowed keys: name, root, experiment"),
 ])
 def test_bad_grid_input_is_refused_before_anything_without_a_traceback(tmp_path, capsys, argv, message):
     from sweeps.cli import main
@@ -333,8 +338,8 @@ def test_extra_is_read_once_per_sweep_and_the_runs_are_planned_from_typed_axes(t
     monkeypatch.setattr(OverridesParser, "parse_override",
                         lambda self, text: parsed.append(text) or original(self, text))
     specs = expand_grid(config)
-    runs = plan_runs(config, specs, "typed", tmp_path / "typed", threads=1)
-    warm = plan_warm_starts(config, specs, tmp_path / "typed", threads=1)
+    runs = get_backend(config.backend).plan(config, specs, "typed", tmp_path / "typed", threads=1)
+    warm = get_backend(config.backend).warm_starts(config, specs, tmp_path / "typed", threads=1)
     assert parsed == []
     assert len(runs) == 8 and {run.total_steps for run in runs} == {3} and len(warm) == 2  # one per seed
     assert runs[-1].spec.factors == {"alpha": 0.5, "trainer.lr": "0.0003", "seed": 2}
@@ -347,7 +352,7 @@ def test_planning_composes_once_per_set_of_group_choices_not_once_per_run(tmp_pa
     of conf/train.yaml per run and per warm start)"""
     from hydra._internal.hydra import Hydra
 
-    from dataflex_rl.local.cli import compose_train_config
+    from dataflex_rl.compose import compose_train_config
 
     composed: list[list[str]] = []
     original = Hydra.compose_config
@@ -360,8 +365,8 @@ def test_planning_composes_once_per_set_of_group_choices_not_once_per_run(tmp_pa
         config = config_of("alpha=0.0,0.5", f"seeds={seeds}", "steps=3", *argv,
                            f"extra=[sft.steps=2 sft.cache_dir={tmp_path / 'sft'}]")
         specs = expand_grid(config)
-        runs = plan_runs(config, specs, "many", tmp_path / "many", threads=1)
-        warm = plan_warm_starts(config, specs, tmp_path / "many", threads=1)
+        runs = get_backend(config.backend).plan(config, specs, "many", tmp_path / "many", threads=1)
+        warm = get_backend(config.backend).warm_starts(config, specs, tmp_path / "many", threads=1)
         return runs, warm, len(composed)
 
     few_runs, few_warm, few = plan("1,2")

@@ -92,8 +92,7 @@ def test_make_alpha_range_is_refused_naming_alpha(tmp_path):
 def test_make_dry_run_prints_the_command_and_starts_nothing(tmp_path):
     result = _make(tmp_path, "SWEEP=dry", f"SWEEP_ARGS=root={tmp_path / 'runs'}", "DRY_RUN=1")
     assert result.returncode == 0, result.stderr
-    assert f"-m sweeps alpha=0.5 seeds=1 backend=local launcher=process steps=3 name=dry root={tmp_path / 'runs'} " \
-           f"dry_run=true" in result.stdout
+    assert f"-m sweeps alpha=0.5 seeds=1 steps=3 name=dry root={tmp_path / 'runs'} dry_run=true" in result.stdout
     assert not (tmp_path / "runs" / "dry").exists()
 
 
@@ -111,8 +110,6 @@ def test_make_tune_refuses_each_variable_it_would_ignore(variable, value, reason
     executed = []
     monkeypatch.setattr(make.os, "execv", lambda *argv: executed.append(argv))
     monkeypatch.setenv(make.ENV_PREFIX + variable, value)
-    monkeypatch.setenv(make.ENV_PREFIX + "BACKEND", "local")  # the Makefile's defaults
-    monkeypatch.setenv(make.ENV_PREFIX + "LAUNCHER", "process")
     assert make.main(["tune"]) == 2
     assert executed == []  # nothing run
     error = capsys.readouterr().err
@@ -127,3 +124,25 @@ def test_make_tune_passes_what_the_study_honours_and_names_every_variable():
     switches_and_lists = {"LR", "DRY_RUN", "EXTRA", "SWEEP_ARGS"}
     passed = {name for name, _ in make.TUNE_KEYS}
     assert set(make.VARIABLES) == passed | set(make.TUNE_REFUSED) | switches_and_lists  # none silently dropped
+
+
+def test_every_default_make_help_states_is_the_schemas():
+    """The "(default X)" of each ``#>`` line: a value of the sweep schema (resolved, as a sweep with no arguments
+    gets it) or of the launcher's settings, or a rule the driver applies (JOBS, SWEEP)."""
+    from sweeps.config import SweepConfig
+    from sweeps.launchers import launcher_class
+
+    lines = [line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("#> ")]
+    stated = dict(re.findall(r"^#> (\w+)\s.*\(default:? ([^)]*)\)", "\n".join(lines), flags=re.M))
+    config = SweepConfig()
+    assert stated == {
+        "ALPHA": ",".join(map(str, config.alphas)), "SEEDS": ",".join(map(str, config.seeds)),
+        "STEPS": f"{config.steps} on the local backend", "WARM_START": config.warm_start,
+        "BACKEND": config.backend, "VERL_EXPERIMENT": config.verl_experiment, "LAUNCHER": config.launcher,
+        "JOBS": "the core count; 1 in verl's CPU mode, whose runs each start a Ray cluster on every core",
+        "SWEEP": "a hash of the grid",
+    }
+    assert config.steps == config.local_steps and config.backend == "local"
+    slurm = launcher_class("slurm").settings()
+    for key, value in re.findall(r"slurm\.(\w+)=([\d.]+)", "\n".join(lines)):
+        assert float(getattr(slurm, key)) == float(value), key

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import statistics
 from dataflex_rl.validation import ConfigError
-from sweeps import planning
+from sweeps import seed_plan
 from sweeps.cli import main
 from sweeps.config import parse_sweep_config
 
@@ -19,15 +19,14 @@ from .conftest import SCRIPTED_TRAIN, read_manifest, runs_by_name
 
 def test_planned_seed_count_by_hand() -> None:
     # Stein: 3-seed pilot, t_{0.975,2} = 4.302653, t_{0.8,2} = 1.060660: ((5.363313 * 0.02 / 0.01)^2 = 115.06 -> 116
-    assert planning.planned_seed_count([0.02], 3, 0.01, 200) == (116, 116)
-    assert planning.planned_seed_count([0.02, 0.01], 3, 0.01, 20) == (116, 20)  # the largest need, capped
+    assert seed_plan.planned_seed_count([0.02], 3, 0.01, 200) == (116, 116)
+    assert seed_plan.planned_seed_count([0.02, 0.01], 3, 0.01, 20) == (116, 20)  # the largest need, capped
     # 8-seed pilot: t_{0.975,7} = 2.364624, t_{0.8,7} = 0.896420: (3.261044 * 0.005 / 0.01)^2 = 2.66 -> the pilot's 8
-    assert planning.planned_seed_count([0.005], 8, 0.01, 20) == (8, 8)
-    assert planning.planned_seed_count([0.01], 8, 0.01, 20) == (11, 11)  # 3.261044^2 = 10.63 -> 11
+    assert seed_plan.planned_seed_count([0.005], 8, 0.01, 20) == (8, 8)
+    assert seed_plan.planned_seed_count([0.01], 8, 0.01, 20) == (11, 11)  # 3.261044^2 = 10.63 -> 11
     with pytest.raises(ValueError, match="pilot needs >= 2"):
-        planning.planned_seed_count([float("nan")], 3, 0.01, 20)
-    assert planning.extended_seeds([3, 1, 2], 6) == (3, 1, 2, 4, 5, 6)
-    assert planning.evaluations_in(120, 20) == 7 and planning.evaluations_in(130, 20) == 8
+        seed_plan.planned_seed_count([float("nan")], 3, 0.01, 20)
+    assert seed_plan.evaluations_in(120, 20) == 7 and seed_plan.evaluations_in(130, 20) == 8
 
 
 @pytest.mark.parametrize("pilot_size, target", [(3, 0.02), (5, 0.01)])
@@ -40,7 +39,7 @@ def test_a_plan_from_a_pilot_keeps_the_false_positive_rate_at_the_level(pilot_si
     rejections, planned_sizes = 0, []
     for row in differences:
         std = float(row[:pilot_size].std(ddof=1))
-        _, planned = planning.planned_seed_count([std], pilot_size, target, max_seeds)
+        _, planned = seed_plan.planned_seed_count([std], pilot_size, target, max_seeds)
         planned_sizes.append(planned)
         rejections += statistics.stein_two_stage(row[:planned], pilot_size)["p_value"] < 0.05
     rate = rejections / simulations
@@ -106,7 +105,7 @@ def test_a_real_two_alpha_sweep_plans_from_its_pilot_and_resumes(tmp_path, sft_c
     assert main(argv) == 0
     plan = read_manifest(sweep_dir)["plan"]
     assert plan["pilot_seeds"] == [1, 2] and 2 <= len(plan["seeds"]) <= 3
-    expected = planning.planned_seed_count([c["std_difference"] for c in plan["comparisons"]], 2, 0.01, 3)[1]
+    expected = seed_plan.planned_seed_count([c["std_difference"] for c in plan["comparisons"]], 2, 0.01, 3)[1]
     assert len(plan["seeds"]) == expected
     runs = runs_by_name(sweep_dir)
     assert sorted(runs) == sorted(f"a{a}-s{s}" for a in ("0.0", "0.5") for s in plan["seeds"])

@@ -17,7 +17,7 @@ import pandas as pd
 from rich.console import Console
 
 from dataflex_rl.tracking.run_store import JsonlTail
-from sweeps.progress import SFTLogTail, SweepView, format_duration, run_total_steps
+from sweeps.live_view import SFTLogTail, SweepView, format_duration, run_total_steps
 
 from .conftest import REPO, SCRIPTED_TRAIN
 
@@ -53,13 +53,14 @@ def test_sft_log_tail_finds_the_newest_progress_line(tmp_path):
 
 
 def test_the_plan_knows_each_runs_steps_and_the_view_falls_back_to_the_run_config(tmp_path):
-    from sweeps.backends import plan_runs
+    from sweeps.backends import get_backend
     from sweeps.cli import load_config
     from sweeps.grid import expand_grid
 
     def steps_of(*argv):
         config = load_config(["alpha=0.5", "seeds=1", "validate=false", *argv])[1]
-        return [run.total_steps for run in plan_runs(config, expand_grid(config), "x", tmp_path, threads=1)]
+        runs = get_backend(config.backend).plan(config, expand_grid(config), "x", tmp_path, threads=1)
+        return [run.total_steps for run in runs]
 
     assert steps_of("steps=7") == [7, 7]
     assert steps_of("local_steps=null", "extra=[trainer.total_steps=12]") == [12, 12]  # the common override's value
@@ -189,10 +190,10 @@ def test_the_last_run_past_its_last_step_is_finishing_not_eta_zero(tmp_path):
 def test_interrupted_runs_are_counted_and_shown_as_interrupted(tmp_path):
     """make sweep ... then Ctrl-C twice (the progress line said "0 failed" and counted no interrupted run; the closing
     table showed "pending" for a run whose status.json said interrupted at step 15)"""
-    from sweeps import driver
+    from tests.sweeps.conftest import plan_of
     from sweeps.cli import load_config
     from sweeps.manifest import Manifest
-    from sweeps.progress import print_summary
+    from sweeps.report import run_table
 
     out = io.StringIO()
     view = SweepView(total=3, jobs=2, console=Console(file=out, width=200), clock=Clock())
@@ -205,7 +206,7 @@ def test_interrupted_runs_are_counted_and_shown_as_interrupted(tmp_path):
 
     config = load_config(["alpha=0.5", "seeds=1,2", "add_baseline=false", "validate=false", f"root={tmp_path}",
                           "name=stopped", "report=false"])[1]
-    plan = driver.plan_sweep(config)
+    plan = plan_of(config)
     manifest = Manifest(plan.sweep_dir, plan.header())
     for run in plan.runs:  # as the driver leaves them when a second Ctrl-C stops it at once
         manifest.entry(run.name, {"state": "pending", "exit_code": None})
@@ -214,7 +215,7 @@ def test_interrupted_runs_are_counted_and_shown_as_interrupted(tmp_path):
     (stopped / "status.json").write_text(json.dumps({"state": "interrupted", "step": 15}))
     before = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*"))
     table = io.StringIO()
-    print_summary(plan, manifest, console=Console(file=table, width=200))
+    Console(file=table, width=200).print(run_table(plan, manifest))
     rows = {line.split()[1]: line for line in table.getvalue().splitlines() if line.startswith("│ a0.5-s")}
     assert "interrupted at step 15" in rows["a0.5-s1"] and "pending" not in rows["a0.5-s1"]
     assert "pending" in rows["a0.5-s2"]  # never started: no run store to say otherwise

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import yaml
 
-from analysis.synthetic import write_fake_run
+from tests.analysis.synthetic import write_fake_run
 from sweeps.cli import main
 
 from .conftest import SCRIPTED_TRAIN, runs_by_name
@@ -116,9 +116,9 @@ def test_a_verl_run_without_a_run_store_is_judged_by_its_own_rule(tmp_path):
 
     completed = {"state": "completed", "exit_code": 0}
     run_dir = tmp_path / "a0.5-s1"
-    assert record_state(run_dir, "verl", completed) == (False, [])  # no folder: run it (again)
+    assert record_state(run_dir, True, completed) == (False, [])  # no folder: run it (again)
     (run_dir / "checkpoints").mkdir(parents=True)
-    assert record_state(run_dir, "verl", completed) == (True, [])  # sweep.json's word, for verl's own folder only
-    assert record_state(run_dir, "verl", {"state": "failed", "exit_code": 1}) == (False, [])
-    assert record_state(run_dir, "local", completed) == (False, ["no status.json", "no meta.json", "no config.yaml"])
-    assert record_state(tmp_path / "deleted", "local", completed) == (False, [])
+    assert record_state(run_dir, True, completed) == (True, [])  # sweep.json's word, for verl's own folder only
+    assert record_state(run_dir, True, {"state": "failed", "exit_code": 1}) == (False, [])
+    assert record_state(run_dir, False, completed) == (False, ["no status.json", "no meta.json", "no config.yaml"])
+    assert record_state(tmp_path / "deleted", False, completed) == (False, [])

@@ -19,10 +19,10 @@ from sweeps import config as sweep_config
 from sweeps.cli import load_config
 from sweeps.cli import main as sweep_main
 from sweeps.launchers import LAUNCHERS, discover
-from sweeps.commands import SweepPlan
-from sweeps.runner import SweepStopped
-from sweeps.driver import SessionRefused, SweepSession
+from sweeps.run_plan import SweepPlan
+from sweeps.runner import SessionRefused, SweepSession, SweepStopped
 from sweeps.tune import main as tune_main
+from tests import registry_snapshot
 
 from .conftest import SCRIPTED_TRAIN, read_manifest
 
@@ -103,9 +103,9 @@ class EchoLauncher(ProcessLauncher):
 '''
 
 ECHO_YAML = """# @package _global_
+defaults:
+  - /launcher_settings@echo: echo
 launcher: echo
-echo:
-  tag: none
 """
 
 
@@ -122,7 +122,7 @@ def echo_launcher(tmp_path, monkeypatch):
     monkeypatch.setattr(sweeps.launchers, "__path__", [*sweeps.launchers.__path__, str(package_dir)])
     monkeypatch.setattr(sweep_config, "SWEEP_CONF_DIR", conf_dir)
     monkeypatch.setattr(sweep_cli, "SWEEP_CONF_DIR", conf_dir)  # where the command line composes the sweep config
-    with LAUNCHERS.snapshot():
+    with registry_snapshot(LAUNCHERS):
         try:
             assert "echo" in discover()
             yield conf_dir

@@ -10,7 +10,7 @@ import pytest
 
 from sweeps.cli import load_config, main
 from sweeps.config import available_cores
-from sweeps.driver import concurrency, jobs_note
+from sweeps.plan import concurrency
 
 
 @pytest.mark.parametrize(("arguments", "jobs"), [
@@ -19,14 +19,14 @@ from sweeps.driver import concurrency, jobs_note
 ])
 def test_a_verl_cpu_mode_sweep_runs_one_run_at_a_time_unless_jobs_is_given(arguments, jobs):
     config = load_config(["backend=verl", "alpha=0.5", "seeds=1,2", *arguments])[1]
-    assert concurrency(config, 4) == (jobs, None)
-    assert ("verl's CPU mode" in jobs_note(config)) == (jobs == 1)
+    assert (concurrency(config, 4).jobs, concurrency(config, 4).threads) == (jobs, None)
+    assert ("verl's CPU mode" in concurrency(config, 4).note) == (jobs == 1)
 
 
 def test_other_sweeps_keep_the_core_count_or_every_run_on_a_cluster():
-    assert concurrency(load_config(["alpha=0.5", "seeds=1,2"])[1], 4)[0] == min(available_cores(), 4)
+    assert concurrency(load_config(["alpha=0.5", "seeds=1,2"])[1], 4).jobs == min(available_cores(), 4)
     cluster = load_config(["backend=verl", "verl_experiment=verl_cpu_tiny", "launcher=slurm", "alpha=0.5"])[1]
-    assert concurrency(cluster, 4)[0] == 4 and jobs_note(cluster) == ""
+    assert concurrency(cluster, 4).jobs == 4 and "verl's CPU mode" not in concurrency(cluster, 4).note
 
 
 @pytest.mark.slow

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from dataflex_rl.local.sft import sft_cache_key
+from dataflex_rl.lm.sft import sft_cache_key
 from dataflex_rl.validation import ConfigError
-from sweeps.backends import plan_warm_starts
+from sweeps.backends import get_backend
 from sweeps.cli import load_config, main
-from sweeps.commands import local_overrides, local_runs, verl_command, verl_prepare
-from sweeps.driver import plan_sweep
 from sweeps.grid import expand_grid
 from sweeps.manifest import SweepMismatchError, check_sweep_settings
 
-from .conftest import read_manifest, tiny_extra
+from .conftest import plan_of, read_manifest, tiny_extra
+
+LOCAL, VERL = get_backend("local"), get_backend("verl")
+local_overrides, local_runs, verl_command, verl_prepare = LOCAL.overrides, LOCAL.runs, VERL.command, VERL.warm_starts
 
 
 def config_of(*argv: str):
@@ -44,7 +45,7 @@ def test_per_seed_warm_starts_differ_across_seeds_and_agree_across_arms(tmp_path
     assert keys["a0.0-s1"] == keys["a0.25-s1"] == keys["a0.5-s1"]
     assert keys["a0.0-s2"] == keys["a0.25-s2"] == keys["a0.5-s2"]
     assert keys["a0.0-s1"] != keys["a0.0-s2"]
-    warm_starts = plan_warm_starts(config, specs, tmp_path, 1)
+    warm_starts = get_backend(config.backend).warm_starts(config, specs, tmp_path, 1)
     assert [run.name for run in warm_starts] == ["sft-seed1", "sft-seed2"]
     assert [run.overrides[-4:-2] for run in warm_starts] == [("sft.seed=1", "mode=sft"), ("sft.seed=2", "mode=sft")]
 
@@ -55,12 +56,12 @@ def test_a_shared_warm_start_is_one_key_for_every_run(tmp_path):
     assert {spec.warm_start_seed for spec in specs} == {None}
     assert all(not any(item.startswith("sft.seed") for item in spec.overrides) for spec in specs)
     assert len(set(cache_keys(config, tmp_path).values())) == 1
-    assert [run.name for run in plan_warm_starts(config, specs, tmp_path, 1)] == ["sft"]
+    assert [run.name for run in get_backend(config.backend).warm_starts(config, specs, tmp_path, 1)] == ["sft"]
 
 
 def test_sft_relevant_axes_and_seeds_each_get_their_warm_start(tmp_path):
     config = config_of("alpha=0.5", "seeds=1,2", "extra=[sft.steps=2,3]", "add_baseline=false")
-    names = [run.name for run in plan_warm_starts(config, expand_grid(config), tmp_path, 1)]
+    names = [run.name for run in get_backend(config.backend).warm_starts(config, expand_grid(config), tmp_path, 1)]
     assert names == ["sft-0-seed1", "sft-0-seed2", "sft-1-seed1", "sft-1-seed2"]
     assert len(set(cache_keys(config, tmp_path).values())) == 4
 
@@ -76,11 +77,11 @@ def test_per_seed_refuses_an_sft_seed_from_extra_naming_the_way_out():
 
 
 def test_growing_a_sweep_keeps_its_design_and_changing_it_is_refused_naming_the_key(tmp_path):
-    recorded = plan_sweep(config_of("alpha=0.5", "seeds=1", f"root={tmp_path}", "name=w")).header()
+    recorded = plan_of(config_of("alpha=0.5", "seeds=1", f"root={tmp_path}", "name=w")).header()
     assert recorded["warm_start"] == "per_seed"
-    grown = plan_sweep(config_of("alpha=0.5,0.25", "seeds=1,2", f"root={tmp_path}", "name=w")).header()
+    grown = plan_of(config_of("alpha=0.5,0.25", "seeds=1,2", f"root={tmp_path}", "name=w")).header()
     check_sweep_settings(tmp_path / "w", recorded, grown)  # more seeds and alphas: the same design, accepted
-    changed = plan_sweep(config_of("alpha=0.5", "seeds=1", "warm_start=shared", f"root={tmp_path}",
+    changed = plan_of(config_of("alpha=0.5", "seeds=1", "warm_start=shared", f"root={tmp_path}",
                                    "name=w")).header()
     with pytest.raises(SweepMismatchError, match=r"warm_start: recorded 'per_seed', now 'shared'"):
         check_sweep_settings(tmp_path / "w", recorded, changed)

@@ -84,7 +84,8 @@ def test_problem_space_size() -> None:
 )
 def test_length_bounds_hand_values(max_digits: int, ops: list[str], prompt_chars: int, completion_chars: int) -> None:
     task = build_task("arithmetic", {"max_digits": max_digits, "ops": ops, "test_size": 10})
-    assert task.max_prompt_chars == prompt_chars
+    largest = 10**max_digits - 1
+    assert max(len(make_problem(largest, op, largest).prompt) for op in ops) == prompt_chars
     assert task.max_completion_chars == completion_chars
 
 
@@ -103,7 +104,7 @@ def test_sampled_problems_are_consistent(seed: int, max_digits: int, ops: list[s
         assert problem.difficulty == max(len(str(left)), len(str(right)))
         assert parse_answer(problem.completion) == problem.answer
         assert task.reward(problem, problem.completion) == 1.0
-        assert len(problem.prompt) <= task.max_prompt_chars
+        assert len(problem.prompt) <= 2 * max_digits + 2
         assert len(problem.completion) <= task.max_completion_chars
         assert set(problem.prompt + problem.completion) <= set(task.alphabet) <= set(string.printable)
 

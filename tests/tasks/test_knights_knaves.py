@@ -6,6 +6,7 @@ import itertools
 import json
 import random
 import string
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -13,15 +14,13 @@ from hypothesis import strategies as st
 
 from dataflex_rl.tasks import build_task
 from dataflex_rl.tasks.knights_knaves import (
+    CHAT_SYSTEM_PROMPT,
     LEAF_KINDS,
+    NAMES,
     Puzzle,
     chat_completion_bound,
-    chat_prompt_bound,
-    compact_prompt_bound,
-    evaluate,
     generate_puzzles,
     has_valid_format,
-    is_consistent,
     logic_rl_score,
     parse_chat_answer,
     parse_compact_answer,
@@ -29,8 +28,61 @@ from dataflex_rl.tasks.knights_knaves import (
     render_chat_quiz,
     render_compact_completion,
     render_compact_prompt,
+    _chat_combine,
+    _chat_quiz,
+    _compact_combine,
     solve,
 )
+
+
+def evaluate(statement: tuple, assignment: Sequence[bool]) -> bool:
+    """The reference evaluator the bitmask solver is checked against."""
+    kind = statement[0]
+    if kind == "knight":
+        return bool(assignment[statement[1]])
+    if kind == "knave":
+        return not assignment[statement[1]]
+    if kind == "not":
+        return not evaluate(statement[1], assignment)
+    values = [evaluate(child, assignment) for child in statement[1]]
+    if kind == "and":
+        return all(values)
+    if kind == "or":
+        return any(values)
+    if kind == "iff":
+        return values[0] == values[1]
+    return (not values[0]) or values[1]  # implies
+
+
+def is_consistent(puzzle: Puzzle, assignment: Sequence[bool]) -> bool:
+    """Every speaker is a knight exactly when their statement is true under ``assignment``."""
+    return all(bool(assignment[speaker]) == evaluate(statement, assignment) for speaker, statement in puzzle.statements)
+
+
+def _length_bound(max_depth: int, max_width: int, leaf_max: int, combine: Callable[[str, list[str]], str]) -> int:
+    longest = leaf_max
+    for _ in range(2, max_depth + 1):
+        child = "x" * max(leaf_max, longest + 2)  # + 2: parentheses around a compound child
+        arities = {"not": 1, "and": max_width, "or": max_width, "iff": 2, "implies": 2}
+        longest = max(longest, *(len(combine(kind, [child] * arity)) for kind, arity in arities.items()))
+    return longest
+
+
+def compact_prompt_bound(num_people: int, max_depth: int, max_width: int) -> int:
+    """Upper bound on the compact prompt's length for ``num_people`` people and the statement limits."""
+    statement = _length_bound(max_depth, max_width, len("~A"), _compact_combine)
+    return num_people * (len("A:") + statement) + (num_people - 1) + len("?")
+
+
+def chat_prompt_bound(num_people: int, max_depth: int, max_width: int) -> int:
+    """Upper bound on the chat prompt's length: the longest name everywhere and the longest statement each."""
+    longest_name = "x" * max(map(len, NAMES))
+    leaf = len(f"{longest_name} is a knight")
+    statement = "x" * _length_bound(max_depth, max_width, leaf, _chat_combine)
+    names = [longest_name] * num_people
+    quiz = _chat_quiz(names, names, [statement] * num_people)
+    return len(f"{CHAT_SYSTEM_PROMPT}\n\nUser: {quiz}\nAssistant: ")
+
 
 KNIGHT_A, KNIGHT_B, KNIGHT_C = ("knight", 0), ("knight", 1), ("knight", 2)
 KNAVE_A, KNAVE_B = ("knave", 0), ("knave", 1)
@@ -362,7 +414,8 @@ def test_task_problems_within_bounds(rendering: str) -> None:
     problems = task.train_problems(60, seed=0)
     assert {problem.difficulty for problem in problems} == {2, 3, 5}
     for problem in problems:
-        assert len(problem.prompt) <= task.max_prompt_chars
+        bound = compact_prompt_bound if rendering == "compact" else chat_prompt_bound
+        assert len(problem.prompt) <= bound(5, task.config.max_depth, task.config.max_width)
         assert len(problem.completion) <= task.max_completion_chars
         assert set(problem.prompt + problem.completion) <= set(task.alphabet)
         assert problem.completion.endswith(task.terminator)

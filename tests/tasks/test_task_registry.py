@@ -1,16 +1,14 @@
-"""build_task, the registry, param validation and the conf/task YAML files."""
+"""build_task, the registry, param validation and the task config group."""
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
-from omegaconf import OmegaConf
 
+from dataflex_rl.compose import compose_train_config, group_choices
+from dataflex_rl.local.config import TrainerConfig
 from dataflex_rl.registry import RegistryError
-from dataflex_rl.tasks import TASKS, ArithmeticTask, KnightsKnavesTask, Problem, build_task
-
-CONF_TASK = pathlib.Path(__file__).resolve().parents[2] / "conf" / "task"
+from dataflex_rl.tasks import (TASKS, ArithmeticConfig, ArithmeticTask, KnightsKnavesConfig, KnightsKnavesTask, Problem,
+                               build_task)
 
 
 def test_registered_names() -> None:
@@ -51,18 +49,18 @@ def test_unknown_param_names_key_value_and_allowed(name: str, params: dict, frag
         ("arithmetic", {"ops": ["+", "/"]}, ["ops", "'/'", "'+', '-', '*'"]),
         ("arithmetic", {"ops": "+"}, ["ops", "'+'", "non-empty list"]),
         ("arithmetic", {"ops": ["+", "+"]}, ["ops", "repeats"]),
-        ("arithmetic", {"max_digits": 0}, ["max_digits=0", ">= 1"]),
-        ("arithmetic", {"max_digits": True}, ["max_digits=True"]),
-        ("arithmetic", {"min_digits": 3, "max_digits": 2}, ["min_digits=3", "<= 2"]),
+        ("arithmetic", {"max_digits": 0}, ["max_digits = 0", ">= 1"]),
+        ("arithmetic", {"max_digits": True}, ["max_digits = True"]),
+        ("arithmetic", {"min_digits": 3, "max_digits": 2}, ["min_digits = 3", "[1, 2]"]),
         # 10 one-digit operands squared = 100 problems: at most half may be held out.
         ("arithmetic", {"max_digits": 1, "test_size": 51}, ["test_size=51", "100 distinct", "test_size <= 50"]),
-        ("knights_knaves", {"num_people": 1}, ["num_people=1", ">= 2"]),
-        ("knights_knaves", {"num_people": [3, 13]}, ["num_people=13", "<= 12"]),
+        ("knights_knaves", {"num_people": 1}, ["num_people = 1", ">= 2"]),
+        ("knights_knaves", {"num_people": [3, 13]}, ["num_people = 13", "[2, 12]"]),
         ("knights_knaves", {"num_people": []}, ["num_people=[]"]),
-        ("knights_knaves", {"rendering": "fancy"}, ["rendering='fancy'", "'compact', 'chat'"]),
-        ("knights_knaves", {"reward": "dense"}, ["reward='dense'", "'binary', 'logic_rl'"]),
+        ("knights_knaves", {"rendering": "fancy"}, ["rendering = 'fancy'", "'compact', 'chat'"]),
+        ("knights_knaves", {"reward": "dense"}, ["reward = 'dense'", "'binary', 'logic_rl'"]),
         ("knights_knaves", {"reward": "logic_rl"}, ["logic_rl", "rendering='chat'", "rendering='compact'"]),
-        ("knights_knaves", {"max_depth": 1}, ["max_depth=1", ">= 2"]),
+        ("knights_knaves", {"max_depth": 1}, ["max_depth = 1", ">= 2"]),
         # Two people, depth 2: about 220 distinct puzzles, so a 256-puzzle test pool cannot exist.
         ("knights_knaves", {"num_people": 2}, ["count=256", "num_people=2", "too small"]),
     ],
@@ -74,39 +72,29 @@ def test_bad_values_raise_with_key_value_and_allowed(name: str, params: dict, fr
         assert fragment in str(error.value)
 
 
-@pytest.mark.parametrize("path", sorted(CONF_TASK.glob("*.yaml")), ids=lambda path: path.stem)
-def test_every_task_yaml_builds_its_task(path: pathlib.Path) -> None:
-    config = OmegaConf.load(path)
-    assert config.name == path.stem
-    params = {key: value for key, value in config.items() if key != "name"}  # ListConfig values stay as they are
-    task = build_task(config.name, params)
-    assert task.name == path.stem
-    plain = OmegaConf.to_container(config)
-    assert isinstance(plain, dict)
-    plain.pop("name")
-    assert build_task(path.stem, plain).config == task.config
+@pytest.mark.parametrize("name", group_choices("task"))
+def test_every_task_of_the_task_group_composes_and_builds(name: str) -> None:
+    params = compose_train_config(["run_dir=x", f"task={name}"])["task"]
+    assert params.pop("name") == name
+    task = build_task(name, params)
+    assert task.name == name and task.config == build_task(name).config
     problem = task.train_problems(1, seed=0)[0]
     assert isinstance(problem, Problem)
     assert task.reward(problem, problem.completion) == 1.0
 
 
-def test_yaml_defaults_match_the_brief() -> None:
-    arithmetic = OmegaConf.to_container(OmegaConf.load(CONF_TASK / "arithmetic.yaml"))
-    assert arithmetic == {
-        "name": "arithmetic", "max_digits": 3, "min_digits": 1, "ops": ["+"], "test_size": 1024, "test_seed": 12345,
-    }  # fmt: skip
-    trainer = OmegaConf.load(CONF_TASK.parent / "trainer" / "grpo.yaml")
-    assert arithmetic["test_size"] >= trainer.val_size  # every validation item a distinct held-out problem
-    knights_knaves = OmegaConf.to_container(OmegaConf.load(CONF_TASK / "knights_knaves.yaml"))
-    assert knights_knaves["num_people"] == 3
-    assert knights_knaves["rendering"] == "compact"
-    assert knights_knaves["reward"] == "binary"
+def test_defaults_match_the_brief() -> None:
+    assert ArithmeticConfig() == ArithmeticConfig(max_digits=3, min_digits=1, ops=("+",), test_size=1024,
+                                                  test_seed=12345)
+    assert ArithmeticConfig().test_size >= TrainerConfig().val_size  # every validation item a distinct held-out one
+    knights_knaves = KnightsKnavesConfig()
+    assert (knights_knaves.num_people, knights_knaves.rendering, knights_knaves.reward) == (3, "compact", "binary")
 
 
 def test_count_must_be_a_non_negative_int() -> None:
     task = build_task("arithmetic", {})
-    with pytest.raises(ValueError, match=r"count=-1"):
+    with pytest.raises(ValueError, match=r"count = -1"):
         task.train_problems(-1, seed=0)
-    with pytest.raises(ValueError, match=r"count=2\.5"):
+    with pytest.raises(ValueError, match=r"count = 2\.5"):
         task.test_problems(2.5, seed=0)  # type: ignore[arg-type]
     assert task.train_problems(0, seed=0) == []

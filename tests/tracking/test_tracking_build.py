@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from dataflex_rl.compose import compose_train_config
 from dataflex_rl.tracking import (
     ConsoleLogger,
     LoggerConfig,
@@ -19,20 +17,18 @@ from dataflex_rl.tracking import (
 )
 from dataflex_rl.validation import ConfigError
 
-CONF = pathlib.Path(__file__).resolve().parents[2] / "conf"
-
 
 def composed_logger_group(overrides=()):
     """The ``logger`` group as ``conf/train.yaml`` composes it (its defaults list pulls in conf/logger/wandb/)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides)).logger
+    return compose_train_config(list(overrides))["logger"]
 
 
 def test_default_yaml_matches_the_dataclass_defaults():
     parsed = parse_logger_config(composed_logger_group())
     assert parsed == LoggerConfig() == parse_logger_config(None)
     assert parsed == LoggerConfig(
-        hist_every=10, console_every=10, wandb=WandbConfig(mode="offline", project="dataflex-rl", entity=None, tags=())
+        hist_every=10, console_every=10,
+        loggers={"wandb": WandbConfig(mode="offline", project="dataflex-rl", entity=None, tags=())}
     )
 
 

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import pathlib
 import subprocess
 
 import pytest
 from omegaconf import OmegaConf
 
+from dataflex_rl.hashing import canonical_json, stable_hash
 from dataflex_rl.tracking import RunIdentity, config_hash, git_commit
 from dataflex_rl.tracking.identity import axis_values
 
@@ -17,10 +20,22 @@ def make_identity(**overrides) -> RunIdentity:
     return shared_identity(**{"run": "a0.25-s3", "alpha": 0.25, "seed": 3, **overrides})
 
 
+class TestStableHash:
+    def test_is_a_sha256_prefix_of_canonical_json(self):
+        value = {"b": {"d": "ü", "c": [1, 2.5, float("nan")]}, "a": pathlib.Path("/x")}
+        canonical = '{"a":"/x","b":{"c":[1,2.5,NaN],"d":"ü"}}'  # keys sorted, no spaces, UTF-8, paths as text
+        assert canonical_json(value) == canonical
+        assert stable_hash(value) == hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+        assert stable_hash(value, 8) == stable_hash(value)[:8]
+
+    def test_hashes_a_string_as_it_is(self):
+        assert stable_hash("sweep\0run", 12) == hashlib.sha256(b"sweep\0run").hexdigest()[:12]
+
+
 class TestConfigHash:
     def test_is_sha256_prefix_of_canonical_json(self):
-        # canonical JSON of the config below: keys sorted, no spaces -> '{"a":1,"b":{"c":[1,2.5],"d":"x"}}'
-        assert config_hash({"b": {"d": "x", "c": [1, 2.5]}, "a": 1}) == "832a131b69e7"
+        expected = hashlib.sha256(b'{"a":1,"b":{"c":[1,2.5],"d":"x"}}').hexdigest()[:12]
+        assert config_hash({"b": {"d": "x", "c": [1, 2.5]}, "a": 1}) == expected == "832a131b69e7"
 
     def test_key_order_and_dictconfig_do_not_matter(self):
         config = {"trainer": {"lr": 1e-5, "steps": 10}, "seed": 1}

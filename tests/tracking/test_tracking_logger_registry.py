@@ -7,15 +7,15 @@ import logging
 import pathlib
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from dataflex_rl.tracking import LOGGERS, ConsoleLogger, RunStore, WandbConfig, build_loggers, parse_logger_config
-from dataflex_rl.tracking.build import logger_class
+from dataflex_rl.compose import compose_train_config
+from dataflex_rl.tracking import (LOGGERS, ConsoleLogger, RunStore, WandbConfig, build_loggers, parse_logger_config,
+                                  run_store)
+from dataflex_rl.tracking.build import in_tree_loggers, logger_class
 from dataflex_rl.validation import ConfigError
+from tests import registry_snapshot
 from tests.tracking.identities import make_identity
-
-CONF = pathlib.Path(__file__).resolve().parents[2] / "conf"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ class ThrowawayLogger:
 @pytest.fixture
 def throwaway_registered():
     """``throwaway`` registered for one test only (the registry is restored afterwards)."""
-    with LOGGERS.snapshot():
+    with registry_snapshot(LOGGERS):
         LOGGERS.register("throwaway")(ThrowawayLogger)
         ThrowawayLogger.built.clear()
         yield ThrowawayLogger
@@ -82,8 +82,7 @@ def throwaway_conf(tmp_path) -> pathlib.Path:
 
 
 def compose_logger(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides).logger
+    return OmegaConf.create(compose_train_config(overrides)["logger"])
 
 
 def test_a_registered_logger_and_its_yaml_receive_the_metrics(tmp_path, throwaway_registered, throwaway_conf):
@@ -136,13 +135,12 @@ def test_a_logger_that_cannot_start_is_left_out_with_a_warning(tmp_path, throwaw
     assert "logger throwaway cannot start (OSError: no space left)" in caplog.text
     loggers.log_metrics(0, {"a": 1.0})
     loggers.close()
-    assert RunStore(tmp_path).read_status()["state"] == "completed"
+    assert run_store.read_status(RunStore(tmp_path).run_dir)["state"] == "completed"
 
 
-@pytest.mark.parametrize("folder", sorted(p for p in (CONF / "logger").iterdir() if p.is_dir()), ids=lambda p: p.name)
-def test_every_logger_yaml_has_a_registered_class_that_accepts_it(folder):
-    cls = logger_class(folder.name)
-    assert cls.name == folder.name
-    for path in sorted(folder.glob("*.yaml")):
-        block = OmegaConf.to_container(OmegaConf.load(path))
-        assert parse_logger_config({folder.name: block}).loggers[folder.name] == cls.Config(**block)
+@pytest.mark.parametrize("name", in_tree_loggers())
+def test_every_in_tree_logger_has_a_registered_class_that_accepts_its_composed_block(name):
+    cls = logger_class(name)
+    assert cls.name == name
+    block = compose_train_config([f"+logger/{name}=default"] if name != "wandb" else [])["logger"][name]
+    assert parse_logger_config({name: block}).loggers[name] == cls.Config()

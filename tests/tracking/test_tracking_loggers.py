@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from dataflex_rl import keys
-from dataflex_rl.tracking import ConsoleLogger, Logger, MultiLogger, RunStore, WandbLogger
+from dataflex_rl.tracking import ConsoleLogger, Logger, MultiLogger, RunStore, WandbLogger, run_store
 
 
 class RecordingLogger:
@@ -102,7 +102,7 @@ class TestMultiLogger:
         ):
             loggers.log_metrics(0, {"a": 1.0})
             raise RuntimeError("loss diverged")
-        status = store.read_status()
+        status = run_store.read_status(store.run_dir)
         assert (status["state"], status["step"]) == ("failed", 0)
         assert status["error"] == "RuntimeError: loss diverged"
         assert 'raise RuntimeError("loss diverged")' in status["traceback"]
@@ -113,11 +113,11 @@ class TestMultiLogger:
         interrupted = RunStore(tmp_path / "interrupted")
         with pytest.raises(KeyboardInterrupt), MultiLogger([interrupted]):
             raise KeyboardInterrupt
-        assert interrupted.read_status()["state"] == "interrupted"
+        assert run_store.read_status(interrupted.run_dir)["state"] == "interrupted"
         completed = RunStore(tmp_path / "completed")
         with MultiLogger([completed]):
             pass
-        assert completed.read_status() | {"updated": None} == {
+        assert run_store.read_status(completed.run_dir) | {"updated": None} == {
             "state": "completed",
             "step": 0,
             "updated": None,

@@ -68,7 +68,7 @@ class TestReaders:
             assert rs.final_value(tmp_path, "val/accuracy") == 0.75
             assert rs.final_value(tmp_path, "never/logged") is None
             assert rs.read_metrics(tmp_path, ["loss"]).columns.tolist() == ["step", "loss"]
-            assert rs.histogram_names(tmp_path) == ["w"]
+            assert rs.load_histograms(tmp_path)["name"].tolist() == ["w"]
             assert rs.metrics_source(tmp_path) == ("parquet" if closed else "jsonl")
         assert rs.is_run_store(tmp_path) and not rs.is_run_store(tmp_path / "missing")
         assert rs.STATES == ("pending", "running", "completed", "failed", "interrupted")
@@ -205,7 +205,7 @@ class TestFailures:
     def test_with_no_space_at_all_the_old_status_is_overwritten_in_place(self, tmp_path, monkeypatch):
         store = started_store(tmp_path)
         store.set_status("running", step=0)
-        store._release_reserve()
+        store._reserve.release()
 
         def no_space(path, data):
             raise OSError(errno.ENOSPC, "No space left on device")

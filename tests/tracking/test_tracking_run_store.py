@@ -17,10 +17,10 @@ import torch
 from omegaconf import OmegaConf
 
 from dataflex_rl import keys
-from dataflex_rl.tracking import RunIdentity, RunStore, load_histograms, load_metrics, read_jsonl
+from dataflex_rl.tracking import RunIdentity, RunStore, run_store
+from dataflex_rl.tracking.run_store import load_histograms, read_metrics, read_jsonl
 
 from tests.tracking.identities import make_identity as shared_identity
-from dataflex_rl.tracking import run_store as run_store_module
 
 NAN, INF = float("nan"), float("inf")
 
@@ -80,10 +80,10 @@ class TestMetrics:
     def test_load_metrics_gives_the_same_frame_from_jsonl_and_parquet(self, tmp_path):
         store = RunStore(tmp_path)
         self.log_all(store)
-        from_jsonl = load_metrics(tmp_path)
+        from_jsonl = read_metrics(tmp_path)
         store.close()
         assert (tmp_path / "metrics.parquet").exists()
-        from_parquet = load_metrics(tmp_path)
+        from_parquet = read_metrics(tmp_path)
         pd.testing.assert_frame_equal(from_jsonl, from_parquet)
         assert from_parquet["step"].dtype == np.int64
         assert np.isnan(from_parquet.loc[0, keys.GRAD_NORM]) and np.isnan(from_parquet.loc[1, "val/accuracy"])
@@ -96,7 +96,7 @@ class TestMetrics:
             store.log_metrics(3, {"a": 3.0})
             store.log_metrics(5, {"a": 4.0})
             store.close()
-        frame = load_metrics(tmp_path)
+        frame = read_metrics(tmp_path)
         assert frame["step"].tolist() == [3, 5]
         assert frame["a"].tolist() == [3.0, 4.0]  # last value of step 5 wins
         assert frame.loc[1, "b"] == 2.0  # keys of the earlier line are kept
@@ -129,7 +129,7 @@ class TestMetrics:
         store = RunStore(tmp_path)
         store.close()
         assert pq.read_table(tmp_path / "metrics.parquet").column_names == ["step"]
-        assert load_metrics(tmp_path).empty
+        assert read_metrics(tmp_path).empty
         assert len(load_histograms(tmp_path)) == 0
 
     def test_logging_after_close_raises(self, tmp_path):
@@ -151,7 +151,7 @@ class TestHistograms:
         from_jsonl = load_histograms(tmp_path)
         store.close()
         table = pq.read_table(tmp_path / "histograms.parquet")
-        assert table.schema == run_store_module.HISTOGRAM_SCHEMA
+        assert table.schema == run_store.HISTOGRAM_SCHEMA
         assert table.to_pylist() == [
             {"step": 0, "name": keys.HIST_TOKEN_PROB, "edges": [0.0, 0.5, 1.0], "counts": [4, 6]},
             {"step": 0, "name": keys.HIST_WEIGHT, "edges": [0.0, 1.0], "counts": [2]},
@@ -196,7 +196,7 @@ class TestResume:
         assert store.last_logged_step() == 3
         store.log_metrics(4, {"loss": 40.0})
         store.close()
-        assert load_metrics(tmp_path)["loss"].tolist() == [0.0, 1.0, 2.0, 3.0, 40.0]
+        assert read_metrics(tmp_path)["loss"].tolist() == [0.0, 1.0, 2.0, 3.0, 40.0]
         assert temp_files(tmp_path) == []
 
     def test_truncate_after_the_last_step_only_repairs(self, tmp_path):
@@ -240,7 +240,7 @@ class TestResume:
         resumed = RunStore(tmp_path)
         resumed.log_metrics(1, {"a": 2.0})
         assert not (tmp_path / "metrics.parquet").exists()
-        assert load_metrics(tmp_path)["step"].tolist() == [0, 1]
+        assert read_metrics(tmp_path)["step"].tolist() == [0, 1]
 
 
 class TestConfigMetaStatus:
@@ -248,8 +248,9 @@ class TestConfigMetaStatus:
         config = OmegaConf.create({"trainer": {"steps": 5, "lr": 1e-5}, "name": "${trainer.steps}", "tags": ["a"]})
         store = RunStore(tmp_path)
         store.log_config(config)
-        assert store.read_config() == {"trainer": {"steps": 5, "lr": 1e-5}, "name": 5, "tags": ["a"]}
-        assert list(store.read_config()) == ["trainer", "name", "tags"]
+        config = run_store.read_config(store.run_dir)
+        assert config == {"trainer": {"steps": 5, "lr": 1e-5}, "name": 5, "tags": ["a"]}
+        assert list(config) == ["trainer", "name", "tags"]
 
     def test_meta_identity_versions_and_times(self, tmp_path):
         store = RunStore(tmp_path)
@@ -268,7 +269,7 @@ class TestConfigMetaStatus:
         assert on_disk["command"] == "python -m dataflex_rl"
         assert on_disk["end_time"] is None and on_disk["wall_time_s"] is None
         store.close()
-        closed = store.read_meta()
+        closed = run_store.read_meta(store.run_dir)
         start = datetime.datetime.fromisoformat(closed["start_time"])
         end = datetime.datetime.fromisoformat(closed["end_time"])
         assert start.utcoffset() == datetime.timedelta(0)
@@ -286,25 +287,25 @@ class TestConfigMetaStatus:
 
     def test_status_transitions(self, tmp_path):
         store = RunStore(tmp_path)
-        assert store.read_status() is None
+        assert run_store.read_status(store.run_dir) is None
         assert store.set_status("pending")["step"] == 0
         store.set_status("running", step=0)
         for step in range(3):
             store.log_metrics(step, {"a": 1.0})
         store.record_error("failed", error="RuntimeError: boom", traceback="Traceback ...\nRuntimeError: boom\n")
         store.close("failed")
-        status = store.read_status()
+        status = run_store.read_status(store.run_dir)
         assert (status["state"], status["step"], status["error"]) == ("failed", 2, "RuntimeError: boom")
         assert status["traceback"].endswith("RuntimeError: boom\n")
         # Resume: the error belongs to the failed attempt and is cleared.
         resumed = RunStore(tmp_path)
         resumed.truncate_after(1)
         resumed.set_status("running", step=1)
-        assert resumed.read_status()["error"] is None
+        assert run_store.read_status(resumed.run_dir)["error"] is None
         resumed.log_metrics(2, {"a": 2.0})
         resumed.log_metrics(3, {"a": 3.0})
         resumed.close("completed")
-        status = resumed.read_status()
+        status = run_store.read_status(resumed.run_dir)
         assert (status["state"], status["step"], status["error"], status["traceback"]) == ("completed", 3, None, None)
         assert datetime.datetime.fromisoformat(status["updated"]).utcoffset() == datetime.timedelta(0)
 
@@ -348,7 +349,8 @@ class TestConfigMetaStatus:
         with pytest.raises(OSError, match="disk full"):
             store.write_config({"a": 1})
         monkeypatch.undo()
-        assert store.read_status()["state"] == "running" and store.read_status()["step"] == 4
+        status = run_store.read_status(store.run_dir)
+        assert status["state"] == "running" and status["step"] == 4
         assert not (tmp_path / "config.yaml").exists()
         assert temp_files(tmp_path) == []
 
@@ -371,14 +373,14 @@ class TestVerifyRun:
 
     def test_a_run_as_written_passes(self, tmp_path):
         run_dir = self.written(tmp_path / "r")
-        assert run_store_module.verify_run(run_dir) == []
-        assert run_store_module.config_identity(self.CONFIG, "local") == {
-            "config_hash": run_store_module.read_meta(run_dir)["config_hash"], "alpha": 0.5, "seed": 1,
+        assert run_store.verify_run(run_dir) == []
+        assert run_store.config_identity(self.CONFIG) == {
+            "config_hash": run_store.read_meta(run_dir)["config_hash"], "alpha": 0.5, "seed": 1,
             "axes": {"alpha": 0.5, "trainer.lr": 1e-4, "seed": 1}}
 
     def test_each_way_a_record_fails_is_named(self, tmp_path):
         """rm / ln -s / edit config.yaml or meta.json of a completed run folder, then read it"""
-        verify = run_store_module.verify_run
+        verify = run_store.verify_run
         assert verify(tmp_path / "absent") == ["no run folder"]
         run_dir = self.written(tmp_path / "r")
         link = tmp_path / "link"
@@ -411,7 +413,7 @@ class TestVerifyRun:
     def test_a_verl_run_reads_its_seed_and_axes_from_its_run_block(self):
         config = {"data": {"seed": 7}, "dataflex": {"actuator": {"params": {"alpha": 0.25}}},
                   "dataflex_run": {"seed": 3, "axes": ["dataflex.actuator.params.alpha", "seed"]}, "seed": 99}
-        identity = run_store_module.config_identity(config, "verl")
+        identity = run_store.config_identity(config)
         assert (identity["alpha"], identity["seed"], identity["axes"]) == (0.25, 3, {"alpha": 0.25, "seed": 3})
-        del config["dataflex_run"]
-        assert run_store_module.config_identity(config, "verl")["seed"] == 7
+        del config["dataflex_run"]["seed"]
+        assert run_store.config_identity(config)["seed"] == 7  # verl's own seed when the block has none

@@ -76,7 +76,8 @@ def test_resume_under_another_environment_appends_a_change(tmp_path: Path, monke
     assert back["environment_changes"][-1]["time"] == "2025-01-05T00:00:00.000+00:00"
     store = RunStore(tmp_path)
     store.close()
-    assert store.read_meta()["environment_changes"] == back["environment_changes"]  # closing keeps them
+    # closing keeps them
+    assert run_store.read_meta(store.run_dir)["environment_changes"] == back["environment_changes"]
 
 
 def test_environment_keys_are_reserved(tmp_path: Path) -> None:

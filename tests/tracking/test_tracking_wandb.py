@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -11,7 +12,8 @@ import pytest
 import wandb
 
 from dataflex_rl import keys
-from dataflex_rl.tracking import RunIdentity, RunStore, WandbLogger, build_loggers, load_metrics, wandb_run_id
+from dataflex_rl.tracking import RunIdentity, RunStore, WandbConfig, WandbLogger, build_loggers, run_store, wandb_run_id
+from dataflex_rl.tracking.run_store import read_metrics
 
 from dataflex_rl.tracking.wandb_offline import read_run
 from tests.tracking.identities import make_identity as shared_identity
@@ -36,7 +38,8 @@ def logger_config(mode: str) -> dict:
 
 def test_offline_run_has_identity_config_and_the_logged_values(tmp_path):
     identity = make_identity()
-    logger = WandbLogger(identity=identity, run_dir=tmp_path, config=CONFIG, mode="offline", project="p", tags=["t"])
+    logger = WandbLogger(identity=identity, run_dir=tmp_path, config=CONFIG,
+                         settings=WandbConfig(project="p", tags=("t",)))
     run = logger.run
     assert run is not None and logger.active
     assert (run.name, run.group, run.project, run.id) == ("sweep1-a0.5-s1", "sweep1", "p", wandb_run_id(identity))
@@ -66,7 +69,8 @@ def test_offline_run_has_identity_config_and_the_logged_values(tmp_path):
 
 def test_offline_file_carries_group_name_and_job_type_of_the_axes(tmp_path):
     identity = shared_identity(run="a0.5-s1-lr0.0003", axes={"alpha": 0.5, "trainer.lr": 3e-4, "seed": 1})
-    logger = WandbLogger(identity=identity, run_dir=tmp_path, config=CONFIG, mode="offline", project="p")
+    logger = WandbLogger(identity=identity, run_dir=tmp_path, config=CONFIG,
+                         settings=WandbConfig(project="p"))
     run_id = logger.run.id
     logger.close("completed")
     offline = read_run(wandb_records.run_file(tmp_path, run_id))
@@ -77,7 +81,8 @@ def test_offline_file_carries_group_name_and_job_type_of_the_axes(tmp_path):
 def test_run_id_is_stable_per_sweep_and_run():
     assert wandb_run_id(make_identity()) == wandb_run_id(make_identity())
     assert wandb_run_id(make_identity()) != wandb_run_id(make_identity(run="a0.5-s2"))
-    assert len(wandb_run_id(make_identity())) == 16
+    identity = make_identity()
+    assert wandb_run_id(identity) == hashlib.sha256(f"{identity.sweep}\0{identity.run}".encode()).hexdigest()[:16]
 
 
 def test_build_loggers_sends_the_same_numbers_to_both_stores(tmp_path):
@@ -88,9 +93,9 @@ def test_build_loggers_sends_the_same_numbers_to_both_stores(tmp_path):
         for step in range(3):
             loggers.log_metrics(step, {keys.SCORE_MEAN: step / 4, keys.LR: 1e-5})
     history = wandb_records.history(wandb_records.run_file(tmp_path, wandb_run_id(identity)))
-    frame = load_metrics(tmp_path)
+    frame = read_metrics(tmp_path)
     assert [history[step][keys.SCORE_MEAN] for step in range(3)] == frame[keys.SCORE_MEAN].tolist() == [0, 0.25, 0.5]
-    assert store.read_status()["state"] == "completed"
+    assert run_store.read_status(store.run_dir)["state"] == "completed"
 
 
 def test_init_failure_warns_once_and_the_run_store_is_still_written(tmp_path, monkeypatch, caplog):
@@ -109,14 +114,15 @@ def test_init_failure_warns_once_and_the_run_store_is_still_written(tmp_path, mo
     assert len(warnings) == 1
     assert warnings[0].startswith("W&B unavailable: wandb.init failed (CommError: could not reach the server)")
     assert warnings[0].endswith(UNAVAILABLE)
-    assert load_metrics(tmp_path)["a"].tolist() == [0.0, 1.0, 2.0]
-    assert store.read_status()["state"] == "completed"
+    assert read_metrics(tmp_path)["a"].tolist() == [0.0, 1.0, 2.0]
+    assert run_store.read_status(store.run_dir)["state"] == "completed"
     assert not (tmp_path / "wandb").exists()
 
 
 def test_online_without_credentials_warns_and_does_nothing(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
-        logger = WandbLogger(identity=make_identity(), run_dir=tmp_path, config=CONFIG, mode="online")
+        logger = WandbLogger(identity=make_identity(), run_dir=tmp_path, config=CONFIG,
+                             settings=WandbConfig(mode="online"))
     assert logger.run is None
     assert "online mode needs credentials" in logger.unavailable_reason
     assert UNAVAILABLE in caplog.text
@@ -132,17 +138,16 @@ def test_disabled_creates_nothing(tmp_path):
     loggers.log_metrics(0, {"a": 1.0})
     loggers.close()
     assert not (tmp_path / "run" / "wandb").exists()
-    direct = WandbLogger(identity=make_identity(), run_dir=tmp_path / "direct", config=CONFIG, mode="disabled")
+    direct = WandbLogger(identity=make_identity(), run_dir=tmp_path / "direct", config=CONFIG,
+                         settings=WandbConfig(mode="disabled"))
     direct.log_metrics(0, {"a": 1.0})
     direct.close()
     assert direct.run is None and not (tmp_path / "direct").exists()
 
 
-def test_bad_mode_names_key_value_and_allowed_values(tmp_path):
-    with pytest.raises(
-        ValueError, match=r"logger.wandb.mode = 'cloud' is not allowed; allowed values: offline, online"
-    ):
-        WandbLogger(identity=make_identity(), run_dir=tmp_path, config=CONFIG, mode="cloud")
+def test_bad_mode_names_key_value_and_allowed_values():
+    with pytest.raises(ValueError, match=r"logger.wandb.mode = 'cloud' is not allowed; allowed values: 'offline'"):
+        WandbConfig(mode="cloud")
 
 
 @pytest.mark.parametrize(("before", "after"), [(None, "false"), ("true", "true")])
@@ -152,5 +157,5 @@ def test_offline_mode_turns_off_w_and_b_telemetry_unless_the_user_chose(tmp_path
         monkeypatch.delenv("WANDB_ERROR_REPORTING", raising=False)
     else:
         monkeypatch.setenv("WANDB_ERROR_REPORTING", before)
-    WandbLogger(identity=make_identity(), run_dir=tmp_path, config=CONFIG, mode="offline")
+    WandbLogger(identity=make_identity(), run_dir=tmp_path, config=CONFIG)
     assert os.environ["WANDB_ERROR_REPORTING"] == after

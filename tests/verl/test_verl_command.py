@@ -12,15 +12,8 @@ from verl.utils.config import validate_config
 
 from dataflex_rl import ConfigError, build_mechanism
 from dataflex_rl.overrides import hydra_value
-from dataflex_rl.verl.command import (
-    EXPERIMENT_DIR,
-    DEFAULT_TRAINER_MODE,
-    TRAINER_MODE_KEY,
-    build_verl_command,
-    dataflex_arguments,
-    main,
-    wandb_environment,
-)
+from dataflex_rl.verl.command import EXPERIMENT_DIR, build_verl_command, dataflex_arguments, main, wandb_environment
+from dataflex_rl.verl.config import DEFAULT_TRAINER_MODE, TRAINER_MODE_KEY
 
 VARIABLES = ["model=/models/qwen", "data_dir=/data/kk"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dataflex_rl import keys
-from dataflex_rl.tracking import load_histograms, read_meta
+from dataflex_rl.tracking.run_store import load_histograms, read_meta
 
 from cpu_mode import prepare_folder, run_verl  # noqa: E402  (sibling module; tests/verl is on sys.path)
 from test_verl_cpu_mode import AR, LOPTI, assert_actor_used_written_advantages, completed_metrics

@@ -22,10 +22,10 @@ import pandas as pd
 import pytest
 
 from dataflex_rl import keys
-from dataflex_rl.tracking import load_histograms, load_metrics, read_meta, read_status
+from dataflex_rl.tracking.run_store import load_histograms, read_metrics, read_meta, read_status
 
 from cpu_mode import prepare_folder, run_verl, write_test_experiment  # noqa: E402  (sibling module; tests/verl is on sys.path)
-from sweeps.commands import preset_overrides
+from dataflex_rl.verl.sweep_backend import preset_overrides
 
 AR = ["dataflex.actuator.params.alpha=0.5"]
 BASELINE = ["dataflex.actuator.params.alpha=0.0"]
@@ -44,7 +44,7 @@ def completed_metrics(run) -> pd.DataFrame:
     assert run.returncode == 0, run.tail()
     status = read_status(run.run_dir)
     assert status["state"] == "completed", status
-    return load_metrics(run.run_dir).set_index("step")
+    return read_metrics(run.run_dir).set_index("step")
 
 
 def assert_actor_used_written_advantages(metrics: pd.DataFrame) -> None:
@@ -190,7 +190,7 @@ def test_a_two_run_verl_sweep_on_the_cpu_gives_a_report(tmp_path, monkeypatch):
     assert "0.5" in text and "baseline" in text
     for run in ("a0.0-s1", "a0.5-s1"):
         assert read_status(tmp_path / "runs" / "cpu" / run)["state"] == "completed"
-        assert math.isfinite(load_metrics(tmp_path / "runs" / "cpu" / run)[keys.VAL_ACCURACY].iloc[-1])
+        assert math.isfinite(read_metrics(tmp_path / "runs" / "cpu" / run)[keys.VAL_ACCURACY].iloc[-1])
     assert os.path.isdir(tmp_path / "runs" / "cpu" / "verl_prepared" / "sft-seed1" / "model")
     meta = read_meta(tmp_path / "runs" / "cpu" / "a0.5-s1")
     assert meta["warm_start"]["design"] == "per_seed"

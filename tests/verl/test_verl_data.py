@@ -137,7 +137,7 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--out", str(tmp_path), *TASK, "num_people=[1]"])
     assert exit_info.value.code == 2
-    assert "num_people=1 is invalid" in capsys.readouterr().err
+    assert "num_people = 1 is not allowed" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), *TASK, "--train-size", "-1"])
     assert list(tmp_path.iterdir()) == []  # nothing written

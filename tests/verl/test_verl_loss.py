@@ -16,7 +16,8 @@ from verl.workers.utils.losses import ppo_loss
 
 from dataflex_rl import ConfigError, build_mechanism
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function, staged_ppo_loss
-from dataflex_rl.verl.trainer import DataflexSyncTrainer, mechanism_from_verl_config
+from dataflex_rl.verl.config import mechanism_from_verl_config
+from dataflex_rl.verl.trainer import DataflexSyncTrainer
 
 # Sibling helper module (tests/verl is on sys.path under pytest's default import mode, as for conftest.py).
 from tiny_actor import (

@@ -24,10 +24,12 @@ from verl.utils.tracking import Tracking
 from analysis.load import load_sweep
 from analysis.report import main as report_main
 from dataflex_rl import ConfigError, keys
-from dataflex_rl.tracking import config_hash, load_histograms, load_metrics
+from dataflex_rl.tracking import config_hash
+from dataflex_rl.tracking.run_store import load_histograms, read_metrics
 from dataflex_rl.tracking.wandb_offline import read_run
 from dataflex_rl.verl.run_record import numeric_metrics, run_place
-from dataflex_rl.verl.trainer import DataflexSyncTrainer, mechanism_from_verl_config
+from dataflex_rl.verl.config import mechanism_from_verl_config
+from dataflex_rl.verl.trainer import DataflexSyncTrainer
 
 # Sibling test module (tests/verl is on sys.path under pytest's default import mode, as for conftest.py).
 from test_verl_trainer import fill_queue, random_rows  # noqa: E402
@@ -136,7 +138,7 @@ def test_a_verl_run_writes_the_run_store(verl_config, queues, monkeypatch, tmp_p
     assert config["dataflex"]["actuator"]["params"]["alpha"] == 0.5
     assert config["actor_rollout_ref"]["rollout"]["n"] == 4 and config["mechanism_label"] == "ar"
 
-    metrics = load_metrics(run_dir)
+    metrics = read_metrics(run_dir)
     assert list(metrics["step"]) == [0, 1, 2, 3]  # the validation before training, then the three steps
     assert metrics.loc[0, keys.VAL_ACCURACY] == 0.25 and metrics.loc[0, VAL_KEY] == 0.25
     trained = metrics[metrics["step"] > 0]
@@ -153,7 +155,7 @@ def test_a_failing_verl_run_is_marked_failed_with_its_traceback(verl_config, que
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "failed" and status["step"] == 1
     assert "worker died at step 2" in status["error"] and "Traceback" in status["traceback"]
-    assert list(load_metrics(run_dir)["step"]) == [0, 1]  # what was logged before the failure is kept
+    assert list(read_metrics(run_dir)["step"]) == [0, 1]  # what was logged before the failure is kept
 
 
 def test_a_verl_sweep_folder_gives_a_report(verl_config, queues, monkeypatch, tmp_path):
@@ -214,7 +216,7 @@ def test_a_verl_run_of_a_grid_records_its_axes_and_names_its_wandb_run_from_them
     assert set(offline.tags) >= {"user-tag", "reweight", "verl"}
     assert offline.config["trainer"]["experiment_name"] == run_dir.name
     assert offline.config["run_identity"]["axes"] == meta["axes"]  # analysis reads seed and factors from W&B too
-    from analysis.load import load_wandb_offline
+    from analysis.wandb_offline import load_wandb_offline
 
     runs = load_wandb_offline(pathlib.Path(os.environ["WANDB_DIR"])).runs
     assert len(runs) == 1 and runs.iloc[0]["seed"] == 2 and runs.iloc[0]["actor_rollout_ref.actor.optim.lr"] == 1e-6
@@ -228,7 +230,7 @@ def test_a_run_outside_a_grid_gets_the_local_backends_wandb_name(verl_config, tm
     OmegaConf.set_struct(verl_config, False)
     verl_config.dataflex_run = {"dir": str(tmp_path / "solo"), "sweep": "s", "seed": 3}
     record = VerlRunRecord(run_place(verl_config, "reweight"), verl_config, "reweight", 0.25)
-    assert record.wandb_name == "s-a0.25-s3" == record.config["trainer"]["experiment_name"]
+    assert record.identity.wandb_name == "s-a0.25-s3" == record.config["trainer"]["experiment_name"]
     assert record.wandb_environment({}) == {"WANDB_RUN_GROUP": "s", "WANDB_TAGS": "reweight,verl"}
     assert verl_config.trainer.experiment_name != "s-a0.25-s3"  # the record changes its own copy only
 

@@ -13,10 +13,11 @@ import pytest
 from verl.trainer.ppo.reward import get_custom_reward_fn
 
 from dataflex_rl.tasks import TASKS, Problem, Task
-from dataflex_rl.tasks.base import check_int
+from dataflex_rl.validation import check_int_at_least
 from dataflex_rl.verl import reward as reward_module
 from dataflex_rl.verl.data import COLUMNS, TEST_FILE, TRAIN_FILE, build_rows, main, verl_row
 from dataflex_rl.verl.reward import compute_score, verl_tasks
+from tests import registry_snapshot
 
 ECHO = "echo_test_task"
 PLAIN = "plain_test_task"
@@ -31,7 +32,7 @@ class EchoConfig:
     test_seed: int = 5
 
     def __post_init__(self) -> None:
-        check_int(ECHO, "largest", self.largest, 10)
+        check_int_at_least("largest", self.largest, 10)
 
 
 class EchoTask(Task):
@@ -79,7 +80,7 @@ class PlainTask(EchoTask):
 
 @pytest.fixture
 def echo_registered():
-    with TASKS.snapshot():
+    with registry_snapshot(TASKS):
         TASKS.register(ECHO)(EchoTask)
         TASKS.register(PLAIN)(PlainTask)
         yield
@@ -122,7 +123,7 @@ def test_data_rows_of_a_registered_task_score_and_keep_test_held_out(echo_regist
     train_keys = {row["extra_info"]["key"] for row in rows["train"]}
     assert train_keys.isdisjoint(row["extra_info"]["key"] for row in rows["test"])
     assert rows == build_rows(ECHO, {"largest": 50}, train_size=12, test_size=5, seed=3)
-    with pytest.raises(ValueError, match=r"largest=3 is invalid"):
+    with pytest.raises(ValueError, match=r"largest = 3 is not allowed"):
         build_rows(ECHO, {"largest": 3}, 1, 1)
     with pytest.raises(ValueError, match=r"unknown echo_test_task task param 'biggest'"):
         build_rows(ECHO, {"biggest": 3}, 1, 1)

@@ -20,15 +20,10 @@ from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from dataflex_rl import ConfigError, build_mechanism, keys
-from dataflex_rl.verl.command import DEFAULT_TRAINER_MODE as TRAINER_NAME
+from dataflex_rl.verl.config import DEFAULT_TRAINER_MODE as TRAINER_NAME, mechanism_from_verl_config, prob_change_every
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD
-from dataflex_rl.verl.trainer import (
-    MECHANISM_TIMER,
-    DataflexSyncTrainer,
-    mechanism_from_verl_config,
-    prob_change_every,
-)
+from dataflex_rl.verl.trainer import MECHANISM_TIMER, DataflexSyncTrainer
 
 PARTITION = "train"
 
@@ -148,7 +143,7 @@ def test_builds_on_the_composed_experiment_config_as_the_sync_trainer(verl_confi
     # verl's base class picks the sync replay buffer only when it sees trainer_mode == "sync".
     assert isinstance(trainer.replay_buffer, ReplayBuffer)
     assert trainer.trainer_mode == "sync"
-    assert trainer.registered_name == TRAINER_NAME == verl_config.trainer.v1.trainer_mode
+    assert verl_config.trainer.v1.trainer_mode == TRAINER_NAME
     assert trainer.parameter_sync_step == 1
     assert trainer.mechanism.config.actuator.params["alpha"] == 0.2  # the experiment's default
     assert isinstance(trainer.histogram_logger, WandbHistogramLogger)  # trainer.logger holds wandb

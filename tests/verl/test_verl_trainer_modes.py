@@ -13,19 +13,19 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from dataflex_rl import ConfigError
-from dataflex_rl.verl import check
-from dataflex_rl.verl.command import (
+from dataflex_rl.verl import VERL_VERSION, check
+from dataflex_rl.verl.command import build_verl_command, experiment_environment, resolve_experiment, verl_overrides_of
+from dataflex_rl.verl.config import (
     DEFAULT_TRAINER_MODE,
     TRAINER_MODE_KEY,
     TRAINER_MODES,
-    build_verl_command,
-    experiment_environment,
-    verl_overrides_of,
+    mechanism_from_verl_config,
+    validate_overrides,
 )
-from dataflex_rl.verl.trainer import TRAINERS, DataflexSyncTrainer, mechanism_from_verl_config
+from dataflex_rl.verl.trainer import TRAINERS, DataflexSyncTrainer
 
 from test_verl_plugin import run_python  # noqa: E402  (sibling module; tests/verl is on sys.path)
-from test_verl_trainer import PARTITION, dataflex_block, fill_queue, padded, random_rows, set_dataflex
+from test_verl_trainer import dataflex_block, fill_queue, padded, random_rows, set_dataflex
 
 VERL_BASES = {"sync": PPOTrainerSync, "colocate_async": PPOTrainerColocateAsync,
               "separate_async": PPOTrainerSeparateAsync}
@@ -54,7 +54,7 @@ def test_each_trainer_answers_its_verl_mode(name):
     assert issubclass(cls, VERL_BASES[TRAINER_MODES[name]])
     trainer = object.__new__(cls)
     trainer.trainer_mode = name  # what verl's base __init__ does with trainer.v1.trainer_mode
-    assert (trainer.trainer_mode, trainer.registered_name) == (TRAINER_MODES[name], name)
+    assert trainer.trainer_mode == TRAINER_MODES[name]
 
 
 def advantages_of(cls, config, rows, queues, global_steps: int = 3):
@@ -97,7 +97,7 @@ def test_the_command_builder_takes_the_trainer_mode_variable(name):
     assert overrides[0] == f"{TRAINER_MODE_KEY}={name}"
     separate = "actor_rollout_ref.rollout.checkpoint_engine.backend=dataflex_cpu" in overrides
     assert separate == (name == "dataflex_separate_async")  # the experiment's trainer_modes block
-    config, mechanism, _ = check.validate_overrides(overrides, experiment_environment("verl_cpu_tiny"))
+    config, mechanism, _ = validate_overrides(overrides, experiment_environment("verl_cpu_tiny"))
     assert config.trainer.v1.trainer_mode == name and mechanism.config.mechanism == "reweight"
 
 
@@ -113,7 +113,7 @@ def test_an_unknown_trainer_mode_is_refused_before_anything_starts():
 
 
 def test_the_experiments_mode_block_is_checked(tmp_path):
-    experiment = OmegaConf.load(check.command.resolve_experiment("verl_cpu_tiny"))
+    experiment = OmegaConf.load(resolve_experiment("verl_cpu_tiny"))
     experiment.trainer_modes = {"dataflex_fully_async": ["trainer.nnodes=1"]}
     path = tmp_path / "verl_bad.yaml"
     OmegaConf.save(experiment, path)
@@ -135,7 +135,7 @@ def test_the_experiments_mode_block_is_checked(tmp_path):
 def test_the_doctor_refuses_a_mode_it_cannot_run(extra, message):
     command = build_verl_command("verl_cpu_tiny", (), [*CPU, *extra])
     with pytest.raises(ConfigError, match=message):
-        check.validate_overrides(verl_overrides_of(command), experiment_environment("verl_cpu_tiny"))
+        validate_overrides(verl_overrides_of(command), experiment_environment("verl_cpu_tiny"))
 
 
 def test_the_doctor_lists_verls_trainer_modes_and_its_pieces(capsys):
@@ -156,7 +156,7 @@ def test_the_doctor_names_what_a_verl_without_the_v1_registry_lacks(monkeypatch,
     output = capsys.readouterr().out
     assert "FAIL  verl: V1 trainer registry: verl.trainer.ppo.v1.trainer_base.register_trainer is missing" in output
     assert "ok    verl: TransferQueue" in output
-    assert f"pip install verl=={check.EXPECTED_VERL} TransferQueue" in output
+    assert f"pip install verl=={VERL_VERSION} TransferQueue" in output
     assert report.failures == ["verl: V1 trainer registry", "verl: V1 trainer lookup"]
 
 

@@ -39,7 +39,8 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 from dataflex_rl import build_mechanism, keys  # noqa: E402
 from dataflex_rl.verl.loss import staged_ppo_loss  # noqa: E402
-from dataflex_rl.verl.trainer import DataflexSyncTrainer, mechanism_from_verl_config  # noqa: E402
+from dataflex_rl.verl.config import mechanism_from_verl_config  # noqa: E402
+from dataflex_rl.verl.trainer import DataflexSyncTrainer  # noqa: E402
 
 # Sibling helper module (tests/verl is on sys.path under pytest's default import mode, as for conftest.py).
 from tiny_actor import (  # noqa: E402

@@ -1,20 +1,5 @@
-"""The files of a run folder, their names, and how every one of them is written (atomically, with one file mode).
-
-Files written by the run store (format: ``docs/run_store.md``)::
-
-    config.yaml          resolved config                                  atomic, at start
-    meta.json            identity, versions, host, start/end time         atomic, at start and at close
-    status.json          {"state", "step", "updated", "error", "traceback"} atomic, at every state change
-    metrics.jsonl        {"step": int, "<key>": float, ...} one line per step, written with one write(2) each
-    histograms.jsonl     {"step", "name", "edges": [k+1], "counts": [k]} one line per histogram
-    metrics.parquet      wide: step int64, one float64 column per key (sorted), one row per step   at close
-    histograms.parquet   long: step int64, name str, edges list<float64>, counts list<int64>      at close
-    .run.lock            the one writer's lock, holding its pid                  while a writer runs
-    .status.reserve      space kept to record a failure on a full disk           while a writer runs
-
-Every file is written through a hidden temp file beside its target (``.<name>.<random>.tmp``), fsync'ed and renamed
-onto it, with mode :func:`file_mode`; on any error, a full disk included, the temp file is removed.
-"""
+"""The files of a run folder (their content: ``docs/run_store.md``), their names, and how every one of them is
+written: through a hidden temp file beside its target, fsync'ed and renamed onto it, with one file mode."""
 
 from __future__ import annotations
 
@@ -53,7 +38,6 @@ def utc_now() -> str:
 
 
 def _current_umask() -> int:
-    """The process umask, read without changing it where the OS allows (``/proc``); else set and restored."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
         with open("/proc/self/status", encoding="ascii") as handle:
             line = next(line for line in handle if line.startswith("Umask:"))
@@ -64,11 +48,6 @@ def _current_umask() -> int:
 
 
 def file_mode() -> int:
-    """Mode of every file the store writes: ``0o666`` less the umask (``0o644`` under the usual umask 022).
-
-    ``tempfile.mkstemp`` creates ``0o600`` files, which the rename would carry onto a shared filesystem where
-    teammates could not read them; the atomic writers set this mode before the rename.
-    """
     return 0o666 & ~_current_umask()
 
 
@@ -78,10 +57,7 @@ def pretty_json(obj: Any) -> bytes:
 
 
 def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-    """Write ``data`` to a hidden temp file beside ``path``, fsync it, then ``os.replace`` it onto ``path``.
-
-    A reader sees the old content or the new one, never a mix; on any error the temp file is removed.
-    """
+    """Write ``data`` to ``path`` through :func:`atomic_path`, fsync'ed: a reader sees the old or the new content."""
     with atomic_path(path) as temporary, open(temporary, "wb") as handle:
         handle.write(data)
         handle.flush()
@@ -89,15 +65,12 @@ def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: pathlib.Path, obj: Any) -> None:
-    """Pretty JSON (:func:`pretty_json`) written atomically (:func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, pretty_json(obj))
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
-    """Yield a hidden temp path beside ``path`` (``.<name>.<random>.tmp``, mode :func:`file_mode`); on success it
-    is renamed onto ``path``, on any error (a full disk included) it is deleted. For writers that need a path
-    (``torch.save``, ``pyarrow``)."""
+    """Yield a hidden temp path beside ``path`` (``.<name>.<random>.tmp``, mode :func:`file_mode`)."""
     path = pathlib.Path(path)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -114,22 +87,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
 
 
 def remove_stale_temporaries(run_dir: str | os.PathLike[str]) -> list[str]:
-    """Delete temp files an interrupted write left in the run folder and its ``checkpoints/`` (names returned).
-
-    Call only while holding the run's lock (:class:`~dataflex_rl.tracking.run_store.RunLock`): then no writer can
-    be using them.
-    """
+    """Delete temp files an interrupted write left in the run folder and its ``checkpoints/`` (names returned)."""
     run_dir = pathlib.Path(run_dir)
     removed = []
     for folder in (run_dir, run_dir / CHECKPOINT_DIR):
         if not folder.is_dir():
             continue
         for path in folder.iterdir():
-            # ``.<name>.<random>.tmp`` from the atomic writers.
             stale = path.name.startswith(".") and path.name.endswith(".tmp")
             if stale and path.is_file():
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                path.unlink(missing_ok=True)
                 removed.append(path.name)
     if removed:
         LOG.info("%s: removed temp files left by an interrupted write: %s", run_dir, ", ".join(removed))

@@ -1,29 +1,21 @@
-"""The config fingerprint and the resume policy: which config keys may differ when a run is continued.
-
-A run's numbers depend on its config minus :data:`FINGERPRINT_IGNORED` keys; :data:`FINGERPRINT_GROWING` keys may
-grow (extending a run continues the same trajectory). :func:`config_fingerprint` hashes the rest into ``meta.json``;
-:func:`check_resume` refuses to continue a run with a config that differs in any of it.
-"""
+"""The config fingerprint (a hash of the config keys that can change a run's numbers) and the resume policy: which
+keys may differ when a run is continued (``docs/run_store.md``, "The config fingerprint")."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import numbers
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dataflex_rl.hashing import stable_hash
 from dataflex_rl.tracking.run_store.reader import read_config
 from dataflex_rl.validation import ConfigError, to_plain
 
-# Config keys (dotted prefixes) that cannot change a run's numbers: where its logs go, how many threads compute them
-# (threads may change the last bits of float reductions, not the results), where the run folder and the SFT cache
-# sit (the cache is keyed by its content).
+# Config keys (dotted prefixes) that cannot change a run's numbers: logging, threads, the run folder, the SFT cache.
 FINGERPRINT_IGNORED: tuple[str, ...] = ("logger", "threads", "run_dir", "sft.cache_dir")
 # Keys that may grow on resume: extending a run continues the same trajectory.
 FINGERPRINT_GROWING: tuple[str, ...] = ("trainer.total_steps",)
-_FINGERPRINT_LENGTH = 16
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -43,27 +35,17 @@ def _matches(key: str, prefixes: Sequence[str]) -> bool:
 
 
 def _numbers_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened config minus :data:`FINGERPRINT_IGNORED` and :data:`FINGERPRINT_GROWING` keys."""
     flat = flatten_config(to_plain(config))
     return {k: v for k, v in flat.items() if not _matches(k, FINGERPRINT_IGNORED + FINGERPRINT_GROWING)}
 
 
 def config_fingerprint(config: Mapping[str, Any]) -> str:
-    """16 hex digits of sha256 over the keys of ``config`` that can change a run's numbers (canonical JSON).
-
-    Two configs with the same fingerprint may differ only in :data:`FINGERPRINT_IGNORED` keys and in
-    :data:`FINGERPRINT_GROWING` keys.
-    """
-    canonical = json.dumps(_numbers_config(config), sort_keys=True, separators=(",", ":"), default=str,
-                           allow_nan=True)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:_FINGERPRINT_LENGTH]
+    """16 hex digits of ``stable_hash`` of ``config`` without the ignored and growing keys."""
+    return stable_hash(_numbers_config(config), 16)
 
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(dotted key, old value, new value)`` for every key that may not differ on resume, sorted by key.
-
-    A key present on one side only shows the other side as ``"<absent>"``. A growing key may grow, never shrink.
-    """
+    """``(key, old, new)`` per key that may not differ on resume, sorted; a growing key may only grow."""
     absent = "<absent>"
     old_flat, new_flat = flatten_config(to_plain(old)), flatten_config(to_plain(new))
     differences = []
@@ -87,11 +69,7 @@ class ConfigMismatchError(ConfigError):
 
 
 def check_resume(run_dir: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
-    """Refuse to continue the run in ``run_dir`` with ``config`` when they differ in a key that changes numbers.
-
-    Compares with the recorded ``config.yaml``: nothing to compare (a fresh folder) passes. Raises
-    :class:`ConfigMismatchError` naming every differing key with its recorded and its new value.
-    """
+    """:class:`ConfigMismatchError` when ``config`` differs from the recorded one in a key that changes numbers."""
     recorded = read_config(run_dir)
     if recorded is None:
         return

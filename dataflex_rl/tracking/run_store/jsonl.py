@@ -1,14 +1,5 @@
-"""The jsonl files (``metrics.jsonl``, ``histograms.jsonl``): one record per line, appended, read and repaired.
-
-Non-finite numbers use Python's JSON extension tokens ``NaN``, ``Infinity`` and ``-Infinity``
-(``json.dumps(allow_nan=True)``), so NaN, +inf and -inf round-trip exactly through ``json.loads``; readers other than
-Python's ``json`` module may refuse these tokens, so read the files with :func:`read_jsonl` or ``json.loads``.
-
-A line reaches the operating system (``write(2)``) before :func:`append_record` returns, so a killed process loses
-nothing already logged; it is not fsync'ed (only a machine crash can lose the last lines; see
-``benchmarks/bench_tracking.py`` for the cost of fsync). A hard kill in the middle of a write leaves a partial last
-line: readers drop it with a warning, and :func:`open_for_append` cuts it before the next append.
-"""
+"""The jsonl files: one record per line, appended with one ``write(2)`` each; the partial last line a hard kill leaves
+is dropped by readers and cut before the next append."""
 
 from __future__ import annotations
 
@@ -25,17 +16,11 @@ LOG = logging.getLogger(__name__)
 
 
 def dumps_line(record: Mapping[str, Any]) -> bytes:
-    """One record as its compact JSON line, newline included."""
     return (json.dumps(record, allow_nan=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def read_jsonl(path: str | os.PathLike[str], *, skip_bad: bool = False) -> list[dict[str, Any]]:
-    """Records of a run-store jsonl file; a partial last line (left by a hard kill) is dropped with a warning.
-
-    Raises :class:`RunStoreError` (a ``ValueError``) naming the file and line for a corrupt line elsewhere, or, with
-    ``skip_bad``, skips such lines with one warning (analysis: one bad line must not hide a run). A missing file
-    gives ``[]``.
-    """
+    """Records of a run-store jsonl file (``[]`` when missing)."""
     records, _ = read_jsonl_with_tail(pathlib.Path(path), skip_bad=skip_bad)
     return records
 
@@ -44,9 +29,8 @@ def read_jsonl_with_tail(path: pathlib.Path, skip_bad: bool = False) -> tuple[li
     """``(records, whether a partial last line was dropped)``; otherwise as :func:`read_jsonl`."""
     if not path.exists():
         return [], False
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    # ``data`` ending in "\n" leaves an empty last element; anything else there is a line without its newline.
+    lines = path.read_bytes().split(b"\n")
+    # A file ending in "\n" leaves an empty last element; anything else there is a line without its newline.
     tail = lines.pop()
     records = []
     bad_lines = []
@@ -74,7 +58,6 @@ def read_jsonl_with_tail(path: pathlib.Path, skip_bad: bool = False) -> tuple[li
 
 
 def _parse_record(line: bytes) -> dict[str, Any] | None:
-    """The record on ``line``: a JSON object with an integer ``step``; None for anything else."""
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -88,7 +71,6 @@ def _parse_record(line: bytes) -> dict[str, Any] | None:
 
 
 def _repair_tail(path: pathlib.Path) -> None:
-    """Make ``path`` end with a newline before appending: cut a partial last line, or end a complete one."""
     if not path.exists() or path.stat().st_size == 0:
         return
     with open(path, "rb+") as handle:
@@ -101,30 +83,25 @@ def _repair_tail(path: pathlib.Path) -> None:
             handle.seek(0, os.SEEK_END)
             handle.write(b"\n")
         else:
-            LOG.warning(
-                "%s: dropped a partial last line (%d bytes) left by an interrupted write", path, len(data) - cut
-            )
+            LOG.warning("%s: dropped a partial last line (%d bytes) left by an interrupted write", path,
+                        len(data) - cut)
             handle.truncate(cut)
 
 
 def open_for_append(path: pathlib.Path) -> BinaryIO:
-    """``path`` opened for appending records, unbuffered (each record one ``write(2)``, visible to readers at once),
-    after a partial last line left by a hard kill is cut. The caller closes it."""
+    """``path`` opened unbuffered for appending (one ``write(2)`` per record), a partial last line cut."""
     _repair_tail(path)
     return open(path, "ab", buffering=0)  # noqa: SIM115 - the caller owns the handle
 
 
 def append_record(handle: BinaryIO, record: Mapping[str, Any]) -> None:
-    """Append ``record`` as one line to a handle from :func:`open_for_append`."""
     data = memoryview(dumps_line(record))
     while data:  # a raw write may be short (signal, near-full disk): write the rest
         data = data[handle.write(data) :]
 
 
 class JsonlTail:
-    """The records appended to a run store's jsonl file (``metrics.jsonl``) since the last :meth:`read`, while the
-    run writes it: a partial last line waits for its newline, and a file that shrank (a resume truncated it) is read
-    again from the start."""
+    """The records appended to a jsonl file since the last :meth:`read`, while the run writes it."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = pathlib.Path(path)
@@ -145,12 +122,4 @@ class JsonlTail:
         self.offset += len(data)
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
-        records = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-        return records
+        return [record for record in map(_parse_record, lines) if record is not None]

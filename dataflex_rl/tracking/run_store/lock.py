@@ -19,20 +19,12 @@ class RunLockedError(ConfigError):
 
 
 def _write_pid(descriptor: int) -> None:
-    """Record this process as the holder, in the lock file a refused process reads (called once the lock is held)."""
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<run_dir>/.run.lock`` (``filelock.UnixFileLock``), held for the writer's life;
-    the file holds the holder's pid.
-
-    The kernel releases the lock when the holder dies (even by SIGKILL), so a stale lock file never blocks a
-    resume. Use as a context manager or call :meth:`acquire` / :meth:`release`; keep a reference while it is held
-    (a lock object that is garbage-collected releases its lock). The lock belongs to this object, not to a thread,
-    and is not counted: a second :meth:`acquire` does nothing, one :meth:`release` gives it up.
-    """
+    """An exclusive ``flock`` on ``<run_dir>/.run.lock``, held for the writer's life."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.path = pathlib.Path(run_dir) / LOCK_FILE
@@ -49,7 +41,6 @@ class RunLock:
 
     @property
     def held(self) -> bool:
-        """Whether this object holds the lock."""
         return self._lock.is_locked
 
     def acquire(self) -> RunLock:
@@ -76,7 +67,6 @@ class RunLock:
         return recorded.decode("ascii", "replace").strip() or "unknown"
 
     def release(self) -> None:
-        """Give the lock up (the file stays; it is only a lock)."""
         if self.held:
             self._lock.release(force=True)
 

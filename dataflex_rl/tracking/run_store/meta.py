@@ -1,11 +1,5 @@
-"""``meta.json``: a run's identity, config fingerprint, package versions, host, numeric environment and session times.
-
-The numeric environment (:func:`numeric_environment`) says which CPU kernels a run's numbers came from: the same
-warm start can give a different greedy accuracy under torch's AVX512 and AVX2 kernels (``ATEN_CPU_CAPABILITY``), with
-another BLAS or another number of threads. ``meta.json`` holds the first session's as ``environment``; a resumed
-session whose environment differs from the one in force (the last change, else the first) appends its own, with the
-session start as ``time``, to ``environment_changes``, so a run that crossed machines or kernels says so.
-"""
+"""``meta.json``: a run's identity, config fingerprint, package versions, host, numeric environment (which CPU
+kernels its numbers came from) and session times (``docs/run_store.md``, "The numeric environment")."""
 
 from __future__ import annotations
 
@@ -21,17 +15,10 @@ from typing import Any
 from dataflex_rl.tracking.identity import RunIdentity
 
 # meta.json keys written by the store itself; ``RunStore.write_meta(extra=...)`` may not override them.
-RESERVED_META_KEYS = frozenset(
-    {"versions", "host", "environment", "environment_changes", "start_time", "end_time", "wall_time_s",
-     "resume_times", "config_fingerprint"}
-    | {field for field in RunIdentity.__dataclass_fields__}
-)
-_VERSIONED_DISTRIBUTIONS = {
-    "torch": "torch",
-    "transformers": "transformers",
-    "verl": "verl",
-    "dataflex_rl": "dataflex-rl",
-}
+RESERVED_META_KEYS = frozenset({"versions", "host", "environment", "environment_changes", "start_time", "end_time",
+                                "wall_time_s", "resume_times", "config_fingerprint", *RunIdentity.__dataclass_fields__})
+_VERSIONED_DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "verl": "verl",
+                            "dataflex_rl": "dataflex-rl"}
 
 
 def package_versions() -> dict[str, str | None]:
@@ -51,7 +38,6 @@ _CPUINFO = "/proc/cpuinfo"
 
 
 def _cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` knows (``processor()``, ``machine()``)."""
     try:
         with open(_CPUINFO, encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
@@ -64,29 +50,17 @@ def _cpu_model() -> str:
 
 
 def numeric_environment() -> dict[str, Any]:
-    """What decides a run's floating-point results on the CPU, as ``meta.json``'s ``environment`` records it.
-
-    ``cpu``: the CPU model; ``cpu_capability``: the kernel set torch dispatches to (``AVX512``, ``AVX2``, ...);
-    ``aten_cpu_capability``: the ``ATEN_CPU_CAPABILITY`` variable that caps it (None when unset); ``blas``: the BLAS
-    torch was built with (``BLAS_INFO`` of ``torch.__config__.show()``); ``threads``: ``torch.get_num_threads()``
-    now; ``machine``: ``platform.machine()``.
-    """
+    """What decides a run's floating-point results on the CPU, as ``meta.json``'s ``environment`` records it."""
     import torch  # imported here: the trainers have it loaded; the rest of the run store does not need it
 
     blas = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
-    return {
-        "cpu": _cpu_model(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "aten_cpu_capability": os.environ.get(ATEN_CPU_CAPABILITY_VARIABLE),
-        "blas": blas.group(1) if blas else None,
-        "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-    }
+    return {"cpu": _cpu_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "aten_cpu_capability": os.environ.get(ATEN_CPU_CAPABILITY_VARIABLE),
+            "blas": blas.group(1) if blas else None, "threads": torch.get_num_threads(), "machine": platform.machine()}
 
 
 def _environment_record(previous: Mapping[str, Any], environment: Mapping[str, Any], now: str) -> dict[str, Any]:
-    """``environment`` (and ``environment_changes``) of a session starting at ``now`` in ``environment``: the first
-    session's is kept; this one's is appended to the changes when it differs from the one in force."""
     first = previous.get("environment", environment)
     changes = list(previous.get("environment_changes", []))
     in_force = {key: value for key, value in changes[-1].items() if key != "time"} if changes else first
@@ -102,30 +76,13 @@ def check_extra(extra: Mapping[str, Any]) -> None:
         raise ValueError(f"write_meta extra keys {clashing} are reserved; reserved keys: {sorted(RESERVED_META_KEYS)}")
 
 
-def session_meta(
-    identity: RunIdentity,
-    previous: Mapping[str, Any],
-    fingerprint: str | None,
-    extra: Mapping[str, Any],
-    now: str,
-) -> dict[str, Any]:
-    """The ``meta.json`` of a session starting at ``now`` (ISO 8601), given the ``previous`` one (``{}`` for a new run).
-
-    A resumed run keeps its first ``start_time`` and appends ``now`` to ``resume_times``, keeps its first
-    ``environment`` and appends this session's to ``environment_changes`` when it differs (module doc); ``end_time``
-    and ``wall_time_s`` are null until :func:`with_end_time`. ``extra`` keys (checked by :func:`check_extra`) come
-    last.
-    """
-    meta: dict[str, Any] = {
-        **identity.to_dict(),
-        "config_fingerprint": fingerprint,
-        "versions": package_versions(),
-        "host": socket.gethostname(),
-        **_environment_record(previous, numeric_environment(), now),
-        "start_time": previous.get("start_time", now),
-        "end_time": None,
-        "wall_time_s": None,
-    }
+def session_meta(identity: RunIdentity, previous: Mapping[str, Any], fingerprint: str | None, extra: Mapping[str, Any],
+                 now: str) -> dict[str, Any]:
+    """The ``meta.json`` of a session starting at ``now`` given the ``previous`` one (``{}`` for a new run)."""
+    meta: dict[str, Any] = {**identity.to_dict(),
+                            "config_fingerprint": fingerprint, "versions": package_versions(),
+                            "host": socket.gethostname(), **_environment_record(previous, numeric_environment(), now),
+                            "start_time": previous.get("start_time", now), "end_time": None, "wall_time_s": None}
     if "start_time" in previous:
         meta["resume_times"] = [*previous.get("resume_times", []), now]
     meta.update(extra)
@@ -133,7 +90,6 @@ def session_meta(
 
 
 def with_end_time(meta: Mapping[str, Any], end: str) -> dict[str, Any]:
-    """``meta`` stamped with ``end_time`` and ``wall_time_s = end_time - start_time`` (for a resumed run, including
-    the time between sessions)."""
+    """``meta`` with ``end_time`` and ``wall_time_s`` (for a resumed run, including the time between sessions)."""
     wall = datetime.datetime.fromisoformat(end) - datetime.datetime.fromisoformat(meta["start_time"])
     return {**meta, "end_time": end, "wall_time_s": wall.total_seconds()}

@@ -1,9 +1,5 @@
-"""The reader API: every other module reads a run folder through these calls, never by file name.
-
-A file that exists but cannot be read raises :class:`~dataflex_rl.tracking.run_store.files.RunStoreError` (a
-``ValueError``) naming the file; an absent one reads as None (or an empty frame). All of them work on a run that is
-still going (its metrics come from the jsonl then) as on a closed one (from the parquet).
-"""
+"""The reader API: every other module reads a run folder through these calls. An unreadable file raises
+``RunStoreError``; an absent one reads as None. An open run is read from its jsonl files, a closed one from parquet."""
 
 from __future__ import annotations
 
@@ -18,25 +14,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from dataflex_rl.tracking.run_store.files import (
-    CONFIG_FILE,
-    HISTOGRAMS_JSONL,
-    HISTOGRAMS_PARQUET,
-    META_FILE,
-    METRICS_JSONL,
-    METRICS_PARQUET,
-    STATUS_FILE,
-    SWEEP_FILE,
-    RunStoreError,
-    read_json_object,
-)
+from dataflex_rl.tracking.run_store.files import (CONFIG_FILE, HISTOGRAMS_JSONL, HISTOGRAMS_PARQUET, META_FILE,
+                                                 METRICS_JSONL, METRICS_PARQUET, STATUS_FILE, SWEEP_FILE,
+                                                 RunStoreError, read_json_object)
 from dataflex_rl.tracking.run_store.jsonl import read_jsonl
 from dataflex_rl.tracking.run_store.tables import histograms_table, metrics_table
 
-try:  # the C loader parses a resolved config ~10x faster; PyYAML ships it in its wheels
-    _YAML_LOADER: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-    _YAML_LOADER = yaml.SafeLoader
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader parses a config ~10x faster
 
 
 def is_run_store(path: str | os.PathLike[str]) -> bool:
@@ -50,17 +34,12 @@ def is_sweep_folder(path: str | os.PathLike[str]) -> bool:
 
 
 def run_record_files(path: str | os.PathLike[str]) -> list[str]:
-    """The files at the top of ``path`` that only a run folder holds (``meta.json``, ``status.json``), those
-    present: a folder holding any of them is a run's, not a sweep's."""
+    """The files at the top of ``path`` that only a run folder holds (``meta.json``, ``status.json``), those present."""
     return [name for name in (META_FILE, STATUS_FILE) if (pathlib.Path(path) / name).is_file()]
 
 
 def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``status.json`` of a run: ``{"state", "step", "updated", "error", "traceback"}``; None before the run started.
-
-    ``state`` is one of :data:`~dataflex_rl.tracking.run_store.status.STATES`. Raises :class:`RunStoreError` naming
-    the file when it is damaged.
-    """
+    """``status.json`` of a run: ``{"state", "step", "updated", "error", "traceback"}``; None before the run started."""
     return read_json_object(pathlib.Path(run_dir) / STATUS_FILE)
 
 
@@ -70,13 +49,12 @@ def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def read_sweep_record(sweep_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``sweep.json`` of a sweep folder (its grid, runs and invocations); None when absent, :class:`RunStoreError`
-    naming the file when damaged."""
+    """``sweep.json`` of a sweep folder (its grid, runs and invocations); None when absent."""
     return read_json_object(pathlib.Path(sweep_dir) / SWEEP_FILE)
 
 
 def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The resolved config of a run (``config.yaml``); None when absent, :class:`RunStoreError` when damaged."""
+    """The resolved config of a run (``config.yaml``); None when absent."""
     path = pathlib.Path(run_dir) / CONFIG_FILE
     try:
         text = path.read_text(encoding="utf-8")
@@ -101,20 +79,8 @@ def metrics_source(run_dir: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def read_metrics(
-    run_dir: str | os.PathLike[str],
-    keys: Sequence[str] | None = None,
-    *,
-    source: str | None = None,
-    skip_bad: bool = False,
-) -> pd.DataFrame:
-    """Wide metrics frame of a run: ``step`` (int64, sorted, unique) then one float64 column per key.
-
-    ``keys``: the metric columns wanted, exact keys or ``fnmatch`` globs (None: all; a key the run never logged is
-    left out; a value that is not a number reads as missing). ``source``:
-    ``"parquet"`` or ``"jsonl"`` (default: :func:`metrics_source`). ``skip_bad``: skip corrupt jsonl lines with a
-    warning instead of raising. A run without metrics gives a frame with only ``step``.
-    """
+def read_metrics(run_dir: str | os.PathLike[str], keys: Sequence[str] | None = None, *, source: str | None = None,
+                 skip_bad: bool = False) -> pd.DataFrame:
     run_dir = pathlib.Path(run_dir)
     source = source or metrics_source(run_dir)
     path = run_dir / (METRICS_PARQUET if source == "parquet" else METRICS_JSONL)
@@ -140,7 +106,6 @@ def read_metrics(
 
 
 def _select_keys(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:
-    """``names`` matching any of ``patterns`` (exact keys or ``fnmatch`` globs such as ``grad_norm/by_prob/*``)."""
     if patterns is None:
         return list(names)
     exact = set(patterns)
@@ -149,17 +114,13 @@ def _select_keys(names: Sequence[str], patterns: Sequence[str] | None) -> list[s
 
 
 def _number_or_none(value: Any) -> float | None:
-    """A logged value as a float; anything else (text written by a foreign tool) becomes a missing value."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     return None
 
 
 def read_curve(run_dir: str | os.PathLike[str], key: str, *, skip_bad: bool = False) -> pd.Series:
-    """``step -> value`` of one metric, the steps where it was logged with a finite value, in step order.
-
-    Empty when the run never logged ``key`` (or logged nothing yet); readable while the run is going.
-    """
+    """``step -> value`` of one metric at the steps where it was logged with a finite value, in step order."""
     frame = read_metrics(run_dir, [key], skip_bad=skip_bad)
     if key not in frame.columns:
         return pd.Series(dtype="float64", name=key, index=pd.Index([], dtype="int64", name="step"))
@@ -168,22 +129,9 @@ def read_curve(run_dir: str | os.PathLike[str], key: str, *, skip_bad: bool = Fa
 
 
 def final_value(run_dir: str | os.PathLike[str], key: str, *, window: int = 1, skip_bad: bool = True) -> float | None:
-    """The mean of the last ``window`` finite logged values of ``key`` (``window=1``: the last value; the report's
-    final-window value with its window), or None (never logged, no metrics yet)."""
+    """The mean of the last ``window`` finite logged values of ``key``, or None (never logged)."""
     curve = read_curve(run_dir, key, skip_bad=skip_bad)
     return float(curve.iloc[-window:].mean()) if len(curve) else None
-
-
-def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """Wide metrics frame of a run (``step`` then one column per key): ``metrics.parquet``, else ``metrics.jsonl``.
-
-    Both sources give the same frame. An open or crashed run has only the jsonl. Missing values and NaN are NaN.
-    """
-    run_dir = pathlib.Path(run_dir)
-    parquet = run_dir / METRICS_PARQUET
-    if parquet.exists():
-        return pq.read_table(parquet).to_pandas()
-    return metrics_table(read_jsonl(run_dir / METRICS_JSONL), source=str(run_dir / METRICS_JSONL)).to_pandas()
 
 
 def load_histograms(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
@@ -195,7 +143,3 @@ def load_histograms(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     path = run_dir / HISTOGRAMS_JSONL
     return histograms_table(read_jsonl(path), source=str(path)).to_pandas()
 
-
-def histogram_names(run_dir: str | os.PathLike[str]) -> list[str]:
-    """The names of the histograms a run logged, sorted."""
-    return sorted(set(load_histograms(run_dir)["name"].astype(str)))

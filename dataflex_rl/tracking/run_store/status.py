@@ -1,9 +1,5 @@
-"""``status.json``: the run states, and writing the record of a failure however full the disk is.
-
-While a run is ``running`` it keeps a small reserve file (:class:`SpaceReserve`) on disk. A ``failed`` or
-``interrupted`` status is written by :func:`write_status` in steps that each need less free space than the one
-before (:func:`write_despite_full_disk`), so a full disk never hides why a run ended.
-"""
+"""``status.json``: the run states, and writing the record of a failure however full the disk is (a reserve file
+kept while a run is open, then ever smaller attempts: :func:`write_despite_full_disk`)."""
 
 from __future__ import annotations
 
@@ -20,6 +16,7 @@ LOG = logging.getLogger(__name__)
 
 PENDING, RUNNING, COMPLETED, FAILED, INTERRUPTED = "pending", "running", "completed", "failed", "interrupted"
 STATES = (PENDING, RUNNING, COMPLETED, FAILED, INTERRUPTED)
+CLOSE_STATES = (COMPLETED, FAILED, INTERRUPTED)
 # Bytes kept on disk while a run is open, given back to record a failure when the disk is full.
 RESERVE_BYTES = 256 * 1024
 # A traceback longer than this is cut (its end is kept) when the full one cannot be written.
@@ -28,16 +25,17 @@ SHORT_TRACEBACK_CHARS = 4000
 LAST_RESORT_CHARS = 400
 
 
-def check_state(state: str) -> str:
-    """``state`` when it is one of :data:`STATES`; else a ``ValueError`` listing them."""
-    if state not in STATES:
-        raise ValueError(f"status state {state!r} is not allowed; allowed states: {', '.join(STATES)}")
+def check_state(state: str, *, close: bool = False) -> str:
+    """``state`` when it is one of :data:`STATES` (``close``: of :data:`CLOSE_STATES`); else a ``ValueError``."""
+    allowed = CLOSE_STATES if close else STATES
+    if state not in allowed:
+        raise ValueError(f"{'close' if close else 'status'} state {state!r} is not allowed; "
+                         f"allowed states: {', '.join(allowed)}")
     return state
 
 
 class SpaceReserve:
-    """:data:`RESERVE_BYTES` kept allocated in a run folder (``.status.reserve``) while its run is open, given back
-    to record a failure when the disk is full."""
+    """:data:`RESERVE_BYTES` kept allocated in a run folder while its run is open."""
 
     def __init__(self, run_dir: pathlib.Path) -> None:
         self.path = run_dir / RESERVE_FILE
@@ -67,8 +65,7 @@ class SpaceReserve:
 
 
 def write_status(run_dir: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
-    """Write ``status.json``: a ``failed`` or ``interrupted`` one however full the disk; ``running`` keeps the
-    reserve on disk for that."""
+    """Write ``status.json``: a ``failed`` or ``interrupted`` one however full the disk."""
     path = run_dir / STATUS_FILE
     if status["state"] in (FAILED, INTERRUPTED):
         write_despite_full_disk(path, status, reserve)
@@ -79,27 +76,13 @@ def write_status(run_dir: pathlib.Path, status: Mapping[str, Any], reserve: Spac
 
 
 def write_despite_full_disk(path: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
-    """Write ``status`` to ``path``, each attempt needing less free space than the one before:
-
-    1. the whole status, atomically;
-    2. again, once the reserve's blocks are given back (when there was a reserve);
-    3. the error and traceback cut to their last :data:`SHORT_TRACEBACK_CHARS` characters;
-    4. cut to their last :data:`LAST_RESORT_CHARS`, written over the old file's blocks (no new block needed; not
-       atomic: a reader may see a mix for an instant).
-
-    Raises the last attempt's ``OSError`` only when all four failed.
-    """
-    if _written(path, status):
-        return
-    if reserve.release() and _written(path, status):
-        return
-    if _written(path, shortened(status, SHORT_TRACEBACK_CHARS)):
-        return
-    _overwrite_in_place(path, shortened(status, LAST_RESORT_CHARS))
+    """Write ``status`` to ``path``, each attempt needing less free space (docs/run_store.md)."""
+    if not (_written(path, status) or (reserve.release() and _written(path, status))
+            or _written(path, shortened(status, SHORT_TRACEBACK_CHARS))):
+        _overwrite_in_place(path, shortened(status, LAST_RESORT_CHARS))
 
 
 def _written(path: pathlib.Path, status: Mapping[str, Any]) -> bool:
-    """Write ``status`` atomically; False, with a warning, when that fails (a full disk)."""
     try:
         atomic_write_json(path, status)
     except OSError as error:
@@ -119,7 +102,6 @@ def shortened(status: Mapping[str, Any], limit: int) -> dict[str, Any]:
 
 
 def _overwrite_in_place(path: pathlib.Path, obj: Mapping[str, Any]) -> None:
-    """Write ``obj`` over the existing file's blocks, then cut the file to length (needs no free block)."""
     data = pretty_json(obj)
     descriptor = os.open(path, os.O_WRONLY)
     try:

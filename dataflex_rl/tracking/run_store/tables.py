@@ -1,9 +1,5 @@
-"""The parquet files: metric and histogram records as arrow tables, compacted from the jsonl files at close.
-
-``metrics.parquet`` is wide (``step`` then one float64 column per key, one row per step); ``histograms.parquet`` is
-long (:data:`HISTOGRAM_SCHEMA`). Non-finite values are IEEE NaN/inf; a key missing at a step is a null (pandas shows
-both as NaN).
-"""
+"""The parquet files compacted from the jsonl files at close: ``metrics.parquet`` wide (``step`` then one float64
+column per key; a key missing at a step is null), ``histograms.parquet`` long (:data:`HISTOGRAM_SCHEMA`)."""
 
 from __future__ import annotations
 
@@ -19,42 +15,24 @@ from dataflex_rl.tracking.run_store.files import atomic_path
 
 LOG = logging.getLogger(__name__)
 
-HISTOGRAM_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("name", pa.string()),
-        ("edges", pa.list_(pa.float64())),
-        ("counts", pa.list_(pa.int64())),
-    ]
-)
+HISTOGRAM_SCHEMA = pa.schema([("step", pa.int64()), ("name", pa.string()), ("edges", pa.list_(pa.float64())),
+                              ("counts", pa.list_(pa.int64()))])
 
 
 def _duplicates_warning(what: str, path_hint: str, duplicates: list[Any]) -> None:
     shown = ", ".join(map(str, duplicates[:5])) + (" ..." if len(duplicates) > 5 else "")
-    LOG.warning(
-        "%s: %d %s appear more than once (%s); the last value of each key is kept",
-        path_hint,
-        len(duplicates),
-        what,
-        shown,
-    )
+    LOG.warning("%s: %d %s appear more than once (%s); the last value of each key is kept", path_hint,
+                len(duplicates), what, shown)
 
 
 def metrics_table(records: Sequence[Mapping[str, Any]], source: str = "metrics") -> pa.Table:
-    """Wide table from metric records: ``step`` (int64) then one float64 column per key in sorted order.
-
-    One row per step, sorted by step. A key absent at a step is null. A step held by several records is merged,
-    later values winning, with a warning naming ``source`` (the store writes each step once).
-    """
     rows: dict[int, dict[str, float]] = {}
     duplicates = []
     for record in records:
         step = record["step"]
         if step in rows:
             duplicates.append(step)
-            rows[step].update((key, value) for key, value in record.items() if key != "step")
-        else:
-            rows[step] = {key: value for key, value in record.items() if key != "step"}
+        rows.setdefault(step, {}).update((key, value) for key, value in record.items() if key != "step")
     if duplicates:
         _duplicates_warning("steps", source, duplicates)
     steps = sorted(rows)
@@ -78,18 +56,12 @@ def histograms_table(records: Sequence[Mapping[str, Any]], source: str = "histog
     if duplicates:
         _duplicates_warning("(step, name) pairs", source, duplicates)
     ordered = [latest[key] for key in sorted(latest)]
-    return pa.table(
-        {
-            "step": [record["step"] for record in ordered],
-            "name": [record["name"] for record in ordered],
-            "edges": [[float(edge) for edge in record["edges"]] for record in ordered],
-            "counts": [[int(count) for count in record["counts"]] for record in ordered],
-        },
-        schema=HISTOGRAM_SCHEMA,
-    )
+    return pa.table({"step": [record["step"] for record in ordered], "name": [record["name"] for record in ordered],
+                     "edges": [[float(edge) for edge in record["edges"]] for record in ordered],
+                     "counts": [[int(count) for count in record["counts"]] for record in ordered]},
+                    schema=HISTOGRAM_SCHEMA)
 
 
 def write_parquet(path: pathlib.Path, table: pa.Table) -> None:
-    """Write ``table`` to ``path`` atomically (see :func:`~dataflex_rl.tracking.run_store.files.atomic_path`)."""
     with atomic_path(path) as temporary:
         pq.write_table(table, temporary)

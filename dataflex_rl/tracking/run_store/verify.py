@@ -1,17 +1,5 @@
-"""Whether a run folder's record can be trusted: the one check every reader of a run calls before believing it.
-
-:func:`verify_run` returns the reasons a run folder fails (empty: it passes). A run folder passes when
-
-* it is a real folder (a symbolic link is refused by name: the record would be another folder's),
-* ``status.json``, ``meta.json`` and ``config.yaml`` are present and read,
-* ``meta.json``'s ``config_fingerprint`` is :func:`config_fingerprint` of ``config.yaml`` (a hand edit of the config
-  after the run changes it),
-* ``meta.json``'s identity agrees with what ``config.yaml`` says (:func:`config_identity`): ``config_hash``, and
-  ``alpha``, ``seed`` and the ``axes`` values where the config holds them.
-
-The sweep driver counts a run as completed only when it passes; the analysis loads only runs that pass, naming the
-reasons of the others.
-"""
+"""Whether a run folder's record can be trusted (:func:`verify_run`): the one check the sweep driver and the
+analysis call before believing a run (what it checks: ``docs/run_store.md``, "A record that checks itself")."""
 
 from __future__ import annotations
 
@@ -22,7 +10,7 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dataflex_rl.keys import ALPHA_KEY
+from dataflex_rl.config_keys import ALPHA_KEY
 from dataflex_rl.tracking.identity import AXIS_NAMES, SEED_AXIS, axis_values, config_hash
 from dataflex_rl.tracking.run_store.files import CONFIG_FILE, META_FILE, STATUS_FILE
 from dataflex_rl.tracking.run_store.fingerprint import config_fingerprint
@@ -30,14 +18,12 @@ from dataflex_rl.tracking.run_store.reader import read_config, read_meta, read_s
 
 # The config key of each short factor name (the inverse of identity.AXIS_NAMES).
 _AXIS_KEYS = {name: key for key, name in AXIS_NAMES.items()}
-# Where a verl run's config (verl's own, written by dataflex_rl.verl.run_record) keeps the run's seed and swept keys.
-VERL_BACKEND = "verl"
-_VERL_RUN_BLOCK = "dataflex_run"
+# A config holding this block is verl's own: the block keeps the run's seed and swept keys.
+_RUN_BLOCK = "dataflex_run"
 _ABSENT = object()
 
 
 def _lookup(config: Mapping[str, Any], key: str) -> Any:
-    """The value at dotted ``key`` of a nested config, or :data:`_ABSENT`."""
     node: Any = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -46,24 +32,18 @@ def _lookup(config: Mapping[str, Any], key: str) -> Any:
     return node
 
 
-def config_identity(config: Mapping[str, Any], backend: str | None) -> dict[str, Any]:
-    """The identity fields ``config`` determines, as the trainer that wrote it records them in ``meta.json``.
-
-    ``config_hash`` always; ``alpha`` where the config holds :data:`~dataflex_rl.keys.ALPHA_KEY`; ``seed``: the
-    local backend's top-level ``seed``, a verl run's ``dataflex_run.seed`` (else verl's ``data.seed``); ``axes`` where
-    the config lists its swept keys (the local backend's ``axes``, a verl run's ``dataflex_run.axes``; a verl run's
-    ``seed`` axis is its ``dataflex_run.seed``). A field the config does not hold is left out (a hand-made store).
-    """
+def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The identity fields ``config`` determines, as the trainer that wrote it records them in ``meta.json``."""
     identity: dict[str, Any] = {"config_hash": config_hash(config)}
     alpha = _lookup(config, ALPHA_KEY)
     if isinstance(alpha, numbers.Real) and not isinstance(alpha, bool):
         identity["alpha"] = float(alpha)
-    verl = backend == VERL_BACKEND
-    seed_keys = (f"{_VERL_RUN_BLOCK}.seed", "data.seed") if verl else ("seed",)
+    verl = isinstance(config.get(_RUN_BLOCK), Mapping)
+    seed_keys = (f"{_RUN_BLOCK}.seed", "data.seed") if verl else ("seed",)
     seed = next((value for value in (_lookup(config, key) for key in seed_keys) if value is not _ABSENT), _ABSENT)
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
         identity["seed"] = int(seed)
-    axis_keys = _lookup(config, f"{_VERL_RUN_BLOCK}.axes" if verl else "axes")
+    axis_keys = _lookup(config, f"{_RUN_BLOCK}.axes" if verl else "axes")
     if isinstance(axis_keys, list) and all(isinstance(key, str) for key in axis_keys):
         axes = axis_values(config, axis_keys)
         if verl and SEED_AXIS in axes and "seed" in identity:
@@ -73,7 +53,6 @@ def config_identity(config: Mapping[str, Any], backend: str | None) -> dict[str,
 
 
 def _same(recorded: Any, expected: Any) -> bool:
-    """Equal values, numbers compared as numbers (``1 == 1.0``; NaN equals NaN)."""
     numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (recorded, expected))
     if numeric and math.isnan(recorded) and math.isnan(expected):
         return True
@@ -81,9 +60,6 @@ def _same(recorded: Any, expected: Any) -> bool:
 
 
 def _axes_differences(recorded: Any, config: Mapping[str, Any], expected: Mapping[str, Any] | None) -> list[str]:
-    """``name: meta.json value vs config.yaml value`` for each axis the two disagree on. ``expected``: the axes the
-    config lists; None (the config lists none) compares each recorded axis with the config's value at its key, where
-    the config holds that key."""
     recorded = dict(recorded) if isinstance(recorded, Mapping) else {}
     if expected is None:
         expected = {}
@@ -98,7 +74,6 @@ def _axes_differences(recorded: Any, config: Mapping[str, Any], expected: Mappin
 
 
 def _read(read: Callable[[pathlib.Path], Any], run_dir: pathlib.Path, name: str, reasons: list[str]) -> Any:
-    """``read(run_dir)``; None, with the reason appended, when the file is absent or cannot be read."""
     try:
         payload = read(run_dir)
     except (OSError, ValueError) as error:
@@ -110,14 +85,13 @@ def _read(read: Callable[[pathlib.Path], Any], run_dir: pathlib.Path, name: str,
 
 
 def identity_differences(meta: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """How ``meta.json`` disagrees with ``config.yaml``: the fingerprint, then each identity field
-    (:func:`config_identity`); empty when they agree. A field ``meta.json`` records as null makes no claim."""
+    """How ``meta.json`` disagrees with ``config.yaml``."""
     differences = []
     fingerprint = config_fingerprint(config)
     if meta.get("config_fingerprint") != fingerprint:
         differences.append(f"config.yaml is not the config the run recorded (its fingerprint is {fingerprint}, "
                            f"meta.json records {meta.get('config_fingerprint')!r})")
-    expected = config_identity(config, meta.get("backend"))
+    expected = config_identity(config)
     if meta.get("config_hash") != expected["config_hash"]:
         differences.append(f"meta.json's config_hash {meta.get('config_hash')!r} is not config.yaml's "
                            f"{expected['config_hash']!r}")
@@ -131,11 +105,7 @@ def identity_differences(meta: Mapping[str, Any], config: Mapping[str, Any]) -> 
 
 
 def verify_run(run_dir: str | os.PathLike[str]) -> list[str]:
-    """The reasons the run folder ``run_dir`` cannot be trusted (see the module doc); empty when it passes.
-
-    Never raises for a damaged folder; a reason names the file (``no status.json``, ``unreadable meta.json (...)``)
-    or what disagrees (``meta.json says alpha 0.9, config.yaml says 0.5``).
-    """
+    """The reasons the run folder cannot be trusted, each naming the file or what disagrees; never raises."""
     run_dir = pathlib.Path(run_dir)
     if run_dir.is_symlink():
         return [f"the run folder is a symbolic link (to {os.readlink(run_dir)}), not the run's own folder"]

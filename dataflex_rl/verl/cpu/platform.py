@@ -1,18 +1,4 @@
-"""verl's ``cpu`` platform: the device layer verl 0.9.1 asks for, answered without an accelerator.
-
-verl reaches the device only through its platform (``verl.plugin.platform``); 0.9.1 ships ``nvidia``, ``huawei``
-and ``amd`` and falls back to ``nvidia`` (``platform_manager._detect_platform_name``). ``VERL_PLATFORM=cpu`` picks
-this one. What verl needs from it:
-
-- ``device_name`` ``"cpu"``: FSDP, tensors and the engine registry key (``EngineRegistry`` looks engines up by it);
-- ``current_device()`` returning the *string* ``"cpu"``: verl writes ``tensor.to(get_device_id())``, and an int
-  there means ``cuda:N``;
-- ``device_module``: a ``torch.cuda`` stand-in (:data:`CPU_DEVICE_MODULE`) whose memory, cache and stream calls
-  are no-ops or report the host's memory, since verl calls ``get_torch_device().empty_cache()`` and friends on
-  every step;
-- process-group backend ``gloo``; Ray resource ``GPU``, served by Ray's logical GPUs
-  (``+ray_kwargs.ray_init.num_gpus=N``: Ray does not check them against hardware).
-"""
+"""verl's ``cpu`` platform (``VERL_PLATFORM=cpu``): the device layer answered without an accelerator."""
 
 from __future__ import annotations
 
@@ -28,7 +14,6 @@ PLATFORM_NAME = "cpu"
 
 
 def _host_memory() -> tuple[int, int]:
-    """``(free, total)`` bytes of host memory, as ``torch.cuda.mem_get_info`` reports a GPU's."""
     pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
     free_pages = os.sysconf("SC_AVPHYS_PAGES")
     return free_pages * page_size, pages * page_size
@@ -43,8 +28,7 @@ def _zero(*args: Any, **kwargs: Any) -> int:
     return 0
 
 
-# The ``torch.cuda`` functions verl 0.9.1 calls through ``get_torch_device()`` (every one, by a grep of its
-# sources), answered on the CPU: torch.cpu's own where it has them, otherwise no-ops and zero counters.
+# The ``torch.cuda`` functions verl 0.9.1 calls through ``get_torch_device()``, answered on the CPU.
 CPU_DEVICE_MODULE = SimpleNamespace(
     __name__="dataflex_rl.verl.cpu.device",
     is_available=lambda: True,
@@ -75,8 +59,6 @@ CPU_DEVICE_MODULE = SimpleNamespace(
 
 
 class PlatformCPU(PlatformBase):
-    """verl's platform interface on the host CPU (see the module docstring)."""
-
     @property
     def device_name(self) -> str:
         return PLATFORM_NAME
@@ -102,23 +84,15 @@ class PlatformCPU(PlatformBase):
     def device_count(self) -> int:
         return 1
 
-    def set_device(self, device_index: int) -> None:
-        return None
+    def _nothing(self, *args: Any, **kwargs: Any) -> None:
+        """A device call with nothing to do on the CPU."""
 
-    def synchronize(self, device_index: int | None = None) -> None:
-        return None
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
 
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def set_allocator_settings(self, settings: str) -> None:
-        return None
-
-    def empty_cache(self) -> None:
-        return None
+    manual_seed_all = manual_seed
 
     def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
@@ -133,12 +107,6 @@ class PlatformCPU(PlatformBase):
     @contextlib.contextmanager
     def nvtx_range(self, msg: str):
         yield
-
-    def profiler_start(self) -> None:
-        return None
-
-    def profiler_stop(self) -> None:
-        return None
 
     def ray_resource_name(self) -> str:
         return "GPU"

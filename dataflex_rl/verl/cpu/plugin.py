@@ -1,6 +1,4 @@
-"""The module verl imports in each of its processes for the CPU mode (``VERL_USE_EXTERNAL_MODULES``): importing it
-checks the verl version and ``VERL_PLATFORM``, then registers the platform, engines and rollout
-(:func:`dataflex_rl.verl.cpu.patches.apply_all`)."""
+"""Imported by verl in each process for the CPU mode: checks, then registers platform, engines, rollout."""
 
 from __future__ import annotations
 

@@ -1,23 +1,4 @@
-"""``python -m dataflex_rl.verl.cpu.prepare``: the model folder and data files a verl CPU-mode run trains on.
-
-    python -m dataflex_rl.verl.cpu.prepare --out DIR [--train-size N] [--test-size N] [--seed S] [OVERRIDES...]
-
-``OVERRIDES`` are the local backend's Hydra overrides (``conf/train.yaml``: ``task=...``, ``model.*``, ``sft.*``,
-``task.*``), so the model is the local backend's tiny model after the same SFT warm start (trained once and
-cached under ``sft.cache_dir``, shared with local runs of the same config). Written, nothing downloaded:
-
-- ``DIR/model``: the Hugging Face checkpoint (``config.json``, safetensors);
-- ``DIR/tokenizer``: the character tokenizer as a Hugging Face fast tokenizer (``tokenizer.json``) whose chat
-  template renders the messages as the local backend's prompt, ``<bos>`` + the user's text, so verl's prompts are
-  the token ids the model was warm-started on. It is a folder of its own: transformers swaps in the architecture's
-  own tokenizer class for a ``qwen2`` model folder and ignores a ``tokenizer.json`` there;
-- ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: the task's verl rows (:mod:`dataflex_rl.verl.data`); the
-  test rows are the task's held-out pool, which training never samples;
-- ``DIR/done.json``: what was written from which config, last, so a folder with it is complete.
-
-A folder whose ``done.json`` records the same inputs is left as it is; other inputs are refused (a different
-folder is needed), so a run's model never changes under it.
-"""
+"""``python -m dataflex_rl.verl.cpu.prepare``: model, tokenizer and data folder of a CPU-mode run."""
 
 from __future__ import annotations
 
@@ -35,18 +16,15 @@ MODEL_FOLDER = "model"
 TOKENIZER_FOLDER = "tokenizer"
 DATA_FOLDER = "data"
 DONE_FILE = "done.json"
-# The chat template of the character tokenizer: <bos> then the messages' text, as the local backend encodes a
-# prompt (dataflex_rl.local.sequences.encode_prompts); nothing is added for the generation prompt.
+# The character tokenizer's chat template: <bos> then the messages' text, as encode_prompts encodes a prompt.
 CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def hf_char_tokenizer(char_tokenizer: Any) -> Any:
-    """A ``PreTrainedTokenizerFast`` with the same ids as ``char_tokenizer`` (one token per character, specials
-    ``<pad>``, ``<bos>``, ``<eos>``) and :data:`CHAT_TEMPLATE`."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from dataflex_rl.local.tokenizer import SPECIAL_TOKENS
+    from dataflex_rl.lm.tokenizer import SPECIAL_TOKENS
 
     vocabulary = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
     vocabulary.update({char: char_tokenizer.encode(char)[0] for char in char_tokenizer.alphabet})
@@ -59,36 +37,18 @@ def hf_char_tokenizer(char_tokenizer: Any) -> Any:
     return tokenizer
 
 
-def compose_train_config(overrides: Sequence[str]) -> Any:
-    """``conf/train.yaml`` with ``overrides``, validated into the local backend's ``TrainConfig``."""
-    from hydra import compose, initialize_config_dir
-
-    from dataflex_rl.local.cli import CONF_DIR
-    from dataflex_rl.local.config import parse_train_config
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        config = compose(config_name="train", overrides=[*overrides, "run_dir=unused", "mode=sft"])
-    return parse_train_config(config)
-
-
-def inputs_record(overrides: Sequence[str], train_size: int, test_size: int, seed: int, sft_key: str) -> dict:
-    """What a prepared folder was written from (compared on a second call with the same ``--out``)."""
-    return {"overrides": list(overrides), "train_size": train_size, "test_size": test_size, "seed": seed,
-            "sft_key": sft_key}
-
-
 def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, test_size: int = 256,
             seed: int = 0) -> Path:
-    """Write (or keep) ``out`` as described in the module docstring; returns ``out``. Raises ``ConfigError`` for
-    a bad override and ``FileExistsError`` for a folder prepared from other inputs."""
     import torch
 
-    from dataflex_rl.local.sft import sft_cache_key, warm_start
+    from dataflex_rl.compose import compose_train_config
+    from dataflex_rl.lm.sft import sft_cache_key, warm_start
+    from dataflex_rl.local.config import parse_train_config
     from dataflex_rl.verl.data import build_rows, write_files
 
-    train_config = compose_train_config(overrides)
-    key = sft_cache_key(train_config.model, train_config.task, train_config.sft)
-    record = inputs_record(overrides, train_size, test_size, seed, key)
+    train_config = parse_train_config(compose_train_config([*overrides, "run_dir=unused", "mode=sft"]))
+    record = {"overrides": list(overrides), "train_size": train_size, "test_size": test_size, "seed": seed,
+              "sft_key": sft_cache_key(train_config.model, train_config.task, train_config.sft)}
     done = out / DONE_FILE
     if done.exists():
         found = json.loads(done.read_text())
@@ -118,7 +78,6 @@ def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, te
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Prepare the folder; exit 2 naming the problem on a bad argument."""
     from dataflex_rl.validation import ConfigError
 
     parser = argparse.ArgumentParser(prog="python -m dataflex_rl.verl.cpu.prepare",

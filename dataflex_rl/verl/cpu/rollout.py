@@ -1,33 +1,4 @@
-"""The ``dataflex_cpu`` rollout: verl's token-in-token-out generation server, on the CPU, with the project's sampler.
-
-verl 0.9.1 serves rollouts from vLLM, SGLang or TRT-LLM servers only; its ``HFRollout`` is in neither registry.
-This module gives verl what those backends give it, through the same two registries
-(:func:`dataflex_rl.verl.cpu.patches.register_rollout`):
-
-- :class:`CPURolloutReplica` (``RolloutReplicaRegistry``): launches one :class:`CPURolloutServer` Ray actor per
-  replica and hands verl its handle, beside the trainer's workers (hybrid: sync and colocate_async) or beside the
-  rollout pool's checkpoint-engine workers (standalone: separate_async's own resource pool).
-- :class:`CPURolloutServer`: verl's agent loop calls its async ``generate(prompt_ids, sampling_params,
-  request_id, ...)`` once per sample and gets a ``TokenOutput`` (tokens up to and including EOS, their
-  log-probs, ``extra_fields["global_steps"]``). Requests arriving together are sampled as one batch by
-  :func:`dataflex_rl.local.sampler.sample` (KV-cached, repeated prompts prefilled once), each row with its own
-  generator seeded from the run's seed, the weights' version, the prompt and its occurrence, so a sample does
-  not depend on which requests shared its batch. An architecture the sampler does not cover exactly
-  (:func:`dataflex_rl.local.decoder.supported`) is sampled by HF ``generate`` instead (3x slower here, and its one
-  generator per batch makes a sample depend on its batch). ``abort_all_requests`` (the asynchronous trainers call it
-  before a weight sync) pauses the server: requests not yet in a sampler call end ``aborted`` with no tokens (verl's
-  ``FullyAsyncLLMServerClient`` asks again), new ones wait for ``resume_generation`` (or end ``aborted`` at once with
-  ``reject_request``); a sampler call under way finishes on the weights it started with (responses are a few tokens
-  long). Sleep, wake-up, KV-cache and profiler calls are no-ops.
-- :class:`CPUServerAdapter` (``_ROLLOUT_REGISTRY[("dataflex_cpu", "async")]``): the in-worker side verl's
-  ``update_weights`` (``engine_workers.py``, checkpoint engine ``naive``) pushes the trainer's weights into; every
-  rank gathers each full tensor (a collective under FSDP), rank 0 of the replica sends them to the server, and the
-  server's digest of the weights it now holds must equal the digest of what was sent. In a standalone pool it gets
-  the weights from the ``dataflex_cpu`` checkpoint engine (:mod:`dataflex_rl.verl.cpu.checkpoint`).
-
-Only plain sampling is served: temperature (0 is greedy), ``top_k`` off (-1 or 0), ``top_p`` 1,
-``repetition_penalty`` 1; anything else is refused naming the parameter.
-"""
+"""The ``dataflex_cpu`` rollout: verl's generation server on the CPU with the project's sampler."""
 
 from __future__ import annotations
 
@@ -44,14 +15,15 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
+from verl.workers.rollout.schemas import AsyncRolloutRequestStateEnum
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from dataflex_rl.local.decoder import DecoderWeights, supported
-from dataflex_rl.local.sampler import sample
-from dataflex_rl.local.sequences import hf_sample
+from dataflex_rl.hashing import stable_hash
+from dataflex_rl.lm.decoder import DecoderWeights, supported
+from dataflex_rl.lm.sampler import sample
+from dataflex_rl.lm.sequences import hf_sample, pad_rows
 
-# Requests of one training step arrive within milliseconds of each other; the server waits this long after the
-# first before sampling, so they share one batch.
+# Requests of one step arrive within milliseconds: wait this long after the first so they share a batch.
 COLLECT_SECONDS = 0.05
 # Sampling parameters the project's sampler does not implement, and the value that means "off".
 PLAIN_SAMPLING = {"top_p": (1.0, None), "top_k": (-1, 0, None), "repetition_penalty": (1.0, None)}
@@ -60,7 +32,6 @@ SERVED_MODES = (RolloutMode.HYBRID, RolloutMode.STANDALONE)
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
-    """The Ray actor name of a replica's server (the adapter finds its server by it)."""
     return f"dataflex_cpu_rollout_{replica_rank}{suffix}"
 
 
@@ -74,27 +45,22 @@ def weights_digest(state: Iterable[tuple[str, torch.Tensor]]) -> str:
 
 
 def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int) -> int:
-    """A 63-bit generator seed from the run seed, the weights' version, the prompt and how many times this prompt
-    was already asked for at this version (a GRPO group asks for the same prompt ``n`` times)."""
-    payload = f"{seed}:{version}:{occurrence}:{','.join(map(str, prompt_ids))}".encode()
-    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little") >> 1
+    """A 63-bit seed from the run seed, weights' version, prompt and its count of asks at this version."""
+    payload = f"{seed}:{version}:{occurrence}:{','.join(map(str, prompt_ids))}"
+    return int.from_bytes(bytes.fromhex(stable_hash(payload)), "little") >> 1
 
 
 def check_sampling(sampling_params: dict[str, Any]) -> None:
-    """Refuse sampling the project's sampler does not implement (ValueError naming parameter and value)."""
     for key, allowed in PLAIN_SAMPLING.items():
         value = sampling_params.get(key)
         if value not in allowed:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.{key} = {value!r} is not allowed with rollout.name=dataflex_cpu: it "
-                f"samples from softmax(logits / temperature) only; allowed: {[v for v in allowed if v is not None]}"
-            )
+            raise ValueError(f"actor_rollout_ref.rollout.{key} = {value!r} is not allowed with rollout.name="
+                             f"dataflex_cpu: it samples from softmax(logits / temperature) only; allowed: "
+                             f"{[v for v in allowed if v is not None]}")
 
 
 @dataclasses.dataclass
 class Request:
-    """One ``generate`` call waiting for its batch."""
-
     prompt_ids: list[int]
     temperature: float
     max_tokens: int
@@ -104,13 +70,10 @@ class Request:
 
 
 def aborted_output(global_steps: int | None) -> TokenOutput:
-    """What an aborted request returns: no tokens, ``stop_reason="aborted"`` (verl's client asks again)."""
     return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted", extra_fields={"global_steps": global_steps})
 
 
 class CPURolloutServer:
-    """A Ray actor serving ``generate`` from a copy of the policy on the CPU (see the module docstring)."""
-
     def __init__(self, config: Any, model_config: Any, replica_rank: int) -> None:
         from transformers import AutoModelForCausalLM
         from verl.utils.config import omega_conf_to_dataclass
@@ -141,10 +104,8 @@ class CPURolloutServer:
         self.running.set()
         self.rejecting = False
 
-    # --- generation -------------------------------------------------------------------------------------------
     def max_tokens(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
-        """The response budget, as verl's vLLM server computes it: the request's, else the configured response
-        length, within the model's context."""
+        """The response budget, as verl's vLLM server computes it."""
         budget = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
         if budget is None:
             budget = min(self.config.response_length,
@@ -154,7 +115,6 @@ class CPURolloutServer:
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
                        **unused: Any) -> TokenOutput:
-        """Sample one response for ``prompt_ids`` (batched with the requests that arrive with it)."""
         check_sampling(sampling_params)
         if not self.running.is_set():
             if self.rejecting:
@@ -178,7 +138,6 @@ class CPURolloutServer:
         return await request.future
 
     async def run_batches(self) -> None:
-        """Sample pending requests in batches of equal (temperature, budget) until none are left."""
         while self.pending:
             await asyncio.sleep(COLLECT_SECONDS)
             batch, self.pending = self.pending, []
@@ -197,13 +156,7 @@ class CPURolloutServer:
                     request.future.set_result(output)
 
     def sample_batch(self, requests: list[Request]) -> list[TokenOutput]:
-        """One sampler call for requests of equal temperature and budget."""
-        length = max(len(request.prompt_ids) for request in requests)
-        prompt_ids = torch.full((len(requests), length), self.pad_token_id, dtype=torch.long)
-        prompt_mask = torch.zeros((len(requests), length), dtype=torch.long)
-        for row, request in enumerate(requests):
-            prompt_ids[row, length - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
-            prompt_mask[row, length - len(request.prompt_ids):] = 1
+        prompt_ids, prompt_mask = pad_rows([request.prompt_ids for request in requests], self.pad_token_id, left=True)
         temperature = requests[0].temperature or None
         budget = requests[0].max_tokens
         if self.cached:
@@ -223,14 +176,12 @@ class CPURolloutServer:
             token_log_probs = None
             if request.want_log_probs and log_probs is not None:
                 token_log_probs = log_probs[row, : len(tokens)].tolist()
-            outputs.append(TokenOutput(token_ids=tokens, log_probs=token_log_probs, stop_reason="completed",
+            outputs.append(TokenOutput(token_ids=tokens, log_probs=token_log_probs,
+                                       stop_reason=AsyncRolloutRequestStateEnum.COMPLETED.value,
                                        extra_fields={"global_steps": self.global_steps}))
         return outputs
 
-    # --- weights ----------------------------------------------------------------------------------------------
     async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> str:
-        """Load the trainer's weights (every parameter must be named; a tied ``lm_head`` may be absent); returns
-        :func:`weights_digest` of what the model now holds under the sent names."""
         async with self.lock:
             # In place: the sampler's DecoderWeights view these parameters, so it samples from the new weights.
             missing, unexpected = self.model.load_state_dict(state, strict=False)
@@ -244,19 +195,11 @@ class CPURolloutServer:
             held = dict(self.model.state_dict())
             return weights_digest((name, held[name]) for name in state)
 
-    # --- what verl calls on every server, with nothing to do on the CPU ----------------------------------------
     async def ready(self) -> bool:
-        """True once the actor has loaded its model."""
         return True
 
-    async def sleep(self, *args: Any, **kwargs: Any) -> None:
-        """No device memory to free."""
-
-    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
-        """No device memory to restore."""
-
     async def abort_all_requests(self, reject_request: bool = False, **unused: Any) -> dict[str, Any]:
-        """Pause: end the requests not yet in a sampler call ``aborted`` (see the module docstring)."""
+        """Pause: end the requests not yet in a sampler call ``aborted``."""
         self.running.clear()
         self.rejecting = reject_request
         waiting, self.pending = self.pending, []
@@ -265,35 +208,25 @@ class CPURolloutServer:
         return {"aborted_count": len(waiting), "request_ids": []}
 
     async def resume_generation(self, *args: Any, **kwargs: Any) -> None:
-        """Let requests in again after :meth:`abort_all_requests`."""
         self.rejecting = False
         self.running.set()
 
-    async def clear_kv_cache(self, *args: Any, **kwargs: Any) -> None:
-        """The sampler's cache lives for one batch."""
 
-    async def release_kv_cache(self, *args: Any, **kwargs: Any) -> None:
-        """The sampler's cache lives for one batch."""
+async def _nothing_to_do(self: CPURolloutServer, *args: Any, **kwargs: Any) -> None:
+    """What verl calls on every server with nothing to do on the CPU."""
 
-    async def resume_kv_cache(self, *args: Any, **kwargs: Any) -> None:
-        """The sampler's cache lives for one batch."""
 
-    async def start_profile(self, *args: Any, **kwargs: Any) -> None:
-        """No device profiler."""
-
-    async def stop_profile(self, *args: Any, **kwargs: Any) -> None:
-        """No device profiler."""
+for _name in ("sleep", "wake_up", "clear_kv_cache", "release_kv_cache", "resume_kv_cache", "start_profile",
+              "stop_profile"):
+    setattr(CPURolloutServer, _name, _nothing_to_do)
 
 
 class CPURolloutReplica(RolloutReplica):
-    """One :class:`CPURolloutServer` per replica, beside the replica's first worker (hybrid or standalone)."""
-
     def rollout_worker_use_gpu(self) -> bool:
         """The server needs no (logical) GPU."""
         return False
 
     async def launch_servers(self) -> None:
-        """Start the replica's server on its first worker's node and wait until its model is loaded."""
         if self.rollout_mode not in SERVED_MODES:
             raise NotImplementedError(f"rollout.name=dataflex_cpu serves verl's rollout modes {SERVED_MODES}; got "
                                       f"{self.rollout_mode}")
@@ -311,8 +244,6 @@ class CPURolloutReplica(RolloutReplica):
 
 
 class CPUServerAdapter(BaseRollout):
-    """The worker's side of the weight sync (see the module docstring)."""
-
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ.get("RANK", "0"))
@@ -330,8 +261,6 @@ class CPUServerAdapter(BaseRollout):
 
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], wire_format: str = "named_tensors",
                              **kwargs: Any) -> None:
-        """Gather every full tensor (all ranks), send them to the server (rank 0 of the replica) and check that
-        the server now holds exactly them."""
         if wire_format != "named_tensors":
             raise NotImplementedError(f"rollout.name=dataflex_cpu takes full named tensors, not {wire_format!r}")
         state = {name: tensor.detach().to("cpu", copy=True) async for name, tensor in ensure_async_iterator(weights)}

@@ -1,23 +1,9 @@
-"""The decoder's forward pass written for this workload, over the HF model's own parameters.
-
-Two uses, both over the weights of a Qwen2/Llama ``*ForCausalLM`` (gradients flow into them as usual):
-
-- :func:`shared_prefix_forward`: the full-sequence forward pass with no work on padded positions and each
-  distinct prompt computed once (a GRPO group's rollouts share their prompt). The tokens are packed into one
-  ``(T, hidden)`` matrix for the linear layers (where nearly all the FLOPs are); only attention scatters to a
-  padded layout, where it is cheap at these lengths. Tokens whose output nothing reads (each row's last valid
-  token) are left out too.
-- the building blocks of :class:`DecoderWeights` (projections, attention, MLP), which the KV-cached sampler
-  (:mod:`dataflex_rl.local.sampler`) runs one position at a time against its cache.
-
-The math is HF's (RMSNorm, rotary embedding with ``rotate_half``, grouped-query attention, SwiGLU MLP); a test
-checks the logits against the HF forward. :func:`supported` says which checkpoints it covers; anything else keeps
-the HF code paths.
-"""
+"""The packed forward pass over a Qwen2/Llama HF model's own parameters (docs/performance.md)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import types
 from collections.abc import Callable
@@ -62,26 +48,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 COMPILE_CACHE_DIR = ".cache/torch_compile"  # inductor's persistent cache (TORCHINDUCTOR_CACHE_DIR wins if set)
-_compiled_methods: dict[str, Callable] = {}
 
 
+@functools.cache
 def compiled_methods() -> dict[str, Callable]:
-    """``torch.compile``'d ``qkv`` and ``finish_layer`` (dynamic shapes: the token count changes every step),
-    created once per process; compiled code is kept in a persistent cache, so later processes load it."""
-    if not _compiled_methods:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(COMPILE_CACHE_DIR).resolve()))
-        for name in ("qkv", "finish_layer"):
-            _compiled_methods[name] = torch.compile(getattr(DecoderWeights, name), dynamic=True)
-    return _compiled_methods
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(COMPILE_CACHE_DIR).resolve()))
+    return {name: torch.compile(getattr(DecoderWeights, name), dynamic=True) for name in ("qkv", "finish_layer")}
 
 
 @dataclasses.dataclass
 class DecoderWeights:
-    """A view of a supported model's parameters (no copies: the optimiser updates them in place).
-
-    ``compiled``: the per-layer elementwise work (norms, rotary embedding, SwiGLU, residuals) runs fused by
-    ``torch.compile`` (see :func:`compiled_methods`).
-    """
+    """A view of a supported model's parameters (no copies: the optimiser updates them in place)."""
 
     model: torch.nn.Module
     compiled: bool = False
@@ -94,26 +71,17 @@ class DecoderWeights:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.hidden_size = config.hidden_size
         body = self.model.model
         self.layers = list(body.layers)
         self.inv_freq = body.rotary_emb.inv_freq
         self.rope_scaling = float(body.rotary_emb.attention_scaling)
 
-    @property
-    def eps(self) -> float:
-        """The RMSNorm epsilon (one value for every layer of these models)."""
-        return self.layers[0].input_layernorm.variance_epsilon
-
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``positions.shape + (head_dim,)``, as HF's rotary embedding computes them."""
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.float()
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
 
     def qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Rotated queries ``(..., heads, d)``, rotated keys and values ``(..., kv_heads, d)`` of
-        ``x (..., hidden)``."""
         attention = layer.self_attn
         h = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         shape = x.shape[:-1]
@@ -124,7 +92,6 @@ class DecoderWeights:
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
     def finish_layer(self, layer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Residual stream after the attention output ``attended (..., heads * d)`` and the MLP."""
         x = x + F.linear(attended, layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias)
         mlp = layer.mlp
         h = _rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
@@ -132,20 +99,12 @@ class DecoderWeights:
                             mlp.down_proj.weight)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final RMSNorm then the LM head: hidden states ``(..., H)`` -> logits ``(..., V)``."""
         norm = self.model.model.norm
         return F.linear(_rms_norm(x, norm.weight, norm.variance_epsilon), self.model.lm_head.weight,
                         self.model.lm_head.bias)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """``(N, heads, Lq, d)`` attention of contiguous queries over keys/values ``(N, kv_heads, Lk, d)``; ``bias``
-        ``(N, 1, Lq, Lk)`` is added to the scores (0 where a query may attend, -inf elsewhere).
-
-        Plain batched matmuls rather than ``scaled_dot_product_attention``: at these lengths (N=256, L=16, d=32,
-        forward and backward, one thread) its CPU kernel took about twice as long. Grouped-query attention as HF's
-        ``repeat_kv``: query head ``h`` reads key/value head ``h // groups``, so each key/value head's ``groups``
-        query heads are folded into its query length instead of copying keys and values.
-        """
+        # Batched matmuls (SDPA's CPU kernel was 2x slower here); GQA folds query heads into the query length.
         rows, heads, query_length, head_dim = q.shape
         kv_heads, key_length = k.shape[1], k.shape[2]
         groups = heads // kv_heads
@@ -159,7 +118,6 @@ class DecoderWeights:
 
 
 def attention_bias(allowed: torch.Tensor) -> torch.Tensor:
-    """Additive scores bias from a boolean "may attend" mask: 0 where allowed, -inf elsewhere."""
     return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
 
@@ -170,13 +128,7 @@ def padded_length(length: int) -> int:
 
 @dataclasses.dataclass
 class SharedPrefixHidden:
-    """Final hidden states (before the last norm) of a prompt + response batch computed with shared prompts.
-
-    ``hidden``: ``(T, hidden)``, the packed tokens of the distinct prompts first (``prompt_index``: their places
-    ``prompt * prompt_length + column``), then the kept response tokens (``response_index``: ``row *
-    response_length + column``); ``inverse (N,)``: each row's distinct prompt. Lengths are rounded up by
-    :func:`padded_length`.
-    """
+    """Final hidden states ``(T, hidden)``: distinct prompts' packed tokens, then the kept response tokens."""
 
     hidden: torch.Tensor
     prompt_index: torch.Tensor
@@ -196,14 +148,7 @@ def distinct_prompts(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 def shared_prefix_forward(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                           response_ids: torch.Tensor, response_keep: torch.Tensor) -> SharedPrefixHidden:
-    """Forward pass over each distinct prompt once and the kept response tokens, no padded position computed.
-
-    Exact: a prompt token attends to its prompt only (causal), so its keys and values are the same in every row
-    that shares the prompt; each response token attends to its row's prompt and to its own earlier response tokens.
-    ``prompt_ids``/``prompt_mask`` ``(N, P)`` are left-padded; ``response_keep (N, R)`` marks the response tokens
-    whose output or key is needed (all valid ones but each row's last, which predicts nothing). Positions count
-    attended tokens only, as HF ``generate`` does; gradients flow into ``weights.model`` as usual.
-    """
+    """Forward pass over each distinct prompt once and the kept response tokens ``(N, R)``; exact."""
     first, inverse = distinct_prompts(prompt_ids)
     prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first].bool()
     (rows, queries), (prompts, prompt_queries) = response_ids.shape, prompt_ids.shape
@@ -222,8 +167,7 @@ def shared_prefix_forward(weights: DecoderWeights, prompt_ids: torch.Tensor, pro
     cos, sin = weights.rope(positions)
     x = weights.model.model.embed_tokens(ids)
     split = len(prompt_index)
-    # A (left-padded) prompt query with no valid key before it attends to itself only: never a fully masked row,
-    # whose softmax would be NaN and leak into the backward pass. Response queries always see the prompt's <bos>.
+    # A prompt query with no valid key attends to itself: a fully masked row's softmax would be NaN.
     prompt_causal = torch.ones(prompt_queries, prompt_length, dtype=torch.bool).tril() & prompt_keep.unsqueeze(1)
     prompt_bias = attention_bias(prompt_causal | torch.eye(prompt_queries, prompt_length, dtype=torch.bool))
     response_causal = (torch.ones(queries, response_length, dtype=torch.bool).tril()
@@ -249,13 +193,11 @@ def shared_prefix_forward(weights: DecoderWeights, prompt_ids: torch.Tensor, pro
 
 
 def _unpack(packed: torch.Tensor, flat_index: torch.Tensor, rows: int, length: int) -> torch.Tensor:
-    """``(T, heads, d)`` -> ``(rows, heads, length, d)`` with zeros at the positions left out."""
     full = packed.new_zeros((rows * length, *packed.shape[1:])).index_copy(0, flat_index, packed)
     return full.view(rows, length, *packed.shape[1:]).transpose(1, 2).contiguous()
 
 
 def _pack(padded: torch.Tensor, flat_index: torch.Tensor, length: int) -> torch.Tensor:
-    """``(rows, heads, queries, d)`` -> ``(T, heads * d)`` at ``flat_index`` (``row * length + column``)."""
     rows, heads, queries, head_dim = padded.shape
     padded = F.pad(padded, (0, 0, 0, length - queries))
     return padded.transpose(1, 2).reshape(rows * length, heads * head_dim).index_select(0, flat_index)

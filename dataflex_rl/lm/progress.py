@@ -1,11 +1,4 @@
-"""Progress bars (rich, as the sweep driver's live view) that stay quiet when stderr is not a terminal (CI, sweep
-logs).
-
-In a terminal, log records emitted while a bar is open print above it, never on the bar's own line: rich's live
-display redirects ``sys.stderr`` through itself, and the logging handlers that wrote to the terminal write to that
-redirected stream until the bar closes. Postfix values that are logged only now and then (validation accuracy) keep
-their last value between updates instead of showing ``nan``.
-"""
+"""Progress bars (rich), quiet without a terminal; log records print above an open bar."""
 
 from __future__ import annotations
 
@@ -28,9 +21,6 @@ from rich.progress import (
 
 
 class Bar:
-    """One open bar: :meth:`update` advances it, :meth:`set_postfix` sets the text after it (``postfix``). Without a
-    terminal it only keeps count."""
-
     def __init__(self, progress: Progress | None = None, task: TaskID | None = None, completed: int = 0) -> None:
         self.progress = progress
         self.task = task
@@ -39,13 +29,11 @@ class Bar:
         self.latest: dict[str, str] = {}
 
     def update(self, steps: int = 1) -> None:
-        """Advance by ``steps``."""
         self.n += steps
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, advance=steps)
 
     def set_postfix(self, **values: str) -> None:
-        """Show ``name=value`` pairs after the bar."""
         self.postfix = ", ".join(f"{name}={value}" for name, value in values.items())
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, postfix=self.postfix)
@@ -53,7 +41,6 @@ class Bar:
 
 @contextmanager
 def _logging_through(streams: dict[int, object]) -> Iterator[None]:
-    """Point the root logger's stream handlers at ``streams[id(their stream)]`` while open."""
     moved = [(handler, handler.stream) for handler in logging.getLogger().handlers
              if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams]
     for handler, stream in moved:
@@ -67,8 +54,6 @@ def _logging_through(streams: dict[int, object]) -> Iterator[None]:
 
 @contextmanager
 def progress_bar(total: int, desc: str, initial: int = 0) -> Iterator[Bar]:
-    """A bar over ``total`` steps (only counting without a terminal); logging prints above it while open (the
-    console log handler writes to stdout, Hydra's format; stdout is redirected too when it is the terminal)."""
     err, out = sys.stderr, sys.stdout
     if not err.isatty():
         yield Bar(completed=initial)
@@ -85,8 +70,7 @@ def progress_bar(total: int, desc: str, initial: int = 0) -> Iterator[Bar]:
 
 
 def show_latest(bar: Bar, **values: float | None) -> None:
-    """:meth:`Bar.set_postfix` with each value formatted ``.3f``; a missing or non-finite value keeps the last one
-    shown."""
+    """:meth:`Bar.set_postfix` formatted ``.3f``; a missing or non-finite value keeps the last one shown."""
     for name, value in values.items():
         if value is not None and math.isfinite(value):
             bar.latest[name] = f"{value:.3f}"

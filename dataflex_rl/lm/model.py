@@ -1,21 +1,20 @@
-"""The policy model: a tiny HF causal LM built from ``conf/model/*.yaml``, or a local HF checkpoint."""
+"""The policy model: a tiny HF causal LM built from the ``model`` block (``ModelConfig``), or a local HF checkpoint."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from dataflex_rl.local.config import ModelConfig
-from dataflex_rl.local.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from dataflex_rl.lm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 _ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
-def build_model(config: ModelConfig, alphabet: str, seed: int) -> tuple[torch.nn.Module, Tokenizer]:
-    """``(model, tokenizer)``: a randomly initialised tiny LM over a character vocabulary of ``alphabet``, or,
-    with ``config.path``, the local checkpoint there (never downloaded)."""
+def build_model(config: Any, alphabet: str, seed: int) -> tuple[torch.nn.Module, Tokenizer]:
+    """``(model, tokenizer)``: a random tiny LM over ``alphabet``, or the local checkpoint at ``config.path``."""
     if config.path is not None:
         return load_model(config.path)
     tokenizer = CharTokenizer(alphabet)
@@ -40,7 +39,6 @@ def build_model(config: ModelConfig, alphabet: str, seed: int) -> tuple[torch.nn
 
 
 def load_model(path: str | Path) -> tuple[torch.nn.Module, Tokenizer]:
-    """A local HF checkpoint and its tokenizer (``local_files_only``: nothing is fetched)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model.path = {str(path)!r} is not a directory holding a Hugging Face checkpoint")
@@ -49,5 +47,4 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, Tokenizer]:
 
 
 def count_parameters(model: torch.nn.Module) -> int:
-    """The number of parameters (elements) of ``model``."""
     return sum(parameter.numel() for parameter in model.parameters())

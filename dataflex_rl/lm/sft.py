@@ -1,16 +1,10 @@
-"""SFT warm start: a random tiny model solves nothing, so it first learns from generated solved problems.
-
-The checkpoint is cached under a key hashed from the model, task and SFT configs (``sft.seed`` included, the run
-seed not), so every run of a sweep starts from the same weights and SFT runs once; a file lock makes concurrent
-runs wait for the one that trains instead of training it again.
-"""
+"""SFT warm start on generated solved problems, cached under a hash of the model, task and SFT configs."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -18,16 +12,17 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from dataflex_rl.local.config import ModelConfig, SFTConfig, TaskConfig
-from dataflex_rl.local.model import build_model, load_model
-from dataflex_rl.local.progress import progress_bar
-from dataflex_rl.local.decoder import supported
-from dataflex_rl.local.sequences import SequenceBatch, encode_prompts, response_token_outputs
-from dataflex_rl.local.tokenizer import Tokenizer
+from dataflex_rl.hashing import stable_hash
+from dataflex_rl.lm.decoder import supported
+from dataflex_rl.lm.model import build_model, load_model
+from dataflex_rl.lm.progress import progress_bar
+from dataflex_rl.lm.sequences import SequenceBatch, encode_prompts, pad_rows, response_token_outputs
+from dataflex_rl.lm.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
 from dataflex_rl.tracking.run_store import file_mode, numeric_environment
 
@@ -35,10 +30,8 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # bump when the SFT recipe changes, so stale checkpoints are not reused
 
 
-def sft_cache_key(model: ModelConfig, task: TaskConfig, sft: SFTConfig) -> str:
-    """16 hex digits of sha256 over what the warm start depends on: model, task, SFT settings (not
-    ``cache_dir``), :data:`CACHE_VERSION` and torch's CPU kernel set (``ATEN_CPU_CAPABILITY`` changes the numbers:
-    a warm start trained under AVX512 kernels is not reused under AVX2)."""
+def sft_cache_key(model: Any, task: Any, sft: Any) -> str:
+    """Stable hash of the model, task and sft blocks (not ``cache_dir``), the cache version and torch's CPU kernels."""
     payload = {
         "version": CACHE_VERSION,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -46,19 +39,13 @@ def sft_cache_key(model: ModelConfig, task: TaskConfig, sft: SFTConfig) -> str:
         "task": {"name": task.name, "params": dict(task.params)},
         "sft": {key: value for key, value in dataclasses.asdict(sft).items() if key != "cache_dir"},
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return stable_hash(payload)
 
 
-def warm_start(
-    model_config: ModelConfig, task_config: TaskConfig, sft: SFTConfig, task: Task
-) -> tuple[torch.nn.Module, Tokenizer, Path | None]:
-    """``(model, tokenizer, checkpoint dir)`` after SFT, from the cache when it holds this key.
-
-    ``sft.steps == 0`` skips SFT (the model as built or loaded; no checkpoint dir).
-    """
+def warm_start(model_config: Any, task_config: Any, sft: Any,
+               task: Task) -> tuple[torch.nn.Module, Tokenizer, Path | None]:
     if sft.steps == 0:
-        model, tokenizer = build_model(model_config, task.alphabet, seed=sft.seed)
-        return model, tokenizer, None
+        return (*build_model(model_config, task.alphabet, seed=sft.seed), None)
     directory = Path(sft.cache_dir) / sft_cache_key(model_config, task_config, sft)
     with _locked(directory.with_suffix(".lock")):
         if not (directory / "done.json").exists():
@@ -78,7 +65,7 @@ class SFTCacheError(RuntimeError):
     """A cached SFT checkpoint that cannot be loaded; the message names the folder and how to rebuild it."""
 
 
-def _train_and_save(model_config: ModelConfig, sft: SFTConfig, task: Task, directory: Path) -> None:
+def _train_and_save(model_config: Any, sft: Any, task: Task, directory: Path) -> None:
     model, tokenizer = build_model(model_config, task.alphabet, seed=sft.seed)
     start = time.perf_counter()
     final_loss = run_sft(model, tokenizer, task, sft)
@@ -97,12 +84,7 @@ def _train_and_save(model_config: ModelConfig, sft: SFTConfig, task: Task, direc
     log.info("SFT done in %.1f s (final loss %.4f), cached at %s", summary["seconds"], final_loss, directory)
 
 
-def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTConfig) -> float:
-    """Teacher-forced cross-entropy on ``<bos> prompt completion <eos>``, loss on completion tokens only.
-
-    The forward pass is the RL update's (:func:`~dataflex_rl.local.sequences.response_token_outputs`): packed, no
-    work on padded positions, the LM head only where a completion token is predicted (models the fast decoder
-    covers; the HF forward over the padded batch otherwise)."""
+def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: Any) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 20))
     packed = supported(model) is None
@@ -123,8 +105,6 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: SFTCo
 
 
 def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: SequenceBatch, packed: bool) -> float:
-    """One optimiser step on the mean negative log-likelihood of the batch's response tokens (gradient norm clipped
-    at 1); returns the loss. ``packed``: the packed forward pass, else the HF forward over the padded batch."""
     log_probs = response_token_outputs(model, batch, temperature=1.0, packed=packed).log_probs
     loss = -(log_probs * batch.response_mask).sum() / batch.response_mask.sum()
     optimizer.zero_grad(set_to_none=True)
@@ -135,25 +115,17 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Se
 
 
 def sft_step_seed(seed: int, step: int) -> int:
-    """Problem-draw seed of one SFT step: negative, so it never meets an RL step's seed (``trainer.step_seed``)
-    even when ``sft.seed`` equals the run seed."""
+    """Problem-draw seed of one SFT step: negative, so it never meets an RL step's seed."""
     return -(seed * 1_000_003 + step) - 1
 
 
 def sft_batch(tokenizer: Tokenizer, problems) -> SequenceBatch:
-    """Solved problems as a :class:`SequenceBatch`: ``<bos>`` + prompt left-padded, completion + ``<eos>`` as the
-    response, right-padded (``response_mask`` 1 on the completion and its ``<eos>``)."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, [problem.prompt for problem in problems])
-    completions = [[*tokenizer.encode(problem.completion), tokenizer.eos_token_id] for problem in problems]
-    length = max(len(completion) for completion in completions)
-    responses = torch.full((len(completions), length), tokenizer.pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros((len(completions), length), dtype=torch.long)
-    for row, completion in enumerate(completions):
-        responses[row, : len(completion)] = torch.tensor(completion)
-        response_mask[row, : len(completion)] = 1
+    responses, response_mask = pad_rows([[*tokenizer.encode(problem.completion), tokenizer.eos_token_id]
+                                         for problem in problems], tokenizer.pad_token_id, left=False)
     return SequenceBatch(input_ids=torch.cat([prompt_ids, responses], dim=1),
                          attention_mask=torch.cat([prompt_mask, response_mask], dim=1), response_mask=response_mask,
-                         prompt_length=prompt_ids.shape[1], group_index=np.arange(len(completions)))
+                         prompt_length=prompt_ids.shape[1], group_index=np.arange(len(problems)))
 
 
 @contextlib.contextmanager

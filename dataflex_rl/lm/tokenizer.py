@@ -1,8 +1,4 @@
-"""Character-level tokenizer built in code (no download), and loading of a local HF tokenizer.
-
-Both expose the small interface the local backend needs: ``encode``, ``decode``, ``pad_token_id``,
-``eos_token_id``, ``bos_token_id``, ``vocab_size``, ``save_pretrained``.
-"""
+"""The character-level tokenizer built in code, and a local HF tokenizer behind the same interface."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 
 
 class Tokenizer(Protocol):
-    """What the trainer needs of a tokenizer: special-token ids, the vocabulary size, text <-> ids."""
     pad_token_id: int
     eos_token_id: int
     bos_token_id: int
@@ -45,7 +40,6 @@ class CharTokenizer:
         self.vocab_size = len(SPECIAL_TOKENS) + len(characters)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no special tokens added)."""
         try:
             return [self._ids[char] for char in text]
         except KeyError as error:
@@ -54,24 +48,16 @@ class CharTokenizer:
             ) from None
 
     def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` up to the first ``<eos>``; special tokens are dropped."""
-        characters = []
-        for token in ids:
-            if token == self.eos_token_id:
-                break
-            if token in self._chars:
-                characters.append(self._chars[token])
-        return "".join(characters)
+        if self.eos_token_id in ids:
+            ids = ids[: ids.index(self.eos_token_id)]
+        return "".join(self._chars[token] for token in ids if token in self._chars)
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write the alphabet to ``directory`` (read back by :func:`load_tokenizer`)."""
         path = Path(directory) / CHAR_TOKENIZER_FILE
         path.write_text(json.dumps({"alphabet": self.alphabet, "special_tokens": list(SPECIAL_TOKENS)}))
 
 
 class HFTokenizer:
-    """A local Hugging Face tokenizer behind the same interface (for ``model.path=DIR``)."""
-
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
@@ -80,22 +66,18 @@ class HFTokenizer:
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens."""
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` up to the first EOS, special tokens dropped."""
         if self.eos_token_id in ids:
             ids = ids[: ids.index(self.eos_token_id)]
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Hugging Face's own ``save_pretrained``."""
         self._tokenizer.save_pretrained(str(directory))
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """The tokenizer saved in ``directory``: a :class:`CharTokenizer` file, else a local HF tokenizer."""
     directory = Path(directory)
     char_file = directory / CHAR_TOKENIZER_FILE
     if char_file.exists():

@@ -1,9 +1,7 @@
-"""Synthetic run stores with a known truth, for tests, the notebook test and benchmarks.
+"""Synthetic run stores and curve tables with a known truth, for the tests and the analysis benchmark.
 
-:func:`write_fake_run` writes one run folder in the run-store format of ``docs/run_store.md`` from explicit arrays, so a
-test can hand-compute every aggregate. :func:`write_fake_sweep` writes a whole sweep folder (``sweep.json`` plus one
-run per ``alpha x seed``) with plausible curves, failed and still-running runs, histograms and gradient statistics.
-Nothing here imports torch or the training backends.
+:func:`write_fake_run` writes one run folder from explicit arrays (every aggregate can be hand-computed);
+:func:`write_fake_sweep` a whole sweep; the ``simulate_*`` functions measure the curve intervals' coverage.
 """
 
 from __future__ import annotations
@@ -15,12 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 
+from analysis.curves import aggregate_curves, curve_differences
+from analysis.statistics import DEFAULT_CONFIDENCE, RandomState
 from dataflex_rl import keys
 from dataflex_rl.tracking import run_store
-from dataflex_rl.tracking.base import CLOSE_STATES
 from dataflex_rl.tracking.identity import RunIdentity, config_hash
-from dataflex_rl.tracking.run_store import RunStore
+from dataflex_rl.tracking.run_store import CLOSE_STATES, COMPLETED, FAILED, INTERRUPTED, PENDING, RUNNING, RunStore
 
 MetricsFormat = Literal["parquet", "jsonl", "both"]
 METRICS_FORMATS: tuple[str, ...] = ("parquet", "jsonl", "both")
@@ -47,7 +47,7 @@ def write_fake_run(
     mechanism_label: str | None = None,
     alpha: float | None = 0.0,
     seed: int | None = 0,
-    state: str = "completed",
+    state: str = COMPLETED,
     error: str | None = None,
     metrics_format: MetricsFormat = "parquet",
     histograms: Sequence[Mapping[str, Any]] | None = None,
@@ -64,7 +64,8 @@ def write_fake_run(
     ``metrics.jsonl`` only (a run still going, or one that crashed before compaction), ``both`` writes both.
     ``histograms``: dicts ``{"step", "name", "edges" (k+1,), "counts" (k,)}``, written to ``histograms.parquet``
     (or ``histograms.jsonl`` when ``metrics_format == "jsonl"``). ``axes``: the run's grid axes as ``meta.json``
-    records them (``{"alpha": 0.5, "trainer.lr": 1e-4, "seed": 1}``); None writes a store with no axes (a run outside a grid).
+    records them (``{"alpha": 0.5, "trainer.lr": 1e-4, "seed": 1}``); None writes a store with no axes (a run outside
+    a grid).
     """
     if metrics_format not in METRICS_FORMATS:
         raise ValueError(f"metrics_format={metrics_format!r} is not one of {METRICS_FORMATS}")
@@ -82,7 +83,7 @@ def write_fake_run(
                            alpha=0.0 if alpha is None else alpha, seed=0 if seed is None else seed,
                            config_hash=config_hash(resolved_config), git_commit=git_commit, axes=axes or {})
     _write_meta(store, identity, mechanism_label=mechanism_label, alpha=alpha, seed=seed)
-    store.set_status("running", step=0)
+    store.set_status(RUNNING, step=0)
     for row_index, step in enumerate(step_array):
         store.log_metrics(int(step), {k: float(v[row_index]) for k, v in columns.items() if np.isfinite(v[row_index])})
     for record in histograms or ():
@@ -142,9 +143,9 @@ def _finish(store: RunStore, *, state: str, error: str | None, metrics_format: M
                          traceback=f"Traceback (most recent call last):\n{error}" if error else None)
         store.detach()
         return
-    if state in ("failed", "interrupted") and error:
+    if state in (FAILED, INTERRUPTED) and error:
         store.record_error(state, error, traceback=f"Traceback (most recent call last):\n{error}")
-    close_state = state if state in CLOSE_STATES else "completed"
+    close_state = state if state in CLOSE_STATES else COMPLETED
     store.close(close_state, end_time=_plus_seconds(FAKE_START_TIME, wall_time_s))
     if state not in CLOSE_STATES:
         store.set_status(state, step=last_step, error=error)
@@ -259,17 +260,17 @@ def write_fake_sweep(
         for seed in seeds:
             name = run_name(sweep, alpha, seed)
             if (alpha, seed) in pending:
-                manifest_runs.append({"run": name, "state": "pending", "alpha": alpha, "seed": seed})
+                manifest_runs.append({"run": name, "state": PENDING, "alpha": alpha, "seed": seed})
                 continue
             generator_seed = [random_state, round(alpha * 1000), seed]
             metrics = fake_metrics(alpha, seed, n_steps, eval_every=eval_every, grad_stats=grad_stats,
                                    random_state=np.random.default_rng(generator_seed))
-            state, error, metrics_format, length = "completed", None, "parquet", n_steps
+            state, error, metrics_format, length = COMPLETED, None, "parquet", n_steps
             if (alpha, seed) in failed:
-                state, error, metrics_format = "failed", "RuntimeError: loss became NaN at step 20", "jsonl"
+                state, error, metrics_format = FAILED, "RuntimeError: loss became NaN at step 20", "jsonl"
                 length = n_steps // 2
             elif (alpha, seed) in running:
-                state, metrics_format, length = "running", "jsonl", n_steps // 2
+                state, metrics_format, length = RUNNING, "jsonl", n_steps // 2
             metrics = {key: values[:length] for key, values in metrics.items()}
             records = None
             if histograms:
@@ -282,7 +283,8 @@ def write_fake_sweep(
             manifest_runs.append({"run": name, "state": state, "alpha": alpha, "seed": seed})
     if write_manifest:
         grid = {"alpha": list(alphas), "seed": list(seeds)}
-        run_store.atomic_write_json(sweep_dir / run_store.SWEEP_FILE, {"sweep": sweep, "grid": grid, "runs": manifest_runs})
+        run_store.atomic_write_json(sweep_dir / run_store.SWEEP_FILE,
+                                    {"sweep": sweep, "grid": grid, "runs": manifest_runs})
     return sweep_dir
 
 
@@ -298,7 +300,7 @@ def correlated_curve_table(
     noise_sd: float = 0.01,
     seed_sd: float = 0.03,
     random_state: int | np.random.Generator | None = 0,
-) -> tuple[Any, Any]:
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A long table of evaluation curves of two groups with a known paired difference, and that truth.
 
     ``n_replicates`` independent sweeps (factor column ``replicate``), each of ``n_seeds`` seeds x alpha {0, 0.5},
@@ -317,8 +319,6 @@ def correlated_curve_table(
     ``0 .. n_seeds - 1`` in every replicate) and ``truth`` with columns ``step, difference``. Every array is drawn at
     once, so thousands of replicates take a fraction of a second.
     """
-    import pandas as pd
-
     if n_seeds < 1 or n_replicates < 1 or n_steps < 1:
         raise ValueError(f"n_seeds={n_seeds!r}, n_replicates={n_replicates!r}, n_steps={n_steps!r} must be positive")
     if not -1.0 < autocorrelation < 1.0:
@@ -351,3 +351,73 @@ def correlated_curve_table(
             "value": values.ravel()}))
     truth = pd.DataFrame({"step": np.arange(n_steps, dtype=np.int64) * eval_every, "difference": true_difference})
     return pd.concat(frames, ignore_index=True), truth
+
+
+def simulate_band_coverage(
+    n_seeds: int,
+    *,
+    n_replicates: int = 2000,
+    n_steps: int = 8,
+    autocorrelation: float = 0.7,
+    confidence: float = DEFAULT_CONFIDENCE,
+    random_state: RandomState = 0,
+) -> dict[str, float]:
+    """Coverage of :func:`analysis.curves.curve_differences`' intervals on ``n_replicates`` simulated sweeps with a
+    known truth.
+
+    Each replicate is one sweep of ``n_seeds`` seeds x {baseline, treatment} evaluated at ``n_steps`` steps
+    (:func:`correlated_curve_table`: paired differences AR(1) across steps with lag-one
+    correlation ``autocorrelation``, plus independent noise); all replicates go through one call of
+    :func:`curve_differences` (group keys ``replicate, alpha``: each replicate's treatment against its own baseline).
+
+    Returns ``n_seeds, n_steps, n_replicates``; ``pointwise``: the share of (replicate, step) intervals holding the
+    true difference (nominal ``confidence``); ``simultaneous``: the share of replicates whose band holds the whole true
+    curve (at least ``confidence`` by construction); ``pointwise_simultaneous``: the same for the pointwise intervals
+    (why a band is needed); ``band_width_ratio``: band half-width over pointwise half-width.
+    """
+    long, truth = correlated_curve_table(n_seeds, n_replicates=n_replicates, n_steps=n_steps,
+                                         autocorrelation=autocorrelation, random_state=random_state)
+    metric = str(long["metric"].iloc[0])
+    frame = curve_differences(long, metric, group_keys=("replicate", "alpha"), baseline={"alpha": 0.0},
+                              confidence=confidence)
+    true_difference = truth.set_index("step")["difference"].reindex(frame["step"]).to_numpy()
+    inside_pointwise = ((frame["ci_low"] <= true_difference) & (true_difference <= frame["ci_high"])).to_numpy()
+    inside_band = ((frame["band_low"] <= true_difference) & (true_difference <= frame["band_high"])).to_numpy()
+    replicate = frame["replicate"].to_numpy()
+    if len(frame) != n_replicates * n_steps:
+        raise RuntimeError(f"expected {n_replicates * n_steps} compared steps, got {len(frame)}")
+    whole_curve = pd.DataFrame({"replicate": replicate, "pointwise": inside_pointwise, "band": inside_band}).groupby(
+        "replicate").all()
+    return {"n_seeds": int(n_seeds), "n_steps": int(n_steps), "n_replicates": int(n_replicates),
+            "pointwise": float(inside_pointwise.mean()), "simultaneous": float(whole_curve["band"].mean()),
+            "pointwise_simultaneous": float(whole_curve["pointwise"].mean()),
+            "band_width_ratio": float(np.mean((frame["band_high"] - frame["band_low"])
+                                              / (frame["ci_high"] - frame["ci_low"])))}
+
+
+def simulate_curve_interval_coverage(
+    n_seeds: int,
+    *,
+    n_replicates: int = 4000,
+    confidence: float = DEFAULT_CONFIDENCE,
+    random_state: RandomState = 0,
+) -> dict[str, float]:
+    """Coverage of :func:`analysis.curves.aggregate_curves`' mean and IQM intervals for normal data.
+
+    One group of ``n_seeds`` runs whose values at each of ``n_replicates`` steps are independent N(0.5, 0.05): each
+    step is one replicate, so one vectorised call measures them all. The true mean and IQM are both 0.5 (a symmetric
+    distribution). Returns ``n_seeds, n_replicates, mean`` (coverage of the Student-t interval) and ``iqm`` (coverage
+    of the Tukey-McLaughlin interval).
+    """
+    rng = np.random.default_rng(random_state)
+    values = rng.normal(0.5, 0.05, size=(n_seeds, n_replicates))
+    long = pd.DataFrame({
+        "sweep": "simulated", "run": np.repeat([f"s{seed}" for seed in range(n_seeds)], n_replicates),
+        "backend": "local", "mechanism": "reweight", "mechanism_label": "reweight", "alpha": 0.0,
+        "seed": np.repeat(np.arange(n_seeds), n_replicates), "step": np.tile(np.arange(n_replicates), n_seeds),
+        "metric": "simulated", "value": values.ravel()})
+    curves = aggregate_curves(long, "simulated", confidence=confidence)
+    covered_mean = (curves["ci_low"] <= 0.5) & (0.5 <= curves["ci_high"])
+    covered_iqm = (curves["iqm_ci_low"] <= 0.5) & (0.5 <= curves["iqm_ci_high"])
+    return {"n_seeds": int(n_seeds), "n_replicates": int(n_replicates), "mean": float(covered_mean.mean()),
+            "iqm": float(covered_iqm.mean())}

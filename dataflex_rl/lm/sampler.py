@@ -1,13 +1,4 @@
-"""A KV-cached sampling loop over :class:`~dataflex_rl.local.decoder.DecoderWeights`: HF ``generate``'s samples.
-
-For the same seed it draws the same tokens as ``model.generate(do_sample=True, top_k=0, top_p=1, temperature=T)``
-(or greedy): every step scores ``logits / T`` and calls ``torch.multinomial`` once on the full ``(N, vocab)``
-probabilities, as HF does, so the random stream is consumed identically; a finished row gets ``<pad>`` and stops
-at the first ``<eos>``; the loop ends when every row has finished or after ``max_new_tokens``. What it saves: HF's
-per-step machinery (cache objects, mask building, logits processors) and the compute of finished rows, which are
-dropped from the batch (their probabilities are a constant row, so the multinomial's stream is unchanged),
-and the repeated prompts of a GRPO group, run once each.
-"""
+"""A KV-cached sampling loop drawing HF ``generate``'s samples for the same seed (top_k=0, top_p=1)."""
 
 from __future__ import annotations
 
@@ -16,15 +7,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from dataflex_rl.local.decoder import DecoderWeights, attention_bias, distinct_prompts, padded_length
+from dataflex_rl.lm.decoder import DecoderWeights, attention_bias, distinct_prompts, padded_length
 
 COMPACT_FRACTION = 0.75  # drop finished rows from the cache once at most this share of its rows is still active
 
 
 class Sampled(NamedTuple):
-    """``responses`` ``(N, R)``; with a temperature, per response token ``(N, R)``: ``log_probs`` of the sampled
-    token and ``entropy`` (nats) of the distribution it was drawn from, both of ``softmax(logits / T)`` and 0 after
-    a row's end; greedy: both None."""
+    """``responses (N, R)``; with a temperature, sampled tokens' ``log_probs`` and ``entropy`` (greedy: None)."""
 
     responses: torch.Tensor
     log_probs: torch.Tensor | None
@@ -32,7 +21,6 @@ class Sampled(NamedTuple):
 
 
 def token_log_prob_and_entropy(scores: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log p(token), -sum p log p)`` of ``softmax(scores)`` along the last axis; ``tokens`` indexes it."""
     log_softmax = F.log_softmax(scores, dim=-1)
     entropy = torch.special.entr(log_softmax.exp()).sum(-1)  # entr(0) = 0: a -inf score adds nothing, not NaN
     return log_softmax.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), entropy
@@ -42,11 +30,7 @@ def token_log_prob_and_entropy(scores: torch.Tensor, tokens: torch.Tensor) -> tu
 def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
            temperature: float | None, eos_token_id: int, pad_token_id: int,
            row_generators: list[torch.Generator] | None = None) -> Sampled:
-    """:class:`Sampled` responses for left-padded prompts ``(N, P)``; ``temperature=None`` is greedy.
-
-    ``row_generators``: one generator per row, each drawing its row's tokens, so a row's sample does not depend on
-    which other rows share the batch (a server batching requests as they arrive); without it, one multinomial
-    over the batch from torch's global generator, as HF ``generate`` draws."""
+    """:class:`Sampled` responses for left-padded prompts ``(N, P)``; ``temperature=None`` is greedy."""
     rows, prompt_length = prompt_ids.shape
     total = padded_length(prompt_length + max_new_tokens)  # columns past the end stay masked
     layers = len(weights.layers)
@@ -90,8 +74,6 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
 
 
 def _draw(probabilities: torch.Tensor, row_generators: list[torch.Generator] | None) -> torch.Tensor:
-    """One token per row ``(N,)`` from ``probabilities (N, vocab)``: one multinomial call, or one per row with
-    its own generator."""
     if row_generators is None:
         return torch.multinomial(probabilities, num_samples=1).squeeze(1)
     return torch.cat([torch.multinomial(row, num_samples=1, generator=generator)
@@ -100,8 +82,6 @@ def _draw(probabilities: torch.Tensor, row_generators: list[torch.Generator] | N
 
 def _prefill(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
              cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
-    """Run each distinct prompt once (a GRPO group's rollouts share it), fill every row's first ``P`` cache
-    columns; the last position's logits ``(N, vocab)``."""
     first, inverse = distinct_prompts(prompt_ids)
     prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
     prompts, length = prompt_ids.shape
@@ -125,8 +105,6 @@ def _prefill(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: tor
 
 def _decode(weights: DecoderWeights, tokens: torch.Tensor, positions: torch.Tensor, cache_k: torch.Tensor,
             cache_v: torch.Tensor, column: int, key_valid: torch.Tensor) -> torch.Tensor:
-    """One new token per cached row at cache column ``column``; its logits ``(n, vocab)``. ``key_valid (n, C)``
-    marks the cache columns a row attends to (its prompt and every token generated so far)."""
     cos, sin = weights.rope(positions)
     x = weights.model.model.embed_tokens(tokens)
     bias = attention_bias(key_valid)[:, None, None, :]

@@ -1,0 +1,143 @@
+"""The local backend as the sweep driver sees it (``conf/backend/local.yaml``; docs/sweeps.md)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dataflex_rl.compose import TrainComposer, check_group_choice, compose_train_config
+from dataflex_rl.keys import check_metric_key
+from dataflex_rl.overrides import Override, hydra_value
+from dataflex_rl.train import CONFIG_FILE_FLAG
+from dataflex_rl.validation import ConfigError
+from dataflex_rl.verl.config import quiet_verl_import
+from sweeps.backends import Backend
+from sweeps.config import SweepConfig
+from sweeps.grid import STANDARD_FACTORS, RunSpec, warm_start_overrides
+from sweeps.run_plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
+
+SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
+LAUNCH_FOLDER = "launch"  # <sweep>/launch/<run>.yaml: the resolved config a run's command reads
+# The SFT warm start is cached by model + task + sft config: only axes over these need a warm start of their own.
+SFT_CACHE_GROUPS = ("model", "task", "sft")
+# Keys of a run's resolved config that place or name the run rather than set its numbers (the sweep sets them).
+RUN_PLACE_KEYS = ("run_dir", "sweep", "run_name", "seed", "axes", "mode", "threads", "mechanism_label", "warm_start")
+
+
+class LocalBackend(Backend):
+    steps_key = "trainer.total_steps"
+
+    def check_extra(self, override: Override) -> None:
+        check_group_choice(override)  # a config-group choice names a file of its conf/ group
+
+    def check_metric(self, key: str, value: Any) -> str:
+        return check_metric_key(key, value)
+
+    def default_steps(self, config: SweepConfig) -> int | None:
+        """``local_steps``, unless ``extra`` sets the steps (the trainer's own 400 are long for a laptop)."""
+        return None if config.common_sets(self.steps_key) else config.local_steps
+
+    def plan(self, config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
+             threads: int | None) -> list[PlannedRun]:
+        sweep_dir = sweep_dir.resolve()
+        entries = [(spec, self.overrides(config, spec, sweep, sweep_dir, threads), sweep_dir / spec.name)
+                   for spec in specs]
+        return self.runs(config, entries, sweep_dir, thread_environment(threads))[0]
+
+    def overrides(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
+                  threads: int | None) -> list[str]:
+        check_steps_once(config, self.steps_key)
+        overrides = [f"{self.steps_key}={config.steps}"] if config.steps is not None else []
+        overrides += [*map(str, config.common), *spec.overrides]
+        if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
+            overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
+        overrides += [f"run_dir={hydra_value(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}",
+                      f"warm_start={config.warm_start}"]
+        if threads is not None:
+            overrides.append(f"threads={threads}")
+        return overrides
+
+    def runs(self, config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[str], Path]], sweep_dir: Path,
+             env: dict[str, str]) -> tuple[list[PlannedRun], list[Any]]:
+        if config.validate:
+            composed = compose_runs((spec.name, overrides) for spec, overrides, _ in entries)
+        else:
+            composed = [(None, None)] * len(entries)
+        planned = []
+        for (spec, overrides, run_dir), (resolved, train_config) in zip(entries, composed, strict=True):
+            config_file = None if resolved is None else sweep_dir / LAUNCH_FOLDER / f"{spec.name}.yaml"
+            arguments = list(overrides) if config_file is None else [CONFIG_FILE_FLAG, str(config_file)]
+            steps = planned_steps(config, self.steps_key) if train_config is None \
+                else train_config.trainer.total_steps
+            planned.append(PlannedRun(spec=spec, command=(sys.executable, "-m", config.train_module, *arguments),
+                                      env=dict(env), run_dir=run_dir,
+                                      log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log",
+                                      overrides=tuple(overrides), config=resolved, config_file=config_file,
+                                      total_steps=steps))
+        return planned, [train_config for _, train_config in composed]
+
+    def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
+                    threads: int | None) -> list[PlannedRun]:
+        if not config.sft_warm_start:
+            return []
+        sweep_dir = sweep_dir.resolve()
+        variants = list(dict.fromkeys(
+            (tuple(str(override) for axis, override in spec.settings()
+                   if axis.name not in STANDARD_FACTORS and override.group in SFT_CACHE_GROUPS), spec.warm_start_seed)
+            for spec in specs))
+        axis_variants = list(dict.fromkeys(axis_overrides for axis_overrides, _ in variants))
+        entries = []
+        for axis_overrides, seed in variants:
+            name = "-".join(["sft", *([str(axis_variants.index(axis_overrides))] if len(axis_variants) > 1 else []),
+                             *([f"seed{seed}"] if seed is not None else [])])
+            overrides = [*map(str, config.common), *axis_overrides, *warm_start_overrides(seed), "mode=sft",
+                         f"run_dir={hydra_value(sweep_dir / SFT_FOLDER)}"]
+            if threads is not None:
+                overrides.append(f"threads={threads}")
+            entries.append((RunSpec(name=name), overrides, sweep_dir / SFT_FOLDER))
+        planned, train_configs = self.runs(config, entries, sweep_dir, thread_environment(threads))
+        if config.validate:
+            planned = [run for run, train_config in zip(planned, train_configs, strict=True)
+                       if not warm_start_cached(train_config)]
+        return planned
+
+    def common_config(self, config: SweepConfig) -> dict | None:
+        return common_train_config(config) if config.validate else None
+
+
+def common_train_config(config: SweepConfig) -> dict[str, Any]:
+    """The resolved common settings (no cell's own), minus keys that cannot change a run's numbers."""
+    from dataflex_rl.tracking.run_store import FINGERPRINT_IGNORED, flatten_config
+
+    overrides = [f"{LocalBackend.steps_key}={config.steps}"] if config.steps is not None else []
+    overrides += [*map(str, config.common), "run_dir=."]
+    with quiet_verl_import():
+        resolved = compose_train_config(overrides)
+    dropped = (*FINGERPRINT_IGNORED, *RUN_PLACE_KEYS, "hydra")
+    return {key: value for key, value in flatten_config(resolved).items()
+            if not any(key == prefix or key.startswith(prefix + ".") for prefix in dropped)}
+
+
+def compose_runs(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[dict[str, Any], Any]]:
+    from dataflex_rl.local.config import parse_train_config
+
+    composed = []
+    with quiet_verl_import(), TrainComposer() as compose:
+        for name, overrides in override_lists:
+            try:
+                resolved = compose(overrides)
+                composed.append((resolved, parse_train_config(resolved)))
+            except ConfigError as error:
+                raise ConfigError(f"run {name}: {error}") from None
+    return composed
+
+
+def warm_start_cached(train_config: Any) -> bool:
+    sft = train_config.sft
+    if sft.steps == 0:
+        return True
+    from dataflex_rl.lm.sft import sft_cache_key
+
+    return (Path(sft.cache_dir) / sft_cache_key(train_config.model, train_config.task, sft) / "done.json").exists()

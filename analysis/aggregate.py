@@ -11,13 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.bootstrap import (
-    DEFAULT_BOOTSTRAP,
-    MIN_BOOTSTRAP_N,
-    bca_intervals,
-    bootstrap_ci,
-    improvement_statistic,
-)
+from analysis.bootstrap import DEFAULT_BOOTSTRAP, MIN_BOOTSTRAP_N, bca_intervals, bootstrap_ci
 from analysis.frames import IDENTITY_COLUMNS, factor_columns
 from analysis.groups import Strata, baseline_strata, check_columns, group_items, group_key, matching_rows
 from analysis.statistics import (
@@ -29,6 +23,7 @@ from analysis.statistics import (
     check_confidence,
     check_power_arguments,
     holm_adjust,
+    improvement_statistic,
     interquartile_mean,
     minimum_detectable_effect,
     probability_of_improvement,

@@ -60,14 +60,6 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
-def improvement_statistic(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    """:func:`analysis.statistics.probability_of_improvement` along ``axis``, batched over the others."""
-    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
-    greater = (x[..., :, None] > y[..., None, :]).mean(axis=(-2, -1))
-    ties = (x[..., :, None] == y[..., None, :]).mean(axis=(-2, -1))
-    return greater + 0.5 * ties
-
-
 def bca_interval(
     samples: Sequence[Any],
     statistic: Statistic,

@@ -144,11 +144,10 @@ def curve_differences(
             raise ValueError(f"no single baseline group among group_keys={list(group_keys)!r} (alpha = 0 or the "
                              "mechanism label `baseline`); pass baseline={...} selecting one")
     row_group, first_rows, group_baseline, is_baseline = _baseline_of_groups(rows, group_keys, dict(baseline))
-    table = pd.DataFrame({"group": row_group, "step": rows["step"].to_numpy(dtype=np.int64),
-                          "value": rows["value"].to_numpy(dtype=np.float64)})
-    for position, column in enumerate(pair_on):
-        table[f"pair_{position}"] = rows[column].to_numpy()
     pair_columns = [f"pair_{position}" for position in range(len(pair_on))]
+    table = pd.DataFrame({"group": row_group, "step": rows["step"].to_numpy(dtype=np.int64),
+                          "value": rows["value"].to_numpy(dtype=np.float64),
+                          **{name: rows[c].to_numpy() for name, c in zip(pair_columns, pair_on, strict=True)}})
     # a run without a seed (or other pair_on value) pairs with nothing
     table = table[np.isfinite(table["value"].to_numpy()) & table[pair_columns].notna().all(axis=1).to_numpy()]
 
@@ -179,16 +178,11 @@ def curve_differences(
     mean_diff = per_step["mean_diff"].to_numpy(dtype=np.float64)
     # Bonferroni: each of the K steps at level a / K, i.e. the quantile t_{1 - a/(2K), n-1}
     band_confidence = 1.0 - (1.0 - confidence) / np.maximum(band_steps, 1)
-    result = group_rows.iloc[group].reset_index(drop=True)
-    result["metric"] = metric
-    result["step"] = per_step["step"].to_numpy()
-    result["n"] = n
-    for column in ("mean", "baseline_mean", "mean_diff", "std_diff"):
-        result[column] = per_step[column].to_numpy(dtype=np.float64)
+    result = group_rows.iloc[group].reset_index(drop=True).assign(
+        metric=metric, step=per_step["step"].to_numpy(), n=n,
+        **{column: per_step[column].to_numpy(dtype=np.float64) for column in ("mean", "baseline_mean", "std_diff")},
+        mean_diff=mean_diff, band_steps=band_steps.astype(np.int64), band_method=BAND_METHOD,
+        confidence=float(confidence), note=np.where(with_interval, "", TOO_FEW_PAIRS_NOTE))
     result["ci_low"], result["ci_high"] = t_bounds(mean_diff, standard_error, n - 1, confidence)
     result["band_low"], result["band_high"] = t_bounds(mean_diff, standard_error, n - 1, band_confidence)
-    result["band_steps"] = band_steps.astype(np.int64)
-    result["band_method"] = BAND_METHOD
-    result["confidence"] = float(confidence)
-    result["note"] = np.where(with_interval, "", TOO_FEW_PAIRS_NOTE)
     return result[[*group_keys, *CURVE_DIFFERENCE_COLUMNS]]

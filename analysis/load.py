@@ -77,13 +77,8 @@ def read_run_metrics(run_dir: str | os.PathLike[str], metrics: Sequence[str] | N
     values = np.array([frame[name].to_numpy(dtype=np.float64, na_value=np.nan) for name in names],
                       dtype=np.float64).reshape(len(names), len(frame))
     steps = frame["step"].to_numpy(dtype=np.int64)
-    # sorted by step, the last row of a repeated step kept: the file format promises both; be safe
-    if len(steps) > 1 and not np.all(np.diff(steps) > 0):
-        order = np.argsort(steps, kind="stable")
-        steps, values = steps[order], values[:, order]
-        keep = np.append(steps[1:] != steps[:-1], True)
-        steps, values = steps[keep], values[:, keep]
-    return RunMetrics(steps, names, values)
+    keep = np.diff(steps, append=steps[-1:] + 1) > 0  # read_metrics sorts by step; keep a repeated step's last row
+    return RunMetrics(steps[keep], names, values[:, keep])
 
 
 def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
@@ -175,12 +170,8 @@ def add_run_columns(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[s
     if not wanted:
         return frame
     lookup = runs[["sweep", "run", *wanted]].astype({"sweep": str, "run": str}).drop_duplicates(["sweep", "run"])
-    keys_frame = pd.DataFrame({"sweep": frame["sweep"].astype(str).to_numpy(), "run": frame["run"].astype(str).to_numpy()})
-    joined = keys_frame.merge(lookup, on=["sweep", "run"], how="left")
-    result = frame.copy()
-    for column in wanted:
-        result[column] = joined[column].to_numpy()
-    return result
+    joined = frame[["sweep", "run"]].astype(str).merge(lookup, on=["sweep", "run"], how="left")
+    return frame.assign(**{column: joined[column].to_numpy() for column in wanted})
 
 
 def _missing_run_row(sweep: str, entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -335,9 +326,7 @@ def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
             continue
         if frame.empty:
             continue
-        for column in (*IDENTITY_COLUMNS, *factors):
-            frame.insert(len(frame.columns) - 4, column, row[column])
-        frames.append(frame)
+        frames.append(frame.assign(**{column: row[column] for column in (*IDENTITY_COLUMNS, *factors)}))
     if not frames:
         return empty_histogram_table()
     table = pd.concat(frames, ignore_index=True)[[*IDENTITY_COLUMNS, *factors, *HISTOGRAM_COLUMNS[-4:]]]

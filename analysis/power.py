@@ -36,14 +36,14 @@ def detectable_sentence(n: int, std: float, mde: float, target: float) -> str:
 
 
 def power_section(add: Add, summaries: pd.DataFrame, metric: str, group_keys: Sequence[str], target: float,
-                  confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame | None:
-    """One sentence per comparison against the baseline; returns the deltas."""
+                  confidence: float = DEFAULT_CONFIDENCE) -> None:
+    """One sentence per comparison against the baseline."""
     rows = summaries[summaries["metric"].astype(str) == metric]
     baseline = default_baseline(rows, group_keys)
     add("## What this sweep can detect", "")
     if baseline is None:
         add("No single baseline group: no comparison to size.", "")
-        return None
+        return
     deltas = paired_differences(rows, group_keys=group_keys, baseline=baseline, confidence=confidence,
                                 n_bootstrap=100)
     add(f"`{metric}` (final-window mean), paired by seed, {DEFAULT_POWER:.0%} power at a two-sided "
@@ -53,7 +53,6 @@ def power_section(add: Add, summaries: pd.DataFrame, metric: str, group_keys: Se
             + detectable_sentence(int(row["n_pairs"]), float(row["std_difference"]), float(row["mde"]), target)
             + ".")
     add("")
-    return deltas
 
 
 def variance_split_table(summaries: pd.DataFrame, runs: pd.DataFrame, metric: str,
@@ -98,11 +97,10 @@ def variance_section(add: Add, summaries: pd.DataFrame, runs: pd.DataFrame, metr
         "binomial variance p(1-p)/N of an accuracy p measured on N validation items, and training noise, the rest "
         "(floored at 0): the RL seed's, and with a warm start per seed the warm start's draw too. Evaluation noise "
         f"should be at most {EVAL_SHARE_TARGET:.0%} of the between-seed variance.", "")
-    shown = table.copy()
-    for column in ("mean", "between_seed_sd", "eval_sd", "training_sd"):
-        shown[column] = [f"{value:.4f}" for value in shown[column]]
-    shown["eval_share"] = [f"{value:.0%}" if np.isfinite(value) else "n/a" for value in table["eval_share"]]
-    shown["val_items"] = [f"{value:g}" for value in shown["val_items"]]
+    shown = table.assign(**{column: [f"{value:.4f}" for value in table[column]]
+                            for column in ("mean", "between_seed_sd", "eval_sd", "training_sd")},
+                         eval_share=[f"{value:.0%}" if np.isfinite(value) else "n/a" for value in table["eval_share"]],
+                         val_items=[f"{value:g}" for value in table["val_items"]])
     add(shown.to_markdown(index=False), "")
     over = table[(table["eval_share"] > EVAL_SHARE_TARGET) & (table["eval_share"] <= 1.0)]
     if (table["eval_share"] > 1.0).any():

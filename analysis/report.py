@@ -197,9 +197,7 @@ def _warning_section(document: Document, data: SweepData) -> None:
     lengths = {str(run): int(step) for run, step in
                metrics.groupby(metrics["run"].astype(str), observed=True)["step"].max().items()}
     if len(set(lengths.values())) > 1:
-        by_length: dict[int, list[str]] = {}
-        for run, step in sorted(lengths.items()):
-            by_length.setdefault(step, []).append(run)
+        by_length = {step: sorted(run for run, s in lengths.items() if s == step) for step in set(lengths.values())}
         listed = "; ".join(f"{step} steps: {', '.join(runs[:4])}{' ...' if len(runs) > 4 else ''}"
                            for step, runs in sorted(by_length.items()))
         lines.append(f"- **Runs of different lengths are compared**: {listed}. Final windows and AUCs of runs "

@@ -295,15 +295,21 @@ def iqm_t_interval(values: Any, confidence: float = DEFAULT_CONFIDENCE) -> tuple
     return float(low[0]), float(high[0])
 
 
+def improvement_statistic(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """:func:`probability_of_improvement` along ``axis``, batched over the others."""
+    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+    greater = (x[..., :, None] > y[..., None, :]).mean(axis=(-2, -1))
+    ties = (x[..., :, None] == y[..., None, :]).mean(axis=(-2, -1))
+    return greater + 0.5 * ties
+
+
 def probability_of_improvement(x: Any, y: Any) -> float:
     """``P(X > Y)`` over all pairs, ties counting half."""
     x = np.asarray(x, dtype=np.float64).ravel()
     y = np.asarray(y, dtype=np.float64).ravel()
     if not x.size or not y.size:
         raise ValueError(f"probability_of_improvement needs two non-empty samples, got sizes {x.size} and {y.size}")
-    greater = (x[:, None] > y[None, :]).mean()
-    ties = (x[:, None] == y[None, :]).mean()
-    return float(greater + 0.5 * ties)
+    return float(improvement_statistic(x, y))
 
 
 def variance_split(p: float, variance: float, val_items: float) -> dict[str, float]:

@@ -218,9 +218,8 @@ def _latex_tabular(table: ComparisonTable, columns: Sequence[str]) -> list[str]:
     lines = [rf"\begin{{tabular}}{{{align}}}", r"\toprule",
              " & ".join(header(c, f) for c, f in zip(columns, numeric, strict=True)) + r" \\", r"\midrule"]
     for row in range(len(cells)):
-        texts = [latex_escape(cells[c].iloc[row]) for c in columns]
-        marked = [rf"\bfseries {text}" if table.best[c].iloc[row] else text for c, text in zip(columns, texts,
-                                                                                              strict=True)]
+        marked = [(r"\bfseries " if table.best[c].iloc[row] else "") + latex_escape(cells[c].iloc[row])
+                  for c in columns]
         lines.append(" & ".join(marked) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return lines

@@ -14,7 +14,7 @@ import numpy as np
 from analysis.frames import RunMetrics, SweepData, wide_metrics
 from analysis.wandb_runs import WandbTables, wandb_run_row
 from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, RUNNING
-from dataflex_rl.tracking.wandb_offline import OfflineRun, history, read_run, run_files
+from dataflex_rl.tracking.wandb_offline import history, read_run, run_files
 
 INTERRUPTED_EXIT_CODES = (130, 143)
 
@@ -43,19 +43,6 @@ def history_tables(rows: Mapping[int, Mapping[str, Any]], metrics: Sequence[str]
     return wide_metrics(rows, metrics), histograms
 
 
-def _offline_row(path: Path, run: OfflineRun, include_incomplete: bool) -> dict[str, Any]:
-    state = offline_state(run.exit_code)
-    # the attributes wandb_identity reads from a W&B API run
-    view = SimpleNamespace(name=run.name, id=run.run_id, group=run.group, tags=list(run.tags))
-    row = wandb_run_row(view, run.config)
-    row.update({
-        "state": state, "path": str(path), "metrics_source": "wandb",
-        "included": state == COMPLETED or include_incomplete,
-        "exclusion_reason": None if state == COMPLETED else f"state {state} (exit code {run.exit_code})",
-    })
-    return row
-
-
 def load_wandb_offline(
     root: str | os.PathLike[str],
     *,
@@ -66,7 +53,15 @@ def load_wandb_offline(
     tables = WandbTables()
     for path in run_files(root):
         run = read_run(path)
-        row = _offline_row(path, run, include_incomplete)
+        state = offline_state(run.exit_code)
+        # the attributes wandb_identity reads from a W&B API run
+        view = SimpleNamespace(name=run.name, id=run.run_id, group=run.group, tags=list(run.tags))
+        row = wandb_run_row(view, run.config)
+        row.update({
+            "state": state, "path": str(path), "metrics_source": "wandb",
+            "included": state == COMPLETED or include_incomplete,
+            "exclusion_reason": None if state == COMPLETED else f"state {state} (exit code {run.exit_code})",
+        })
         position = tables.add(row)
         if row["included"]:
             tables.add_metrics(position, *history_tables(history(path), metrics))

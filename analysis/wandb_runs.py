@@ -72,9 +72,7 @@ def wandb_identity(run: Any, flat_config: Mapping[str, Any]) -> dict[str, Any]:
         "sweep": getattr(run, "group", None) or (name[: match.start()] if match else None),
         "mechanism": tags[0] if tags else None, "backend": tags[1] if len(tags) > 1 else None, "run": name,
     }
-    for key, value in fallbacks.items():
-        if identity[key] is None:
-            identity[key] = value
+    identity.update({key: value for key, value in fallbacks.items() if identity[key] is None})
     if identity["mechanism_label"] is None:
         identity["mechanism_label"] = identity["mechanism"]
     return identity

@@ -68,21 +68,17 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--rounds", type=int, default=3)
     arguments = parser.parse_args(argv)
     results: dict[str, object] = {}
-
-    def timed_load() -> None:
-        results["data"] = load.load_sweep(sweep_dir, histograms=False)
-
-    def load_and_aggregate() -> None:
-        results["aggregate"] = aggregate_everything(load.load_sweep(sweep_dir, histograms=False))
-
     with tempfile.TemporaryDirectory() as temporary:
         start = time.perf_counter()
         sweep_dir = write_fixture(Path(temporary), arguments.runs, arguments.steps, arguments.metrics)
         print(f"fixture: {arguments.runs} runs x {arguments.steps} steps x {arguments.metrics} metrics "
               f"written in {time.perf_counter() - start:.1f} s (not timed)")
-        times = interleaved({"straightforward": lambda: results.__setitem__("naive", straightforward_load(sweep_dir)),
-                             "load_sweep": timed_load, "load + aggregate": load_and_aggregate},
-                            rounds=arguments.rounds)
+        times = interleaved({
+            "straightforward": lambda: results.__setitem__("naive", straightforward_load(sweep_dir)),
+            "load_sweep": lambda: results.__setitem__("data", load.load_sweep(sweep_dir, histograms=False)),
+            "load + aggregate": lambda: results.__setitem__(
+                "aggregate", aggregate_everything(load.load_sweep(sweep_dir, histograms=False)))},
+            rounds=arguments.rounds)
     rows = arguments.runs * arguments.steps * arguments.metrics
     assert len(results["data"].metrics) == rows == len(results["naive"]), rows
     assert len(results["aggregate"]) == len(ALPHAS[: arguments.runs]) * arguments.metrics

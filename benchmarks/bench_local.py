@@ -4,13 +4,14 @@ matmul rate (docs/performance.md)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import Row, format_table, min_median
+from benchmarks.common import Row, format_table, interleaved, min_median
 from sweeps.seed_plan import evaluations_in
 
 BEFORE = ("hf", False)  # HF generate, HF forward over the padded batch: the trainer before its own decoder
@@ -70,12 +71,7 @@ def matmul_rate(shapes: list[tuple[int, int]], tokens: int, repeats: int = 3) ->
         grad = torch.randn(tokens, fan_out, generator=generator)
         products += [(x, weight.t()), (grad, weight), (grad.t(), x)]
     flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in products)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        for a, b in products:
-            torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
+    best = min(interleaved({"mm": lambda: [torch.mm(a, b) for a, b in products]}, rounds=repeats)["mm"])
     return flops / best / 1e9
 
 
@@ -85,10 +81,8 @@ def wandb_service_cpu() -> float:
 
     total = 0.0
     for child in psutil.Process().children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error):
             total += sum(child.cpu_times()[:2])  # user + system
-        except psutil.Error:
-            continue
     return total
 
 

@@ -90,39 +90,36 @@ def main(argv=None) -> list[Row]:
     parser.add_argument("--only-share", action="store_true", help="only the share of a step (no torch.compile)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.only_share:
-        rows = step_share(args)
-        print(format_table(rows))
-        return rows
-
-    generator = torch.Generator().manual_seed(0)
-    old_log_probs = -torch.rand(args.bs, args.length, generator=generator) * 5
-    response_mask = torch.rand(args.bs, args.length, generator=generator) > 0.1
-    advantages = torch.randn(args.bs, args.length, generator=generator)
-    fields = {"old_log_probs": old_log_probs, "response_mask": response_mask, "advantages": advantages}
-    # verl hands the response mask over as integers (a slice of the attention mask); the local trainer as bools.
-    verl_fields = {**fields, "response_mask": response_mask.long()}
-    block = {"actuator": {"name": "advantage_reweight", "params": {"alpha": args.alpha}}}
-    eager = build_mechanism(block)
-    compiled = build_mechanism(block, compile=True)
-    compile_start = time.perf_counter()
-    compiled.apply(1, fields)
-    compile_s = time.perf_counter() - compile_start
-    reference = plain_reweight(advantages, old_log_probs, response_mask, args.alpha)
-    torch.testing.assert_close(eager.apply(1, fields)[0], reference)  # the same computation
-
-    times = interleaved({"plain": lambda: plain_reweight(advantages, old_log_probs, response_mask, args.alpha),
-                         "eager": lambda: eager.apply(1, fields), "compiled": lambda: compiled.apply(1, fields),
-                         "compiled, int mask": lambda: compiled.apply(1, verl_fields)}, rounds=args.rounds, warmup=2)
-    plain = min_median([seconds * 1e3 for seconds in times["plain"]])
     rows = []
-    for name in ("eager", "compiled", "compiled, int mask"):
-        after = min_median([seconds * 1e3 for seconds in times[name]])
-        verdict = "OK" if after[1] / plain[1] <= 1.5 else "over target"
-        rows.append(Row("mechanism", f"apply ({name}) vs the plain computation, ({args.bs}, {args.length}), "
-                        f"{torch.get_num_threads()} thread(s)", "ms", plain, after,
-                        note=f"target <= 1.5x: {verdict}" + (f"; compiling took {compile_s:.0f} s"
-                                                             if name == "compiled" else "")))
+    if not args.only_share:
+        generator = torch.Generator().manual_seed(0)
+        old_log_probs = -torch.rand(args.bs, args.length, generator=generator) * 5
+        response_mask = torch.rand(args.bs, args.length, generator=generator) > 0.1
+        advantages = torch.randn(args.bs, args.length, generator=generator)
+        fields = {"old_log_probs": old_log_probs, "response_mask": response_mask, "advantages": advantages}
+        # verl hands the response mask over as integers (a slice of the attention mask); the local trainer as bools.
+        verl_fields = {**fields, "response_mask": response_mask.long()}
+        block = {"actuator": {"name": "advantage_reweight", "params": {"alpha": args.alpha}}}
+        eager = build_mechanism(block)
+        compiled = build_mechanism(block, compile=True)
+        compile_start = time.perf_counter()
+        compiled.apply(1, fields)
+        compile_s = time.perf_counter() - compile_start
+        reference = plain_reweight(advantages, old_log_probs, response_mask, args.alpha)
+        torch.testing.assert_close(eager.apply(1, fields)[0], reference)  # the same computation
+
+        times = interleaved({"plain": lambda: plain_reweight(advantages, old_log_probs, response_mask, args.alpha),
+                             "eager": lambda: eager.apply(1, fields), "compiled": lambda: compiled.apply(1, fields),
+                             "compiled, int mask": lambda: compiled.apply(1, verl_fields)},
+                            rounds=args.rounds, warmup=2)
+        plain = min_median([seconds * 1e3 for seconds in times["plain"]])
+        for name in ("eager", "compiled", "compiled, int mask"):
+            after = min_median([seconds * 1e3 for seconds in times[name]])
+            verdict = "OK" if after[1] / plain[1] <= 1.5 else "over target"
+            rows.append(Row("mechanism", f"apply ({name}) vs the plain computation, ({args.bs}, {args.length}), "
+                            f"{torch.get_num_threads()} thread(s)", "ms", plain, after,
+                            note=f"target <= 1.5x: {verdict}" + (f"; compiling took {compile_s:.0f} s"
+                                                                 if name == "compiled" else "")))
     rows += step_share(args)
     print(format_table(rows))
     return rows

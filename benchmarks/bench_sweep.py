@@ -45,12 +45,7 @@ def main(argv=None) -> list[Row]:
         for index in range(args.rounds):
             for jobs in ((1, cores) if index % 2 == 0 else (cores, 1)):
                 times[jobs].append(run_sweep(root, f"jobs{jobs}-{index}", alphas, jobs, args.steps))
-    total_steps = cores * args.steps
-
-    def per_hour(seconds: list[float]) -> list[float]:
-        return [total_steps * 3600 / value for value in seconds]
-
-    one, many = per_hour(times[1]), per_hour(times[cores])
+    one, many = ([cores * args.steps * 3600 / value for value in times[jobs]] for jobs in (1, cores))
     efficiency = [m / o / cores for m, o in zip(sorted(many), sorted(one))]
     note = f"{cores} runs of {args.steps} steps, 1 thread each"
     rows = [Row("sweep", f"RL steps per hour: jobs=1 -> jobs={cores}", "steps/h", min_median(one), min_median(many),

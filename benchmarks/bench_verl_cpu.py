@@ -4,6 +4,7 @@ and peak memory (docs/performance.md)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -27,10 +28,8 @@ def peak_tree_rss(process: subprocess.Popen, samples: list[int]) -> None:
         while process.poll() is None:
             total = 0
             for member in [root, *root.children(recursive=True)]:
-                try:
+                with contextlib.suppress(psutil.Error):
                     total += member.memory_info().rss
-                except psutil.Error:
-                    continue
             samples.append(total)
             time.sleep(0.2)
     except psutil.Error:

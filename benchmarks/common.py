@@ -21,14 +21,6 @@ class Row:
     ratio: float | None = None
     note: str = ""
 
-    @property
-    def shown_ratio(self) -> float | None:
-        if self.ratio is not None:
-            return self.ratio
-        if self.before is None or not self.before[1]:
-            return None
-        return self.after[1] / self.before[1]
-
 
 def min_median(samples: list[float]) -> tuple[float, float]:
     return min(samples), statistics.median(samples)
@@ -65,7 +57,9 @@ def format_table(rows: list[Row]) -> str:
     header = ["benchmark", "measure", "before (min / median)", "after (min / median)", "ratio", "note"]
     lines = [header, ["---"] * len(header)]
     for row in rows:
-        ratio = row.shown_ratio
+        ratio = row.ratio
+        if ratio is None and row.before is not None and row.before[1]:
+            ratio = row.after[1] / row.before[1]
         lines.append([row.benchmark, row.measure, _cell(row.before, row.unit), _cell(row.after, row.unit),
                       "-" if ratio is None else f"{ratio:.2f}x", row.note])
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)

@@ -116,15 +116,12 @@ class LoptiReweight(AdvantageReweight):
                 )
             object.__setattr__(self, "eta", eta)
 
-    def split_threshold(self, token_probs: torch.Tensor, response_mask: torch.Tensor) -> float | torch.Tensor:
-        """The threshold ``t`` of the low group ``pi < t``: ``|eta|``, or a 0-d tensor on the batch's device."""
-        if self.params.split == "threshold":
-            return abs(self.params.eta)
-        return masked_quantile_tensor(token_probs, response_mask & (token_probs > 0), abs(self.params.eta))
-
     def stages(self, token_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """``[first, second]`` masks, and ``[tokens in the low group]`` with, for the quantile split, ``t``."""
-        threshold = self.split_threshold(token_probs, response_mask)
+        # The low group is pi < t: t = |eta|, or the |eta|-quantile of pi as a 0-d tensor on the batch's device.
+        threshold = abs(self.params.eta)
+        if self.params.split == "quantile":
+            threshold = masked_quantile_tensor(token_probs, response_mask & (token_probs > 0), threshold)
         low = response_mask & (token_probs < threshold)
         high = response_mask & ~low
         statistics = [low.sum().double().reshape(1)]
@@ -207,19 +204,14 @@ class SpuriousTokenMask(Actuator):
             object.__setattr__(self, "tau_p", check_unit_interval("tau_p", self.tau_p))
             object.__setattr__(self, "entropy_quantile", check_unit_interval("entropy_quantile", self.entropy_quantile))
 
-    def spurious(self, entropy: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor,
-                 token_probs: torch.Tensor) -> torch.Tensor:
-        """Boolean ``(bs, L)``: the valid tokens STAPO silences."""
-        entropy = entropy.float()
-        tau_h = masked_quantile_tensor(entropy, response_mask, self.params.entropy_quantile)
-        return response_mask & (advantages > 0) & (token_probs < self.params.tau_p) & (entropy < tau_h)
-
     def weights(self, signal: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor | None = None,
                 token_probs: torch.Tensor | None = None) -> torch.Tensor:
         if advantages is None or token_probs is None:
             raise ValueError(f"{self.name}: weights need the advantages and the token probabilities")
-        kept = (response_mask & ~self.spurious(signal, response_mask, advantages, token_probs)).float()
-        return masked_mean_normalize(kept, response_mask)
+        entropy = signal.float()
+        tau_h = masked_quantile_tensor(entropy, response_mask, self.params.entropy_quantile)
+        spurious = (advantages > 0) & (token_probs < self.params.tau_p) & (entropy < tau_h)
+        return masked_mean_normalize((response_mask & ~spurious).float(), response_mask)
 
 
 @ACTUATORS.register("prob_band")

@@ -109,11 +109,10 @@ def unknown_override_message(error: BaseException, overrides: Sequence[str], com
         allowed = [str(name) for name in node.keys()] if isinstance(node, DictConfig) else None
     except Exception:  # noqa: BLE001  (the listing is a courtesy; the refusal stands without it)
         allowed = None
-    where = parent or "the config"
-    if allowed is None:
-        return f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}"
-    return (f"{key} = {value!r} is not allowed: {where} has no key {leaf!r}; allowed keys"
-            f"{' of ' + parent if parent else ''}: {', '.join(allowed)}")
+    message = f"{key} = {value!r} is not allowed: {parent or 'the config'} has no key {leaf!r}"
+    if allowed is not None:
+        message += f"; allowed keys{' of ' + parent if parent else ''}: {', '.join(allowed)}"
+    return message
 
 
 # Hydra override values: text that needs no quotes, and words Hydra would read as another type.

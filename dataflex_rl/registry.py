@@ -3,6 +3,7 @@ dotted path ``pkg.module:Attr`` loads an out-of-tree component without registeri
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator
@@ -88,12 +89,9 @@ def _load_dotted(kind: str, path: str) -> Any:
     except ImportError as error:
         raise RegistryError(f"cannot import module {module_name!r} for {kind} {path!r}: {error}") from error
     try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        return functools.reduce(getattr, attr.split("."), module)
     except AttributeError as error:
         raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (for {kind} {path!r})") from error
-    return obj
 
 
 def _describe(obj: Any) -> str:

@@ -239,7 +239,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def job_logging(run_dir: Path) -> Iterator[None]:
     """For the block: INFO and above to the console (stdout) and appended to ``<run_dir>/train.log``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    formatter = logging.Formatter(LOG_FORMAT)
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout),
                                        logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")]
     root = logging.getLogger()
@@ -247,7 +246,7 @@ def job_logging(run_dir: Path) -> Iterator[None]:
     for handler in replaced:                         # library's basicConfig one (every line would print twice)
         root.removeHandler(handler)
     for handler in handlers:
-        handler.setFormatter(formatter)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:

@@ -45,10 +45,7 @@ def split_extra(text: str) -> list[str]:
     overrides: list[str] = []
     for token in shlex.split(text):
         pieces = _split_top_level(token)
-        if len(pieces) > 1 and all("=" in piece for piece in pieces):
-            overrides.extend(pieces)
-        else:
-            overrides.append(token)
+        overrides += pieces if len(pieces) > 1 and all("=" in piece for piece in pieces) else [token]
     return overrides
 
 

@@ -170,7 +170,20 @@ class SweepConfig:
         if self.experiment is not None:
             check_choice("experiment", self.experiment, available_experiments())
         backend.check(self)
-        self._resolve_defaults(backend)
+        if self.target_mde is not None and self.max_seeds is None:
+            object.__setattr__(self, "max_seeds", DEFAULT_MAX_SEEDS)
+        if self.experiment is not None and f"experiment={self.experiment}" not in self.extra:
+            object.__setattr__(self, "extra", (f"experiment={self.experiment}", *self.extra))
+        if self.alpha is None:
+            object.__setattr__(self, "alpha", () if self.mechanisms else DEFAULT_ALPHA)
+        if self.mechanisms and self.add_baseline and BASELINE_PRESET not in self.mechanisms \
+                and BASELINE_PRESET in available_presets():
+            object.__setattr__(self, "mechanisms", (BASELINE_PRESET, *self.mechanisms))
+        common, axes = parse_extra(self.extra, backend.check_extra)
+        object.__setattr__(self, "common", common)
+        object.__setattr__(self, "extra_axes", axes)
+        if self.steps is None:
+            object.__setattr__(self, "steps", backend.default_steps(self))
         check_choice("warm_start", self.warm_start, WARM_START_DESIGNS)
         if self.warm_start == "per_seed":
             given = [str(item) for item in self.common if item.key == WARM_START_SEED_KEY]
@@ -219,23 +232,6 @@ class SweepConfig:
         if unknown:
             raise ConfigError(f"mechanisms = {unknown[0]!r} is not allowed: no conf/dataflex/{unknown[0]}.yaml; "
                               f"presets: {', '.join(available_presets())}")
-
-    def _resolve_defaults(self, backend: Any) -> None:
-        """The defaults that depend on other keys (idempotent)."""
-        if self.target_mde is not None and self.max_seeds is None:
-            object.__setattr__(self, "max_seeds", DEFAULT_MAX_SEEDS)
-        if self.experiment is not None and f"experiment={self.experiment}" not in self.extra:
-            object.__setattr__(self, "extra", (f"experiment={self.experiment}", *self.extra))
-        if self.alpha is None:
-            object.__setattr__(self, "alpha", () if self.mechanisms else DEFAULT_ALPHA)
-        if self.mechanisms and self.add_baseline and BASELINE_PRESET not in self.mechanisms \
-                and BASELINE_PRESET in available_presets():
-            object.__setattr__(self, "mechanisms", (BASELINE_PRESET, *self.mechanisms))
-        common, axes = parse_extra(self.extra, backend.check_extra)
-        object.__setattr__(self, "common", common)
-        object.__setattr__(self, "extra_axes", axes)
-        if self.steps is None:
-            object.__setattr__(self, "steps", backend.default_steps(self))
 
     def common_sets(self, key: str) -> bool:
         return any(item.key == key for item in self.common)
@@ -288,10 +284,6 @@ def _int_text(value: Any) -> Any:
     return int(value) if isinstance(value, str) and value.strip().isdigit() else value
 
 
-def _optional_int(key: str, value: Any) -> int | None:
-    return None if value is None or value == "" else check_int_at_least(key, _int_text(value), 1)
-
-
 SWEEP_KEYS = tuple(field.name for field in dataclasses.fields(SweepConfig)
                    if field.init and field.name != "launcher_settings")
 
@@ -305,16 +297,6 @@ ConfigStore.instance().store(name="sweep_schema", node={
 
 def settings_blocks() -> tuple[str, ...]:
     return tuple(name for name in LAUNCHER_REGISTRY.names() if LAUNCHER_REGISTRY.get(name).settings is not None)
-
-
-def _launcher_values(raw: Mapping[str, Any]) -> tuple[str, Any]:
-    """(name, typed settings); a settings block of another launcher is refused."""
-    name = raw.get("launcher", DEFAULT_LAUNCHER)
-    launcher_class(name)  # an unknown name raises, listing the registered ones
-    for block in settings_blocks():
-        if block in raw and block != name:
-            raise ConfigError(foreign_settings_message(block, raw[block], name))
-    return name, parse_settings(name, raw.get(name)) if name in settings_blocks() else None
 
 
 def foreign_settings_message(key: str, value: Any, launcher: str) -> str:
@@ -334,7 +316,12 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
         raise ConfigError(f"{unknown[0]} is not allowed: unknown sweep key; allowed keys: "
                           f"{', '.join((*SWEEP_KEYS, *settings_blocks()))}")
     values: dict[str, Any] = {key: value for key, value in raw.items() if key not in settings_blocks()}
-    values["launcher"], values["launcher_settings"] = _launcher_values(raw)
+    name = values["launcher"] = raw.get("launcher", DEFAULT_LAUNCHER)
+    launcher_class(name)  # an unknown name raises, listing the registered ones
+    for block in settings_blocks():
+        if block in raw and block != name:
+            raise ConfigError(foreign_settings_message(block, raw[block], name))
+    values["launcher_settings"] = parse_settings(name, raw.get(name)) if name in settings_blocks() else None
     values["seeds"] = _unique([check_seed("seeds", _int_text(item)) for item in _as_list("seeds", raw.get("seeds"))])
     values["mechanisms"] = _unique([str(item) for item in _as_list("mechanisms", raw.get("mechanisms"))])
     for key in ("alpha", "eta"):  # alpha None: the default (resolved by SweepConfig)
@@ -342,7 +329,8 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
         values[key] = None if key == "alpha" and raw.get(key) is None else _unique(numbers_given)
     values["extra"] = tuple(str(item) for item in _as_list("extra", raw.get("extra")))
     for key in ("steps", "local_steps", "jobs", "threads", "max_seeds"):
-        values[key] = _optional_int(key, raw.get(key))
+        value = raw.get(key)
+        values[key] = None if value is None or value == "" else check_int_at_least(key, _int_text(value), 1)
     if raw.get("target_mde") is not None:
         values["target_mde"] = _parse_number("target_mde", raw["target_mde"])
     for key in ("add_baseline", "dry_run", "report", "sft_warm_start", "validate"):

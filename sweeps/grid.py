@@ -136,12 +136,6 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
             for name, (factors, applying, seed) in zip(names, cells, strict=True)]
 
 
-def grid_description(config: SweepConfig) -> dict[str, object]:
-    return {"alpha": list(config.alphas), "seed": list(config.seeds), "mechanism": list(config.mechanisms),
-            "eta": list(config.eta), "axes": {axis.key: list(axis.values) for axis in config.extra_axes},
-            "common_overrides": [str(item) for item in config.common]}
-
-
 def default_name(config: SweepConfig, prefix: str | None = None) -> str:
     """``<prefix>-<8 hex of the grid and overrides>``: the same command resumes the same sweep."""
     prefix = prefix or config.experiment or "sweep"

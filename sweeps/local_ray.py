@@ -32,13 +32,11 @@ def free_port() -> int:
 def _processes() -> dict[int, tuple[int | None, str]]:
     found = {}
     for entry in Path("/proc").iterdir():
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):
             stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             if stat[0] != "Z":
                 found[int(entry.name)] = (int(stat[1]), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
                     errors="replace"))
-        except (OSError, IndexError, ValueError):
-            continue
     return found
 
 

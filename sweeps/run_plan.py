@@ -11,7 +11,7 @@ from typing import Any
 from dataflex_rl.train import write_config_file
 from dataflex_rl.validation import ConfigError
 from sweeps.config import SweepConfig
-from sweeps.grid import RunSpec, grid_description
+from sweeps.grid import RunSpec
 
 LOG_FOLDER = "logs"
 
@@ -63,12 +63,15 @@ class SweepPlan:
     common_config: dict[str, Any] | None = None  # the backend's resolved common settings (Backend.common_config)
 
     def header(self) -> dict[str, Any]:
-        grid = grid_description(self.config)
+        config = self.config
+        grid = {"alpha": list(config.alphas), "seed": list(config.seeds), "mechanism": list(config.mechanisms),
+                "eta": list(config.eta), "axes": {axis.key: list(axis.values) for axis in config.extra_axes},
+                "common_overrides": [str(item) for item in config.common]}
         if self.common_config is not None:
             grid["common_config"] = self.common_config
-        return {"sweep": self.name, "backend": self.config.backend, "launcher": self.config.launcher,
-                "warm_start": self.config.warm_start, "grid": grid, "steps": self.config.steps, "jobs": self.jobs,
-                "threads": self.threads, "train_module": self.config.train_module}
+        return {"sweep": self.name, "backend": config.backend, "launcher": config.launcher,
+                "warm_start": config.warm_start, "grid": grid, "steps": config.steps, "jobs": self.jobs,
+                "threads": self.threads, "train_module": config.train_module}
 
 
 def thread_environment(threads: int | None) -> dict[str, str]:

@@ -304,9 +304,6 @@ class SweepSession:
         self.manifest: Manifest | None = None
         self.runner: SweepRunner | None = None
 
-    def _refused(self, error: Exception) -> SessionRefused:
-        return SessionRefused(f"{self.kind} refused, nothing was started: {error}")
-
     def __enter__(self) -> Self:
         from filelock import FileLock, Timeout
 
@@ -321,7 +318,7 @@ class SweepSession:
         try:
             self.launcher = build_launcher(plan.config, plan.sweep_dir, plan.name, plan.jobs)
         except ConfigError as error:
-            raise self._refused(error) from None
+            raise SessionRefused(f"{self.kind} refused, nothing was started: {error}") from None
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(plan.sweep_dir / LOCK_FILE)
         try:
@@ -335,7 +332,7 @@ class SweepSession:
         except ConfigError as error:
             self._lock.release()
             self.launcher.close()
-            raise self._refused(error) from None
+            raise SessionRefused(f"{self.kind} refused, nothing was started: {error}") from None
         self.manifest.begin_invocation(self.argv)
         self.runner = SweepRunner(plan, self.launcher, self.manifest).__enter__()
         return self

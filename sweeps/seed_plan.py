@@ -83,12 +83,9 @@ def pilot_spreads(sweep_dir: Path, metric: str, pilot_seeds: Sequence[int],
     if baseline is None:
         raise ValueError("a seed plan needs one baseline group (alpha = 0 or the baseline preset) in the pilot")
     deltas = paired_differences(summaries, group_keys=group_keys, baseline=baseline, n_bootstrap=100)
-    return [{"group": {key: _plain(row[key]) for key in group_keys}, "n_pairs": int(row["n_pairs"]),
-             "std_difference": float(row["std_difference"])} for _, row in deltas.iterrows()]
-
-
-def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, np.generic) else value
+    return [{"group": {key: row[key].item() if isinstance(row[key], np.generic) else row[key] for key in group_keys},
+             "n_pairs": int(row["n_pairs"]), "std_difference": float(row["std_difference"])}
+            for _, row in deltas.iterrows()]
 
 
 def make_plan(sweep_dir: Path, metric: str, pilot_seeds: Sequence[int], target_mde: float,

@@ -65,7 +65,7 @@ def plot_grad_by_bucket(
     if not buckets:
         raise KeyError(f"no '{keys.GRAD_BY_PROB_PREFIX}/<low>-<high>/{stat}' metric in the table")
     ax = axes_or_new(ax)
-    _bucket_bars(ax, long, buckets, value=value, group_keys=group_keys, final_window=final_window,
+    _bucket_bars(ax, long, buckets, final_window=final_window, value=value, group_keys=group_keys,
                  confidence=confidence, n_bootstrap=n_bootstrap, random_state=random_state)
     ax.set_ylabel(GRAD_STAT_LABELS.get(stat, stat))
     ax.set_title(f"{GRAD_STAT_LABELS.get(stat, stat)} by token probability\n"
@@ -78,13 +78,11 @@ def _summary_text(value: str, final_window: int) -> str:
         value, value)
 
 
-def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, float, float]], *, value: str,
-                 group_keys: Sequence[str], final_window: int, confidence: float, n_bootstrap: int,
-                 random_state: RandomState) -> None:
+def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, float, float]], *, final_window: int,
+                 group_keys: Sequence[str], **aggregate_options: object) -> None:
     """One bar per bucket and group: the mean over seeds of the per-run ``value``, with its interval."""
     summaries = run_summaries(long, metrics=[b[0] for b in buckets], final_window=final_window)
-    aggregates = aggregate_runs(summaries, value=value, group_keys=group_keys, confidence=confidence,
-                                n_bootstrap=n_bootstrap, random_state=random_state)
+    aggregates = aggregate_runs(summaries, group_keys=group_keys, **aggregate_options)
     groups = sorted_groups(aggregates, group_keys)
     colors = group_colors(groups)
     width = 0.8 / len(groups)
@@ -123,14 +121,14 @@ def plot_prob_change(
     """How one update moved token probabilities (the AR paper's Fig. 2): bars of ``prob_change/<sign>/<bucket>/<stat>``
     per group, positive advantages left, negative right; returns the two axes."""
     names = long["metric"].unique()
-    if not prob_change_metrics(names, "pos", stat) and not prob_change_metrics(names, "neg", stat):
+    buckets = {sign: prob_change_metrics(names, sign, stat) for sign in keys.ADVANTAGE_SIGNS}
+    if not any(buckets.values()):
         raise KeyError(f"no '{keys.PROB_CHANGE_PREFIX}/<sign>/<low>-<high>/{stat}' metric in the table")
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11.0, 4.2), sharey=True)
     for ax, sign in zip(axes, keys.ADVANTAGE_SIGNS, strict=True):
-        buckets = prob_change_metrics(names, sign, stat)
-        if buckets:
-            _bucket_bars(ax, long, buckets, value=value, group_keys=group_keys, final_window=final_window,
+        if buckets[sign]:
+            _bucket_bars(ax, long, buckets[sign], value=value, group_keys=group_keys, final_window=final_window,
                          confidence=confidence, n_bootstrap=n_bootstrap, random_state=random_state)
         # the reference: half the tokens moving each way (correct_share), or no change (mean_delta)
         ax.axhline(0.5 if stat == "correct_share" else 0.0, color="0.4", linewidth=0.8, linestyle="--")

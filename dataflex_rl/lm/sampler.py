@@ -67,10 +67,9 @@ def sample(weights: DecoderWeights, prompt_ids: torch.Tensor, prompt_mask: torch
             active, cache_k, cache_v = active[still], cache_k[:, still], cache_v[:, still]
         logits = _decode(weights, tokens[active], positions[active] + step, cache_k, cache_v, column,
                          key_valid[active])
-    response_ids = torch.stack(responses, dim=1)
     if not temperature:
-        return Sampled(response_ids, None, None)
-    return Sampled(response_ids, torch.stack(log_probs, dim=1), torch.stack(entropies, dim=1))
+        return Sampled(torch.stack(responses, dim=1), None, None)
+    return Sampled(*(torch.stack(values, dim=1) for values in (responses, log_probs, entropies)))
 
 
 def _draw(probabilities: torch.Tensor, row_generators: list[torch.Generator] | None) -> torch.Tensor:

@@ -60,20 +60,10 @@ def encode_prompts(tokenizer: Tokenizer, prompts: list[str]) -> tuple[torch.Tens
                     tokenizer.pad_token_id, left=True)
 
 
-def response_mask_from(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on response tokens up to and including the first ``<eos>`` (all of them when there is none)."""
-    is_eos = responses == eos_token_id
-    # Number of eos tokens strictly before each position; a position is valid while that count is 0.
-    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
-    return (eos_before == 0).long()
-
-
 @torch.no_grad()
 def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompts: list[str], repeats: int, max_new_tokens: int,
              temperature: float | None, sampler: str = "hf") -> SequenceBatch:
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
-    prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)
-    prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
+    prompt_ids, prompt_mask = (rows.repeat_interleave(repeats, dim=0) for rows in encode_prompts(tokenizer, prompts))
     if sampler == "cached":
         sampled = sample(DecoderWeights(model), prompt_ids, prompt_mask, max_new_tokens, temperature,
                          tokenizer.eos_token_id, tokenizer.pad_token_id)
@@ -81,7 +71,9 @@ def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompts: list[str], r
         sampled = hf_sample(model, prompt_ids, prompt_mask, max_new_tokens, temperature, tokenizer.eos_token_id,
                             tokenizer.pad_token_id)
     responses = sampled.responses
-    response_mask = response_mask_from(responses, tokenizer.eos_token_id)
+    is_eos = (responses == tokenizer.eos_token_id).long()
+    # 1 up to and including the first <eos> (all of them when there is none): no eos strictly before the position.
+    response_mask = (torch.cumsum(is_eos, dim=1) - is_eos == 0).long()
     # where, not a product: a pad position after <eos> may score -inf (its entropy NaN), and -inf * 0 is NaN.
     sampling_log_probs, sampling_entropy = (
         None if values is None else torch.where(response_mask.bool(), values, 0.0)

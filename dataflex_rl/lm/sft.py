@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import filelock
 import numpy as np
 import torch
 
@@ -32,14 +30,13 @@ CACHE_VERSION = 3  # bump when the SFT recipe changes, so stale checkpoints are 
 
 def sft_cache_key(model: Any, task: Any, sft: Any) -> str:
     """Stable hash of the model, task and sft blocks (not ``cache_dir``), the cache version and torch's CPU kernels."""
-    payload = {
+    return stable_hash({
         "version": CACHE_VERSION,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "model": dataclasses.asdict(model),
         "task": {"name": task.name, "params": dict(task.params)},
         "sft": {key: value for key, value in dataclasses.asdict(sft).items() if key != "cache_dir"},
-    }
-    return stable_hash(payload)
+    })
 
 
 def warm_start(model_config: Any, task_config: Any, sft: Any,
@@ -47,7 +44,7 @@ def warm_start(model_config: Any, task_config: Any, sft: Any,
     if sft.steps == 0:
         return (*build_model(model_config, task.alphabet, seed=sft.seed), None)
     directory = Path(sft.cache_dir) / sft_cache_key(model_config, task_config, sft)
-    with _locked(directory.with_suffix(".lock")):
+    with filelock.UnixFileLock(directory.with_suffix(".lock"), preserve_lock_file=True, fallback_to_soft=False):
         if not (directory / "done.json").exists():
             _train_and_save(model_config, sft, task, directory)
         else:
@@ -126,14 +123,3 @@ def sft_batch(tokenizer: Tokenizer, problems) -> SequenceBatch:
     return SequenceBatch(input_ids=torch.cat([prompt_ids, responses], dim=1),
                          attention_mask=torch.cat([prompt_mask, response_mask], dim=1), response_mask=response_mask,
                          prompt_length=prompt_ids.shape[1], group_index=np.arange(len(problems)))
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

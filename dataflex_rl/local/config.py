@@ -114,34 +114,27 @@ class TrainerConfig:
     save_every: int = 50  # checkpoint every N steps (and at the end); 0: never
 
     def __post_init__(self) -> None:
-        check_non_negative_int("total_steps", self.total_steps)
-        check_int_at_least("prompts_per_step", self.prompts_per_step, 1)
+        for name in ("total_steps", "val_every", "val_seed", "save_every"):
+            check_non_negative_int(name, getattr(self, name))
+        for name in ("prompts_per_step", "ppo_epochs", "ppo_mini_batches", "val_size"):
+            check_int_at_least(name, getattr(self, name), 1)
         check_int_at_least("rollouts_per_prompt", self.rollouts_per_prompt, 2 if self.adv_estimator in (
             "grpo", "rloo") else 1)
-        _set(self, "temperature", check_number("temperature", self.temperature, minimum=0.0, exclusive=True))
         if self.max_new_tokens is not None:
             check_int_at_least("max_new_tokens", self.max_new_tokens, 1)
-        _set(self, "lr", check_number("lr", self.lr, minimum=0.0, exclusive=True))
-        _set(self, "weight_decay", check_number("weight_decay", self.weight_decay, minimum=0.0))
+        for name, minimum, exclusive in (("temperature", 0.0, True), ("lr", 0.0, True), ("weight_decay", 0.0, False),
+                                         ("clip_ratio_low", 0.0, False), ("clip_ratio_high", 0.0, False),
+                                         ("clip_ratio_c", 1.0, True), ("kl_coef", 0.0, False)):
+            _set(self, name, check_number(name, getattr(self, name), minimum=minimum, exclusive=exclusive))
         if self.grad_clip is not None:
             _set(self, "grad_clip", check_number("grad_clip", self.grad_clip, minimum=0.0, exclusive=True))
         _check_verl_name("adv_estimator", self.adv_estimator, "adv")
         _check_verl_name("policy_loss", self.policy_loss, "policy_loss")
-        for name in ("clip_ratio_low", "clip_ratio_high"):
-            _set(self, name, check_number(name, getattr(self, name), minimum=0.0))
-        _set(self, "clip_ratio_c", check_number("clip_ratio_c", self.clip_ratio_c, minimum=1.0, exclusive=True))
         check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
-        check_int_at_least("ppo_epochs", self.ppo_epochs, 1)
-        check_int_at_least("ppo_mini_batches", self.ppo_mini_batches, 1)
         if self.ppo_mini_batches > self.prompts_per_step:
             raise ConfigError(f"ppo_mini_batches = {self.ppo_mini_batches} is not allowed: it must be <= "
                               f"prompts_per_step = {self.prompts_per_step} (mini-batches split whole prompt groups)")
-        _set(self, "kl_coef", check_number("kl_coef", self.kl_coef, minimum=0.0))
         check_choice("kl_type", self.kl_type, KL_TYPES)
-        check_non_negative_int("val_every", self.val_every)
-        check_int_at_least("val_size", self.val_size, 1)
-        check_non_negative_int("val_seed", self.val_seed)
-        check_non_negative_int("save_every", self.save_every)
         check_choice("sampler", self.sampler, SAMPLERS)
         for name in ("norm_adv_by_std", "recompute_old_log_probs", "pack", "compile"):
             if not isinstance(getattr(self, name), bool):
@@ -269,24 +262,20 @@ def _check_task(name: str, params: dict[str, Any]) -> Any:
 
 
 def _check_verl_name(key: str, value: str, kind: str) -> None:
+    import inspect
+
     from verl.trainer.ppo import core_algos
 
     if kind == "adv":
         usable = sorted(name for name, function in core_algos.ADV_ESTIMATOR_REGISTRY.items()
-                        if _required_parameters(function) <= ESTIMATOR_INPUTS)
+                        if {name for name, parameter in inspect.signature(function).parameters.items()
+                            if parameter.default is inspect.Parameter.empty and parameter.kind not in (
+                                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)} <= ESTIMATOR_INPUTS)
     else:
         usable = sorted(core_algos.POLICY_LOSS_REGISTRY)
     if value not in usable:
         raise ConfigError(f"{key} = {value!r} is not allowed; allowed values (verl's, usable here): "
                           f"{', '.join(usable)}")
-
-
-def _required_parameters(function: Any) -> set[str]:
-    import inspect
-
-    return {name for name, parameter in inspect.signature(function).parameters.items()
-            if parameter.default is inspect.Parameter.empty
-            and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
 
 
 def defaults_of(schema: type) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,16 @@ class LocalBackend(Backend):
     def runs(self, config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[str], Path]], sweep_dir: Path,
              env: dict[str, str]) -> tuple[list[PlannedRun], list[Any]]:
         if config.validate:
-            composed = compose_runs((spec.name, overrides) for spec, overrides, _ in entries)
+            from dataflex_rl.local.config import parse_train_config
+
+            composed = []
+            with quiet_verl_import(), TrainComposer() as compose:
+                for spec, overrides, _ in entries:
+                    try:
+                        resolved = compose(overrides)
+                        composed.append((resolved, parse_train_config(resolved)))
+                    except ConfigError as error:
+                        raise ConfigError(f"run {spec.name}: {error}") from None
         else:
             composed = [(None, None)] * len(entries)
         planned = []
@@ -120,24 +129,9 @@ def common_train_config(config: SweepConfig) -> dict[str, Any]:
             if not any(key == prefix or key.startswith(prefix + ".") for prefix in dropped)}
 
 
-def compose_runs(override_lists: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[dict[str, Any], Any]]:
-    from dataflex_rl.local.config import parse_train_config
-
-    composed = []
-    with quiet_verl_import(), TrainComposer() as compose:
-        for name, overrides in override_lists:
-            try:
-                resolved = compose(overrides)
-                composed.append((resolved, parse_train_config(resolved)))
-            except ConfigError as error:
-                raise ConfigError(f"run {name}: {error}") from None
-    return composed
-
-
 def warm_start_cached(train_config: Any) -> bool:
-    sft = train_config.sft
-    if sft.steps == 0:
-        return True
     from dataflex_rl.lm.sft import sft_cache_key
 
-    return (Path(sft.cache_dir) / sft_cache_key(train_config.model, train_config.task, sft) / "done.json").exists()
+    sft = train_config.sft
+    return sft.steps == 0 or (Path(sft.cache_dir) / sft_cache_key(train_config.model, train_config.task, sft)
+                              / "done.json").exists()

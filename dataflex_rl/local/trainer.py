@@ -190,8 +190,7 @@ class GRPOTrainer:
         parameters = inspect.signature(self.advantage_fn).parameters
         accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
         kwargs = {name: value for name, value in available.items() if accepts_any or name in parameters}
-        advantages, _ = self.advantage_fn(**kwargs)
-        return advantages
+        return self.advantage_fn(**kwargs)[0]
 
     @torch.no_grad()
     def compute_old_log_probs(self, batch: SequenceBatch
@@ -202,11 +201,8 @@ class GRPOTrainer:
         else:
             outputs = response_token_outputs(self.model, batch, self.trainer.temperature, packed=self.pack)
             old, entropy = outputs.log_probs, outputs.entropy
-        reference = None
-        if self.reference is not None:
-            reference = response_token_outputs(self.reference, batch, self.trainer.temperature,
-                                               packed=self.pack).log_probs
-        return old, entropy, reference
+        return old, entropy, None if self.reference is None else response_token_outputs(
+            self.reference, batch, self.trainer.temperature, packed=self.pack).log_probs
 
     def reweight(self, step: int, batch: SequenceBatch, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                  old_entropy: torch.Tensor | None = None) -> MechanismOutput:
@@ -373,8 +369,7 @@ class GRPOTrainer:
         return int(state["step"])
 
     def _mini_batches(self, batch: SequenceBatch) -> list[torch.Tensor]:
-        groups = int(batch.group_index.max()) + 1
-        order = torch.randperm(groups)
+        order = torch.randperm(int(batch.group_index.max()) + 1)
         group_index = torch.as_tensor(batch.group_index)
         return [torch.nonzero(torch.isin(group_index, chunk)).squeeze(-1)
                 for chunk in torch.tensor_split(order, self.trainer.ppo_mini_batches)]

@@ -136,11 +136,6 @@ class ArithmeticTask(Task):
 
     @classmethod
     def verl_score(cls, response: str, answer: Any, **options: Any) -> dict[str, float]:
-        score = arithmetic_score(response, answer)
+        """Binary score of ``response`` against an integer ``answer`` (int or its decimal string)."""
+        score = 1.0 if parse_answer(response) == int(str(answer).strip()) else 0.0
         return {"score": score, "acc": score}
-
-
-def arithmetic_score(solution_str: str, ground_truth: Any) -> float:
-    """Binary score of ``solution_str`` against an integer ground truth (int or its decimal string)."""
-    expected = int(str(ground_truth).strip())
-    return 1.0 if parse_answer(solution_str) == expected else 0.0

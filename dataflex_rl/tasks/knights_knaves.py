@@ -447,10 +447,6 @@ class KnightsKnavesConfig:
         check_non_negative_int("test_size", self.test_size)
         check_non_negative_int("test_seed", self.test_seed)
 
-    @property
-    def people_counts(self) -> tuple[int, ...]:
-        return (self.num_people,) if isinstance(self.num_people, int) else tuple(self.num_people)
-
 
 @TASKS.register(TASK_NAME)
 class KnightsKnavesTask(Task):
@@ -464,7 +460,7 @@ class KnightsKnavesTask(Task):
     def __init__(self, config: KnightsKnavesConfig) -> None:
         super().__init__(config)
         self.terminator = COMPACT_TERMINATOR if config.rendering == "compact" else CHAT_TERMINATOR
-        self._counts = config.people_counts
+        self._counts = (config.num_people,) if isinstance(config.num_people, int) else tuple(config.num_people)
 
     def make_problem(self, puzzle: Puzzle) -> Problem:
         if self.config.rendering == "compact":

@@ -108,12 +108,11 @@ class MultiLogger:
             self._call_one(logger, method, *args)
 
     def _call_one(self, logger: Logger, method: str, *args: Any) -> None:
-        if id(logger) in self._critical_ids:
-            getattr(logger, method)(*args)
-            return
         try:
             getattr(logger, method)(*args)
         except Exception as error:  # any failure of an optional logger must not stop training
+            if id(logger) in self._critical_ids:
+                raise
             self._disabled.add(id(logger))
             LOG.warning("logger %s failed in %s (%s: %s); it is disabled for the rest of the run, the others go on",
                         logger_name(logger), method, type(error).__name__, error)

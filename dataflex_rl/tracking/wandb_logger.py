@@ -104,10 +104,8 @@ class WandbLogger:
             import wandb
         except ImportError as error:
             return self._unavailable(f"wandb cannot be imported ({error})")
-        if mode == "online":
-            missing = _missing_credentials()
-            if missing is not None:
-                return self._unavailable(missing)
+        if mode == "online" and (missing := _missing_credentials()) is not None:
+            return self._unavailable(missing)
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
             # The configured mode wins over WANDB_MODE; console capture off (the trainer writes train.log).

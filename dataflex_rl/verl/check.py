@@ -21,7 +21,6 @@ from dataflex_rl.verl.config import (
     TRAINER_MODES,
     check_trainer_mode,
     compose_verl_config,
-    is_staged,
     validate_config,
 )
 
@@ -116,8 +115,7 @@ def check_verl_pieces(report: Report) -> bool:
     if absent:
         report.fail("verl trainer modes", f"verl has no {absent}, which the dataflex trainers extend; install "
                                           f"verl=={VERL_VERSION}")
-        return False
-    return True
+    return not absent
 
 
 def check_plugin_import(report: Report) -> bool:
@@ -194,7 +192,7 @@ def check_command(report: Report, arguments: Sequence[str]) -> None:
         report.fail("dataflex block", str(error))
         return
     params = ", ".join(f"{key}={value}" for key, value in mechanism.config.actuator.params.items())
-    staged = " (staged: one actor update per stage, per-stage KL and entropy)" if is_staged(mechanism) else ""
+    staged = " (staged: one actor update per stage, per-stage KL and entropy)" if mechanism.staged else ""
     report.ok("dataflex block", f"mechanism={mechanism.config.mechanism}{staged}, actuator="
                                 f"{mechanism.config.actuator.name}({params}), warmup_step={mechanism.warmup_step}")
     report.ok("run store", f"{place.dir} (sweep {place.sweep}, run {place.name}, seed {place.seed})" if place

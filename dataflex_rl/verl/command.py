@@ -151,10 +151,7 @@ def _resolved(config: DictConfig, key: str) -> list[str]:
 
 
 def wandb_environment(group: str, tags: Sequence[str] = ()) -> dict[str, str]:
-    environment = {"WANDB_RUN_GROUP": group}
-    if tags:
-        environment["WANDB_TAGS"] = ",".join(tags)
-    return environment
+    return {"WANDB_RUN_GROUP": group, **({"WANDB_TAGS": ",".join(tags)} if tags else {})}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,7 +175,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     sys.stdout.flush()
     os.execve(command[0], command, {**os.environ, **environment})
-    return 0  # not reached: execve replaces this process
 
 
 def verl_overrides_of(command: Sequence[str]) -> list[str]:

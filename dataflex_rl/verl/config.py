@@ -103,7 +103,7 @@ def mechanism_from_verl_config(config: Mapping[str, Any]) -> Mechanism:
                           f"needs a dataflex block on the verl command line, e.g. {EXAMPLE_OVERRIDES}")
     mechanism = build_mechanism(to_plain(block))
     check_fields_available(config, mechanism)
-    if is_staged(mechanism):
+    if mechanism.staged:
         check_constant_schedule(config, mechanism)
         check_no_distillation(config, mechanism)
     return mechanism
@@ -117,10 +117,6 @@ def prob_change_every(config: Mapping[str, Any]) -> int:
         raise ConfigError(f"{STATS_BLOCK} = {block!r} is not allowed: it must be a mapping with keys {STATS_KEYS}")
     check_keys(STATS_BLOCK, block, STATS_KEYS)
     return check_non_negative_int(f"{STATS_BLOCK}.prob_change_every", block.get("prob_change_every", 0))
-
-
-def is_staged(mechanism: Mechanism) -> bool:
-    return mechanism.staged
 
 
 def check_fields_available(config: Mapping[str, Any], mechanism: Mechanism) -> None:

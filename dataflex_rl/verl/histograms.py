@@ -24,8 +24,5 @@ class WandbHistogramLogger:
             run.tags = tuple(dict.fromkeys([*(run.tags or ()), *self.tags]))
             self._tagged_run_id = run.id
         # W&B's np_histogram takes (counts, edges), like numpy.histogram returns them.
-        payload = {
-            name: wandb.Histogram(np_histogram=(hist.counts.tolist(), hist.edges.tolist()))
-            for name, hist in histograms.items()
-        }
-        wandb.log(payload, step=step)
+        wandb.log({name: wandb.Histogram(np_histogram=(hist.counts.tolist(), hist.edges.tolist()))
+                   for name, hist in histograms.items()}, step=step)

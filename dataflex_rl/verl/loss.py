@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from tensordict import TensorDict
@@ -59,7 +58,3 @@ def staged_ppo_loss(config: Any, model_output: Any, data: TensorDict, dp_group: 
         metrics["kl_loss"] = Metric(value=kl_loss, aggregation=aggregation)
         metrics["kl_coef"] = config.kl_loss_coef
     return policy_loss, metrics
-
-
-def staged_loss_function(actor_config: Any) -> partial:
-    return partial(staged_ppo_loss, config=actor_config)

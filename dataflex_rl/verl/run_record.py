@@ -104,10 +104,8 @@ class VerlRunRecord:
     def wandb_environment(self, environment: Mapping[str, str]) -> dict[str, str]:
         tags = [tag for tag in environment.get(WANDB_TAGS_VARIABLE, "").split(",") if tag]
         tags += [tag for tag in self.identity.tags if tag not in tags]
-        variables = {WANDB_GROUP_VARIABLE: self.identity.sweep, WANDB_TAGS_VARIABLE: ",".join(tags)}
-        if self.identity.job_type:
-            variables[WANDB_JOB_TYPE_VARIABLE] = self.identity.job_type
-        return variables
+        job_type = {WANDB_JOB_TYPE_VARIABLE: self.identity.job_type} if self.identity.job_type else {}
+        return {WANDB_GROUP_VARIABLE: self.identity.sweep, WANDB_TAGS_VARIABLE: ",".join(tags), **job_type}
 
     def start(self, global_step: int) -> None:
         model_path = ((self.config.get("actor_rollout_ref") or {}).get("model") or {}).get("path")

@@ -48,7 +48,14 @@ class VerlBackend(Backend):
                               log_path=sweep_dir / LOG_FOLDER / f"{spec.name}.log",
                               total_steps=planned_steps(config, self.steps_key)) for spec in specs]
         if config.validate:
-            validate_runs(planned)
+            from dataflex_rl.verl.config import validate_overrides
+
+            with quiet_verl_import():
+                for run in planned:
+                    try:
+                        validate_overrides(verl_overrides_of(run.command), run.env)
+                    except ConfigError as error:
+                        raise ConfigError(f"run {run.name}: {error}") from None
         return planned
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
@@ -106,9 +113,7 @@ class VerlBackend(Backend):
 
     def jobs_here(self, config: SweepConfig) -> tuple[int, str] | None:
         """One run at a time in CPU mode: two Ray clusters starting together overrun Ray's node start."""
-        if cpu_mode(config):
-            return 1, "verl's CPU mode: each run starts its own Ray cluster on every core"
-        return None
+        return (1, "verl's CPU mode: each run starts its own Ray cluster on every core") if cpu_mode(config) else None
 
     def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                     threads: int | None) -> list[PlannedRun]:
@@ -146,14 +151,3 @@ def prepare_block(config: SweepConfig) -> Any:
 def prepared_folder(sweep_dir: Path, spec: RunSpec) -> Path:
     variant = "shared" if spec.warm_start_seed is None else f"sft-seed{spec.warm_start_seed}"
     return sweep_dir / PREPARED_FOLDER / variant
-
-
-def validate_runs(planned: Sequence[PlannedRun]) -> None:
-    from dataflex_rl.verl.config import validate_overrides
-
-    with quiet_verl_import():
-        for run in planned:
-            try:
-                validate_overrides(verl_overrides_of(run.command), run.env)
-            except ConfigError as error:
-                raise ConfigError(f"run {run.name}: {error}") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -24,9 +25,9 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from dataflex_rl import keys
 from dataflex_rl.metrics import Histogram, prob_bucket_stats, prob_change_stats
-from dataflex_rl.verl.config import TRAINER_MODES, is_staged, mechanism_from_verl_config, prob_change_every
+from dataflex_rl.verl.config import TRAINER_MODES, mechanism_from_verl_config, prob_change_every
 from dataflex_rl.verl.histograms import WandbHistogramLogger
-from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function
+from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place
 
 # The fields every mechanism reads; only "advantages" is written back.
@@ -60,11 +61,6 @@ def merge_stage_metrics(per_stage: list[dict[str, Any]]) -> dict[str, float]:
     return merged
 
 
-def wandb_enabled(config: DictConfig | Mapping[str, Any]) -> bool:
-    loggers = config["trainer"].get("logger") or []
-    return "wandb" in ([loggers] if isinstance(loggers, str) else list(loggers))
-
-
 class DataflexTrainer:
     verl_mode: str = ""
 
@@ -73,7 +69,9 @@ class DataflexTrainer:
         self.mechanism = mechanism_from_verl_config(config)
         self.prob_change_every = prob_change_every(config)
         self.run_place = run_place(config, self.mechanism.config.mechanism)
-        self.histogram_logger = WandbHistogramLogger(self.mechanism.config.mechanism) if wandb_enabled(config) else None
+        loggers = config["trainer"].get("logger") or []
+        wandb = "wandb" in ([loggers] if isinstance(loggers, str) else list(loggers))
+        self.histogram_logger = WandbHistogramLogger(self.mechanism.config.mechanism) if wandb else None
         super().__init__(config)  # type: ignore[call-arg]
 
     # verl's base class reads ``trainer_mode`` for mode behaviour and settings: answer the verl mode.
@@ -95,12 +93,12 @@ class DataflexTrainer:
 
     def _setup(self) -> None:
         super()._setup()
-        if is_staged(self.mechanism):
+        if self.mechanism.staged:
             self.install_staged_loss()
 
     def install_staged_loss(self) -> None:
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-        self.actor_rollout_wg.set_loss_fn(staged_loss_function(actor_config))
+        self.actor_rollout_wg.set_loss_fn(functools.partial(staged_ppo_loss, config=actor_config))
 
     def fit(self, agent_loop_manager: Any) -> None:
         if self.run_place is None:

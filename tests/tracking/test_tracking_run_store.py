@@ -182,7 +182,7 @@ class TestResume:
         for step in steps:
             store.log_metrics(step, {"loss": float(step)})
             store.log_histogram(step, "h", [0.0, 1.0], [step])
-        store._close_handles()  # a process killed here leaves the jsonl files without parquet
+        store.detach()  # a process killed here leaves the jsonl files without parquet
 
     def test_truncate_after_drops_later_steps_and_a_partial_line(self, tmp_path):
         self.write_run(tmp_path, range(6))

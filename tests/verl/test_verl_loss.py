@@ -5,6 +5,7 @@ TransferQueue. Gradients are checked against the paper's actor loss restated in 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
 from dataflex_rl import ConfigError, build_mechanism
-from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_loss_function, staged_ppo_loss
+from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
 from dataflex_rl.verl.config import mechanism_from_verl_config
 from dataflex_rl.verl.trainer import DataflexSyncTrainer
 
@@ -67,7 +68,7 @@ def test_staged_updates_follow_the_papers_per_stage_kl_and_entropy(verl_config):
     rows = make_rows(11, policy, reference)
     advantages, stage_masks = stages_of(rows)
     worker = StubActorWorkerGroup(copy.deepcopy(policy), config)
-    worker.set_loss_fn(staged_loss_function(config))
+    worker.set_loss_fn(functools.partial(staged_ppo_loss, config=config))
     for stage_mask in stage_masks:
         worker.update_actor(batch_of(rows, torch.where(stage_mask, advantages, 0.0), stage_mask))
     for call, stage_mask in zip(worker.calls, stage_masks, strict=True):

@@ -94,8 +94,7 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str]) -> list[str]:
         if not folder.is_dir():
             continue
         for path in folder.iterdir():
-            stale = path.name.startswith(".") and path.name.endswith(".tmp")
-            if stale and path.is_file():
+            if path.name.startswith(".") and path.name.endswith(".tmp") and path.is_file():
                 path.unlink(missing_ok=True)
                 removed.append(path.name)
     if removed:

@@ -71,9 +71,7 @@ class ConfigMismatchError(ConfigError):
 def check_resume(run_dir: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
     """:class:`ConfigMismatchError` when ``config`` differs from the recorded one in a key that changes numbers."""
     recorded = read_config(run_dir)
-    if recorded is None:
-        return
-    differences = config_differences(recorded, config)
+    differences = config_differences(recorded, config) if recorded is not None else []
     if not differences:
         return
     listed = "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differences)

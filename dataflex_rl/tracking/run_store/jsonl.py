@@ -62,12 +62,8 @@ def _parse_record(line: bytes) -> dict[str, Any] | None:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    if not isinstance(record, dict):
-        return None
-    step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, int):
-        return None
-    return record
+    step = record.get("step") if isinstance(record, dict) else None
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _repair_tail(path: pathlib.Path) -> None:

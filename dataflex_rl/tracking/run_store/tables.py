@@ -36,9 +36,8 @@ def metrics_table(records: Sequence[Mapping[str, Any]], source: str = "metrics")
     if duplicates:
         _duplicates_warning("steps", source, duplicates)
     steps = sorted(rows)
-    keys = sorted({key for row in rows.values() for key in row})
     columns = {"step": pa.array(steps, type=pa.int64())}
-    for key in keys:
+    for key in sorted({key for row in rows.values() for key in row}):
         values = [rows[step].get(key) for step in steps]
         columns[key] = pa.array([None if value is None else float(value) for value in values], type=pa.float64())
     return pa.table(columns)

@@ -54,9 +54,7 @@ def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _same(recorded: Any, expected: Any) -> bool:
     numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (recorded, expected))
-    if numeric and math.isnan(recorded) and math.isnan(expected):
-        return True
-    return recorded == expected
+    return recorded == expected or (numeric and math.isnan(recorded) and math.isnan(expected))
 
 
 def _axes_differences(recorded: Any, config: Mapping[str, Any], expected: Mapping[str, Any] | None) -> list[str]:

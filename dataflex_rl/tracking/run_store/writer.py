@@ -58,13 +58,10 @@ def _histogram_record(step: int, name: str, edges: Sequence[float], counts: Sequ
                          f"counts; k >= 1 bins need k + 1 edges")
     if any(not left < right for left, right in itertools.pairwise(edge_values)):
         raise ValueError(f"histogram {name!r} at step {step}: edges must be strictly increasing, got {edge_values}")
-    count_values = []
     for count in raw_counts:
-        number = float(count)
-        if not (number >= 0 and number.is_integer()):
+        if not (float(count) >= 0 and float(count).is_integer()):
             raise ValueError(f"histogram {name!r} at step {step}: count {count!r} is not an integer >= 0")
-        count_values.append(int(number))
-    return {"step": step, "name": name, "edges": edge_values, "counts": count_values}
+    return {"step": step, "name": name, "edges": edge_values, "counts": [int(float(count)) for count in raw_counts]}
 
 
 class RunStore:
@@ -173,7 +170,7 @@ class RunStore:
         if self._closed:
             return
         self._closed = True
-        self._close_handles()
+        self.detach()
         last_step = None
         try:
             last_step = self.compact()
@@ -220,7 +217,7 @@ class RunStore:
         return self._rewrite_logs(lambda record: False)
 
     def _rewrite_logs(self, keep: Callable[[dict[str, Any]], bool]) -> int:
-        self._close_handles()
+        self.detach()
         dropped = 0
         for file_name, parquet_name in ((METRICS_JSONL, METRICS_PARQUET), (HISTOGRAMS_JSONL, HISTOGRAMS_PARQUET)):
             path = self.path(file_name)
@@ -251,9 +248,6 @@ class RunStore:
         append_record(handle, record)
 
     def detach(self) -> None:
-        self._close_handles()
-
-    def _close_handles(self) -> None:
         for handle in self._handles.values():
             handle.close()
         self._handles.clear()

@@ -12,6 +12,7 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngine
 from verl.workers.rollout.utils import ensure_async_iterator
 
+
 @ray.remote(num_cpus=0)
 class WeightMailbox:
     def __init__(self) -> None:
@@ -59,10 +60,8 @@ class CPUCheckpointEngine(CheckpointEngine):
 
     async def send_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterator,
                            global_steps: int | None = None) -> dict:
-        state = {}
-        async for name, tensor in ensure_async_iterator(weights):
-            if self.is_master:
-                state[name] = tensor.detach().to("cpu", copy=True)
+        state = {name: tensor.detach().to("cpu", copy=True)
+                 async for name, tensor in ensure_async_iterator(weights) if self.is_master}
         if self.is_master:
             await self.mailbox.put.remote(state)
         return {}

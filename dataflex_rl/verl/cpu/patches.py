@@ -28,9 +28,8 @@ def register_engines() -> None:
     for model_type, engine in (("language_model", transformer_impl.FSDPEngineWithLMHead),
                                ("value_model", transformer_impl.FSDPEngineWithValueHead)):
         registered = EngineRegistry._engines.get(model_type, {})
-        if all(PLATFORM_NAME in registered.get(backend, {}) for backend in ("fsdp", "fsdp2")):
-            continue
-        EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device=PLATFORM_NAME)(engine)
+        if not all(PLATFORM_NAME in registered.get(backend, {}) for backend in ("fsdp", "fsdp2")):
+            EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device=PLATFORM_NAME)(engine)
 
 
 def patch_process_group() -> None:
@@ -48,9 +47,8 @@ def patch_offload_policy() -> None:
 
     if getattr(transformer_impl.CPUOffloadPolicy, "dataflex_unpinned", False):
         return
-    pinned_policy = transformer_impl.CPUOffloadPolicy
 
-    class UnpinnedCPUOffloadPolicy(pinned_policy):
+    class UnpinnedCPUOffloadPolicy(transformer_impl.CPUOffloadPolicy):
         dataflex_unpinned = True
 
         def __init__(self, pin_memory: bool = True) -> None:

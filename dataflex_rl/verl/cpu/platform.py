@@ -14,9 +14,8 @@ PLATFORM_NAME = "cpu"
 
 
 def _host_memory() -> tuple[int, int]:
-    pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    free_pages = os.sysconf("SC_AVPHYS_PAGES")
-    return free_pages * page_size, pages * page_size
+    page_size = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page_size, os.sysconf("SC_PHYS_PAGES") * page_size
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
@@ -63,9 +62,7 @@ class PlatformCPU(PlatformBase):
     def device_name(self) -> str:
         return PLATFORM_NAME
 
-    @property
-    def vendor_name(self) -> str:
-        return PLATFORM_NAME
+    vendor_name = device_name
 
     @property
     def device_module(self) -> ModuleType:

@@ -80,10 +80,9 @@ class CPURolloutServer:
         from verl.workers.config import HFModelConfig
 
         # As verl's vLLM server does: the replica hands over DictConfigs, the server works on verl's dataclasses.
-        config = omega_conf_to_dataclass(config)
+        self.config = config = omega_conf_to_dataclass(config)
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        self.config = config
         self.replica_rank = replica_rank
         self.model = AutoModelForCausalLM.from_pretrained(model_config.local_path, dtype=torch.float32,
                                                           local_files_only=True).eval()
@@ -173,9 +172,8 @@ class CPURolloutServer:
             tokens = responses[row].tolist()
             if self.eos_token_id in tokens:
                 tokens = tokens[: tokens.index(self.eos_token_id) + 1]
-            token_log_probs = None
-            if request.want_log_probs and log_probs is not None:
-                token_log_probs = log_probs[row, : len(tokens)].tolist()
+            wanted = request.want_log_probs and log_probs is not None
+            token_log_probs = log_probs[row, : len(tokens)].tolist() if wanted else None
             outputs.append(TokenOutput(token_ids=tokens, log_probs=token_log_probs,
                                        stop_reason=AsyncRolloutRequestStateEnum.COMPLETED.value,
                                        extra_fields={"global_steps": self.global_steps}))

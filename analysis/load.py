@@ -74,8 +74,7 @@ def read_run_metrics(run_dir: str | os.PathLike[str], metrics: Sequence[str] | N
     """A run's numeric metrics through :func:`run_store.read_metrics` (``metrics``: keys or globs)."""
     frame = run_store.read_metrics(run_dir, metrics, source=source, skip_bad=skip_bad)
     names = tuple(c for c in frame.columns if c != "step" and pd.api.types.is_numeric_dtype(frame[c]))
-    values = np.array([frame[name].to_numpy(dtype=np.float64, na_value=np.nan) for name in names],
-                      dtype=np.float64).reshape(len(names), len(frame))
+    values = frame[list(names)].to_numpy(dtype=np.float64, na_value=np.nan).T
     steps = frame["step"].to_numpy(dtype=np.int64)
     keep = np.diff(steps, append=steps[-1:] + 1) > 0  # read_metrics sorts by step; keep a repeated step's last row
     return RunMetrics(steps[keep], names, values[:, keep])

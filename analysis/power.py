@@ -11,6 +11,7 @@ import pandas as pd
 
 from analysis.aggregate import default_baseline, paired_differences
 from analysis.groups import group_text, matching_rows
+from analysis.load import add_run_columns
 from analysis.statistics import (
     DEFAULT_CONFIDENCE,
     DEFAULT_LEVEL,
@@ -63,10 +64,7 @@ def variance_split_table(summaries: pd.DataFrame, runs: pd.DataFrame, metric: st
     items = pd.to_numeric(runs[VAL_SIZE_COLUMN], errors="coerce")
     if TEST_SIZE_COLUMN in runs.columns:
         items = np.fmin(items, pd.to_numeric(runs[TEST_SIZE_COLUMN], errors="coerce"))
-    items = pd.Series(items.to_numpy(dtype=np.float64),
-                      index=pd.MultiIndex.from_frame(runs[["sweep", "run"]].astype(str)))
-    keys = pd.MultiIndex.from_frame(rows[["sweep", "run"]].astype(str))
-    rows = rows.assign(val_items=items.reindex(keys).to_numpy())
+    rows = add_run_columns(rows, runs.assign(val_items=items.to_numpy(dtype=np.float64)), ["val_items"])
     records = []
     for key, group in rows.groupby(list(group_keys), sort=True, dropna=False):
         values = group["final_window"].to_numpy(dtype=np.float64)

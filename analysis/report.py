@@ -6,6 +6,7 @@ Writes report.md/.html, tables and figures into ``runs/<sweep>/report/``; sectio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -159,9 +160,8 @@ def with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:
     extra_keys = [k for k in group_keys if k not in IDENTITY_COLUMNS]
     if not extra_keys:
         return data
-    return SweepData(runs=data.runs, metrics=add_run_columns(data.metrics, data.runs, extra_keys),
-                     histograms=add_run_columns(data.histograms, data.runs, extra_keys) if len(data.histograms)
-                     else data.histograms, manifest=data.manifest, source=data.source)
+    return dataclasses.replace(data, metrics=add_run_columns(data.metrics, data.runs, extra_keys), histograms=(
+        add_run_columns(data.histograms, data.runs, extra_keys) if len(data.histograms) else data.histograms))
 
 
 def _header_section(document: Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:

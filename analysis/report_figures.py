@@ -60,6 +60,9 @@ class Document:
     def add(self, *lines: str) -> None:
         self.lines.extend(lines)
 
+    def skip(self, title: str, reason: str) -> None:
+        self.add(f"### {title}", "", reason, "")
+
     def figure(self, title: str, name: str, draw: Callable[[Figure], None], size: tuple[float, float] = (6.4, 4.2)) -> None:
         self.add(f"### {title}", "")
         figure = Figure(figsize=size, layout="constrained")
@@ -106,15 +109,14 @@ def _curve_figures(document: Document, data: SweepData, table_metrics: Sequence[
     for metric in curve_metrics:
         title = titles.get(metric, plots.metric_label(metric))
         if metric not in available:
-            document.add(f"### {title}", "", f"Skipped: `{metric}` is not logged.", "")
-            continue
-        if metric in duplicates:
-            document.add(f"### {title}", "", f"Not drawn: `{metric}` equals `{duplicates[metric]}` at every step of "
-                         "every run (drawn once above).", "")
-            continue
-        document.figure(title, f"curve_{slug(metric)}", lambda figure, m=metric: plots.plot_curves(
-            data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
-            smoothing=curve_smoothing(data.metrics, m)))
+            document.skip(title, f"Skipped: `{metric}` is not logged.")
+        elif metric in duplicates:
+            document.skip(title, f"Not drawn: `{metric}` equals `{duplicates[metric]}` at every step of every run "
+                          "(drawn once above).")
+        else:
+            document.figure(title, f"curve_{slug(metric)}", lambda figure, m=metric: plots.plot_curves(
+                data.metrics, m, group_keys=group_keys, ax=figure.add_subplot(), confidence=options.confidence,
+                smoothing=curve_smoothing(data.metrics, m)))
 
 
 def _final_metric_figure(document: Document, data: SweepData, summaries: pd.DataFrame | None,
@@ -122,7 +124,7 @@ def _final_metric_figure(document: Document, data: SweepData, summaries: pd.Data
     """The primary table metric's final value against alpha, one series per value of the next group key."""
     final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
     if summaries is None or final_metric is None or "alpha" not in group_keys:
-        document.add("### Final metric against alpha", "", "Skipped: no table metric, or alpha is not a group key.", "")
+        document.skip("Final metric against alpha", "Skipped: no table metric, or alpha is not a group key.")
         return
     series_key = next((k for k in group_keys if k != "alpha"), None)
     aggregates = aggregate_runs(summaries, value="final_window", group_keys=group_keys, **options.statistics)
@@ -145,24 +147,23 @@ def _histogram_figures(document: Document, data: SweepData, group_keys: Sequence
                             axes=figure.subplots(1, n_groups, squeeze=False, sharey=True)[0]),
                         size=(3.6 * n_groups + 1.0, 3.5))
     else:
-        document.add("### Advantage-weight histograms over training", "",
-                     f"Skipped: no `{keys.HIST_WEIGHT}` histograms in the run store.", "")
+        document.skip("Advantage-weight histograms over training",
+                      f"Skipped: no `{keys.HIST_WEIGHT}` histograms in the run store.")
     if keys.HIST_TOKEN_PROB in histogram_names:
         document.figure("Token-probability histogram (last step, log count axis)", "hist_token_prob",
                         lambda figure: plots.plot_histogram(data.histograms, keys.HIST_TOKEN_PROB,
                                                             group_keys=group_keys, ax=figure.add_subplot()))
     else:
-        document.add("### Token-probability histogram", "",
-                     f"Skipped: no `{keys.HIST_TOKEN_PROB}` histograms in the run store.", "")
+        document.skip("Token-probability histogram",
+                      f"Skipped: no `{keys.HIST_TOKEN_PROB}` histograms in the run store.")
 
 
 def _gradient_figures(document: Document, data: SweepData, group_keys: Sequence[str],
                       options: ReportOptions) -> None:
     grad_stats = plots.available_grad_stats(set(data.metric_names))
     if not grad_stats:
-        document.add("### Gradient norm by token probability", "",
-                     f"Skipped: no `{keys.GRAD_BY_PROB_PREFIX}/<bucket>/<stat>` metrics for the stats "
-                     f"{', '.join(plots.GRAD_BUCKET_STATS)}.", "")
+        document.skip("Gradient norm by token probability", f"Skipped: no `{keys.GRAD_BY_PROB_PREFIX}/<bucket>/<stat>` "
+                      f"metrics for the stats {', '.join(plots.GRAD_BUCKET_STATS)}.")
         return
     for stat in grad_stats:
         document.figure(f"Gradient norm by token probability ({stat})", f"grad_by_prob_{stat}",
@@ -194,8 +195,8 @@ def _prob_change_figures(document: Document, data: SweepData, group_keys: Sequen
 def _low_prob_share_figure(document: Document, data: SweepData, group_keys: Sequence[str],
                            options: ReportOptions) -> None:
     if keys.TOKEN_PROB_LOW_FRAC not in set(data.metric_names):
-        document.add("### Low-probability token share over training", "",
-                     f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.", "")
+        document.skip("Low-probability token share over training",
+                      f"Skipped: `{keys.TOKEN_PROB_LOW_FRAC}` is not logged.")
         return
     document.figure("Low-probability token share over training", "low_prob_share",
                     lambda figure: plots.plot_low_prob_share(
@@ -246,8 +247,7 @@ def _curve_difference_figures(document: Document, data: SweepData, metric: str, 
         frame = curve_differences(data.metrics, metric, group_keys=group_keys, baseline=baseline,
                                   confidence=options.confidence)
     except ValueError as exc:
-        document.add(f"### {plots.metric_label(metric)}: differences against the baseline", "",
-                     f"_Could not compare: {exc}_", "")
+        document.skip(f"{plots.metric_label(metric)}: differences against the baseline", f"_Could not compare: {exc}_")
         return
     colors = plots.group_color_map(data.metrics[data.metrics["metric"].astype(str) == metric], group_keys)
     too_few = []
@@ -273,7 +273,7 @@ def _sample_efficiency_figure(document: Document, data: SweepData, table_metrics
     runs = rows.groupby(list(group_keys), dropna=False, observed=True)["run"].nunique()
     title = f"Sample efficiency: {metric}"
     if int((runs >= MIN_SEEDS_FOR_INTERVAL).sum()) < 2:
-        document.add(f"### {title}", "", f"Skipped: fewer than two groups with {MIN_SEEDS_FOR_INTERVAL} seeds.", "")
+        document.skip(title, f"Skipped: fewer than two groups with {MIN_SEEDS_FOR_INTERVAL} seeds.")
         return
     document.add("Sample efficiency (rliable's curves): the mean over seeds at each step with its Student-t interval, "
                  "and the interquartile mean (IQM) with the Tukey-McLaughlin trimmed-mean t interval (25% trimmed, "

@@ -7,7 +7,7 @@ import itertools
 import os
 import re
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,9 +34,12 @@ class ComparisonTable:
     caption: str = ""
 
 
-def _format_cell(mean: float, low: float, high: float, n: int, style: TableStyle, digits: int) -> str:
-    if not np.isfinite(mean):
+def _format_cell(row: pd.Series | None, statistic: str, style: TableStyle, digits: int) -> str:
+    """An aggregate row's ``statistic`` with its interval and n; ``n/a`` for a group without the metric."""
+    if row is None or not row["n"] or not np.isfinite(float(row[statistic])):
         return "n/a"
+    low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
+    mean, low, high, n = float(row[statistic]), float(row[low_column]), float(row[high_column]), int(row["n"])
     if n < MIN_SEEDS_FOR_INTERVAL or not (np.isfinite(low) and np.isfinite(high)):
         return f"{mean:.{digits}f} ({n}, too few seeds)" if n < MIN_SEEDS_FOR_INTERVAL else f"{mean:.{digits}f} ({n})"
     if style == "pm":
@@ -103,8 +106,8 @@ def comparison_table(
                           for key in group_keys})
     best = pd.DataFrame(False, index=cells.index, columns=cells.columns)
     for metric in metrics:
-        cells[metric] = _value_cells(_rows_by_group(aggregates, metric, group_keys), identities, statistic, style,
-                                     digits)
+        by_group = _rows_by_group(aggregates, metric, group_keys)
+        cells[metric] = [_format_cell(by_group.get(key), statistic, style, digits) for key in identities]
         best[metric] = False
         delta_rows = _rows_by_group(deltas, metric, group_keys) if deltas is not None and len(deltas) else {}
         if delta_rows:  # paired_differences has a row for every group but the baseline
@@ -122,14 +125,6 @@ def _rows_by_group(frame: pd.DataFrame, metric: str, group_keys: Sequence[str]) 
     """``frame``'s rows of ``metric`` by their :func:`~analysis.groups.group_key`."""
     rows = frame[frame["metric"].astype(str) == metric]
     return {group_key(row[list(group_keys)]): row for _, row in rows.iterrows()}
-
-
-def _value_cells(by_group: Mapping[tuple[Any, ...], pd.Series], groups: Sequence[tuple[Any, ...]],
-                 statistic: str, style: str, digits: int) -> list[str]:
-    low_column, high_column = ("ci_low", "ci_high") if statistic == "mean" else ("iqm_ci_low", "iqm_ci_high")
-    rows = [by_group.get(key) for key in groups]
-    return [_format_cell(float(row[statistic]), float(row[low_column]), float(row[high_column]), int(row["n"]), style,
-                         digits) if row is not None and row["n"] else "n/a" for row in rows]
 
 
 def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metrics: Sequence[str],
@@ -252,12 +247,9 @@ table.dataflex tr:last-child td { border-bottom: 2px solid #333; }
 
 def to_html(table: ComparisonTable) -> str:
     """HTML table (best cells bold, numbers unwrapped and right-aligned) with its ``<style>``."""
-
-    def bold(frame: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame(np.where(table.best.to_numpy(), "font-weight: bold;", ""), index=frame.index,
-                            columns=frame.columns)
-
-    styler = table.cells.style.hide(axis="index").apply(bold, axis=None).set_table_attributes('class="dataflex"')
+    styler = table.cells.style.hide(axis="index").apply(
+        lambda _: np.where(table.best.to_numpy(), "font-weight: bold;", ""), axis=None
+    ).set_table_attributes('class="dataflex"')
     if table.caption:
         styler = styler.set_caption(table.caption)
     return f"<style>{HTML_STYLE}</style>\n" + styler.to_html()

@@ -33,7 +33,7 @@ def build_trainer(run_dir: Path, overrides: list[str]):
     task = build_task(config.task.name, config.task.params)
     model, tokenizer, _ = warm_start(config.model, config.task, config.sft, task)
     identity = RunIdentity.for_config(resolved, sweep="bench", run="bench", backend="local", mechanism="reweight",
-                                      alpha=float(config.alpha or 0.0), seed=config.seed)
+                                      alpha=float(config.dataflex.alpha or 0.0), seed=config.seed)
     loggers = build_loggers(config.logger, RunStore(run_dir), identity, resolved)
     trainer = GRPOTrainer(config, task, model, tokenizer, build_mechanism(config.dataflex), loggers,
                           run_dir / "checkpoints")

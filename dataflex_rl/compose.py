@@ -106,6 +106,8 @@ class TrainComposer:
         from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
+        from dataflex_rl.config import with_param_defaults
+
         overrides = list(overrides)
         for text in overrides:
             if group_choices(override_key(text)) is not None:
@@ -121,15 +123,24 @@ class TrainComposer:
                 self.bases[groups] = self._compose(groups)
             config = copy.deepcopy(self.bases[groups])
             ConfigLoaderImpl._apply_overrides_to_config(values, config)
-            return OmegaConf.to_container(config, resolve=True)
+            resolved = OmegaConf.to_container(config, resolve=True)
+            resolved["dataflex"] = with_param_defaults(resolved.get("dataflex"))
+            return resolved
         except (HydraException, OmegaConfBaseException, ValueError) as error:
             raise override_error(error, overrides, self._compose) from None
 
     @staticmethod
     def _compose(overrides: Sequence[str]) -> Any:
+        """The groups composed, the ``dataflex`` block's params completed so that an override can set any of them."""
         from hydra import compose
+        from omegaconf import OmegaConf, open_dict
 
-        return compose(config_name="train", overrides=list(overrides))
+        from dataflex_rl.config import with_param_defaults
+
+        config = compose(config_name="train", overrides=list(overrides))
+        with open_dict(config):
+            config.dataflex = with_param_defaults(OmegaConf.to_container(config.dataflex))
+        return config
 
 
 def compose_train_config(overrides: Sequence[str]) -> dict[str, Any]:

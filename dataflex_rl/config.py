@@ -48,6 +48,10 @@ class DataflexConfig:
     def __post_init__(self) -> None:
         check_non_negative_int("dataflex.warmup_step", self.warmup_step)
 
+    @property
+    def alpha(self) -> float | None:
+        return self.actuator.params.get("alpha")
+
     def to_dict(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "scorer": self.scorer.to_dict(), "actuator": self.actuator.to_dict(),
                 "warmup_step": self.warmup_step}
@@ -85,6 +89,24 @@ def parse_dataflex_config(cfg: Any) -> DataflexConfig:
     check_combination(mechanism_name, scorer_cls, actuator_cls)
     warmup = check_non_negative_int("dataflex.warmup_step", raw.get("warmup_step", 0))
     return DataflexConfig(mechanism=mechanism_name, scorer=scorer, actuator=actuator, warmup_step=warmup)
+
+
+def with_param_defaults(block: Any) -> Any:
+    """The block with each known component's omitted params taken from its ``Params`` defaults, the one place they
+    live, so that a run's record holds every value; anything else is left for :func:`parse_dataflex_config` to judge."""
+    if not isinstance(block, Mapping):
+        return block
+    block = dict(block)
+    for key, registry in (("scorer", SCORERS), ("actuator", ACTUATORS)):
+        spec = block.get(key)
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str) or spec["name"] not in registry:
+            continue
+        params = spec.get("params") or {}
+        if isinstance(params, Mapping):
+            defaults = {field.name: field.default for field in dataclasses.fields(registry.get(spec["name"]).Params)
+                        if field.default is not dataclasses.MISSING}
+            block[key] = {**spec, "params": {**defaults, **params}}
+    return block
 
 
 def build_mechanism(cfg: Any, *, compile: bool = False) -> Mechanism:

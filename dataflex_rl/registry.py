@@ -33,10 +33,9 @@ class Registry(Generic[T]):
 
         def decorator(obj: T) -> T:
             if name in self._entries:
-                raise RegistryError(
-                    f"{self.kind} {name!r} is already registered (by {_describe(self._entries[name])}); "
-                    f"pick another name"
-                )
+                owner = self._entries[name]
+                where = f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', repr(owner))}"
+                raise RegistryError(f"{self.kind} {name!r} is already registered (by {where}); pick another name")
             self._entries[name] = obj
             if isinstance(obj, type):
                 obj.name = name
@@ -92,7 +91,3 @@ def _load_dotted(kind: str, path: str) -> Any:
         return functools.reduce(getattr, attr.split("."), module)
     except AttributeError as error:
         raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (for {kind} {path!r})") from error
-
-
-def _describe(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

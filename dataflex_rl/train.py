@@ -178,7 +178,7 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
     identity = RunIdentity.for_config(resolved,
                                       sweep=config.sweep or "single", run=config.run_name or run_dir.name,
                                       backend="local", mechanism=config.dataflex.mechanism,
-                                      alpha=float(config.alpha if config.alpha is not None else 0.0), seed=config.seed,
+                                      alpha=float(config.dataflex.alpha or 0.0), seed=config.seed,
                                       axis_keys=config.axes)
     start = time.perf_counter()
     model, tokenizer, sft_dir = warm_start(config.model, config.task, config.sft, task)

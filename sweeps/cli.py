@@ -9,8 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dataflex_rl.compose import EXPERIMENT_GROUP, check_group_choice
-from dataflex_rl.compose import compose_config as compose_conf
+from dataflex_rl.compose import EXPERIMENT_GROUP, check_group_choice, compose_config
 from dataflex_rl.overrides import Override, bare_assignment, hydra_value, parse_override, split_assignment
 from dataflex_rl.validation import ConfigError
 from sweeps.config import (DEFAULT_LAUNCHER, LIST_KEYS, SWEEP_CONF_DIR, available_experiments,
@@ -64,18 +63,6 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return normalized
 
 
-def check_launcher_overrides(parsed: Sequence[Override]) -> None:
-    """The chosen launcher must have its conf file, and settings overrides must belong to it."""
-    chosen = next((item.value for item in reversed(parsed) if item.key == "launcher" and item.value), DEFAULT_LAUNCHER)
-    launcher_class(chosen)
-    if not (SWEEP_CONF_DIR / "launcher" / f"{chosen}.yaml").is_file():
-        raise ConfigError(f"launcher = {chosen!r} is not allowed: it is registered but has no config file "
-                          f"conf/sweeps/launcher/{chosen}.yaml")
-    for item in parsed:
-        if item.value is not None and item.group in settings_blocks() and item.group != chosen:
-            raise ConfigError(foreign_settings_message(item.key, item.written_value, chosen))
-
-
 def _holds_sweep(value: Any) -> bool:
     from hydra.core.override_parser.types import Sweep
 
@@ -105,18 +92,24 @@ def check_override_syntax(given: str, item: str) -> Override | None:
     return override
 
 
-def compose_config(config_name: str, argv: Sequence[str]) -> Any:
+def load_config(argv: Sequence[str], config_name: str = "default", allowed_extra_keys: Sequence[str] = ()):
+    """(the composed config, the sweep config read from it)."""
     overrides = normalize_argv(argv)
     parsed = [check_override_syntax(given, item) for given, item in zip(argv, overrides, strict=True)]
-    check_launcher_overrides([item for item in parsed if item is not None])
+    parsed = [item for item in parsed if item is not None]
+    # the chosen launcher must have its conf file, and settings overrides must belong to it
+    chosen = next((item.value for item in reversed(parsed) if item.key == "launcher" and item.value), DEFAULT_LAUNCHER)
+    launcher_class(chosen)
+    if not (SWEEP_CONF_DIR / "launcher" / f"{chosen}.yaml").is_file():
+        raise ConfigError(f"launcher = {chosen!r} is not allowed: it is registered but has no config file "
+                          f"conf/sweeps/launcher/{chosen}.yaml")
+    for item in parsed:
+        if item.value is not None and item.group in settings_blocks() and item.group != chosen:
+            raise ConfigError(foreign_settings_message(item.key, item.written_value, chosen))
     for item in parsed:  # a group choice is a file name: refused before Hydra reads it as a path
-        if item is not None and item.key == EXPERIMENT_GROUP:
+        if item.key == EXPERIMENT_GROUP:
             check_group_choice(item, available_experiments())
-    return compose_conf(config_name, overrides, SWEEP_CONF_DIR)
-
-
-def load_config(argv: Sequence[str], config_name: str = "default", allowed_extra_keys: Sequence[str] = ()):
-    cfg = compose_config(config_name, argv)
+    cfg = compose_config(config_name, overrides, SWEEP_CONF_DIR)
     return cfg, parse_sweep_config(cfg, allowed_extra_keys)
 
 

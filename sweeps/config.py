@@ -4,9 +4,8 @@ raises :class:`~dataflex_rl.validation.ConfigError` naming the key, the value an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
-import numbers
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -20,8 +19,7 @@ from dataflex_rl.compose import EXPERIMENT_GROUP, run_experiments
 from dataflex_rl.overrides import Override, hydra_value, parse_override
 from dataflex_rl.validation import (ConfigError, check_choice, check_int_at_least, check_number, check_seed, to_plain)
 from sweeps.backends import get_backend
-from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY
-from sweeps.launchers import launcher_class, parse_settings
+from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY, launcher_class, parse_settings
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SWEEP_CONF_DIR = CONF_DIR / "sweeps"
@@ -267,13 +265,9 @@ def _parse_bool(key: str, value: Any) -> bool:
 
 def _parse_number(key: str, value: Any) -> float:
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number")
-    return float(value)
+    return check_number(key, value)
 
 
 def _unique(values: Sequence[Any]) -> tuple[Any, ...]:
@@ -351,21 +345,17 @@ def resolve_sweep_config(cfg: Any) -> Any:
         return to_plain(cfg)
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or "sweep config"
-        value = _unresolved(OmegaConf.to_container(cfg, resolve=False), key)
+        value = OmegaConf.to_container(cfg, resolve=False)  # the value as written: walk the key's path to it
+        for part in re.findall(r"[^.\[\]]+", key):
+            try:
+                value = value[int(part)] if isinstance(value, list) else value[part]
+            except (KeyError, IndexError, ValueError, TypeError):
+                value = None
+                break
         reason = str(error).strip().splitlines()[0]
         raise ConfigError(f"{key} = {value!r} is not allowed: its interpolation cannot be resolved ({reason}); "
                           f"the sweep driver resolves ${{...}} against its own keys (conf/sweeps/), not a run's "
                           f"config: give the value itself") from None
-
-
-def _unresolved(raw: Any, key: str) -> Any:
-    node = raw
-    for part in re.findall(r"[^.\[\]]+", key):
-        try:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        except (KeyError, IndexError, ValueError, TypeError):
-            return None
-    return node
 
 
 # A decimal number as text (``1e-400``, ``-0.5``, ``.25``), for the underflow check of command-line values.

@@ -98,19 +98,15 @@ def applies_to(mechanism: str | None, key: str) -> bool:
     return key.removeprefix(ACTUATOR_PARAMS_PREFIX) in {field.name for field in dataclasses.fields(actuator.Params)}
 
 
-def grid_axes(config: SweepConfig) -> tuple[Axis, ...]:
-    """Preset, alpha, eta, extra axes, seed; alpha and eta ``++`` (the actuator's check judges them)."""
+def expand_grid(config: SweepConfig) -> list[RunSpec]:
+    """Every run, seeds innermost; names unique and short enough for a folder."""
+    # the axes: preset, alpha, eta, extra axes, seed; alpha and eta ``++`` (the actuator's check judges them)
     axes = [Axis(PRESET_FACTOR, "dataflex", config.mechanisms)] if config.mechanisms else []
     if config.alphas:
         axes.append(Axis("alpha", ALPHA_KEY, config.alphas, "++"))
     if config.eta:
         axes.append(Axis("eta", ETA_KEY, config.eta, "++"))
-    return (*axes, *config.extra_axes, Axis("seed", "seed", config.seeds))
-
-
-def expand_grid(config: SweepConfig) -> list[RunSpec]:
-    """Every run, seeds innermost; names unique and short enough for a folder."""
-    axes = grid_axes(config)
+    axes += [*config.extra_axes, Axis("seed", "seed", config.seeds)]
     axis_keys = tuple(PRESET_FACTOR if axis.name == PRESET_FACTOR else axis.key.split("@", 1)[0] for axis in axes)
     cells = []
     for mechanism in config.mechanisms or (None,):

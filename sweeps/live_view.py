@@ -201,14 +201,15 @@ class SweepView:
 
     def counts(self, done: bool = True) -> str:
         """``2/6 done, 2 running, 0 failed, ETA 3m10s`` (no first part when ``done`` is False)."""
-        running = sum(not run.warm_start and run.waiting is None for run in self.active.values())
-        queued = sum(not run.warm_start and run.waiting is not None for run in self.active.values())
-        text = (f"{self.done}/{self.total} done, " if done else "") + f"{running} running, " + (
+        runs = [run for run in self.active.values() if not run.warm_start]
+        queued = sum(run.waiting is not None for run in runs)
+        text = (f"{self.done}/{self.total} done, " if done else "") + f"{len(runs) - queued} running, " + (
             f"{queued} queued, " if queued else "") + f"{self.failed} failed"
         if self.interrupted:
             text += f", {self.interrupted} interrupted"
         eta = self.eta_seconds()
-        if eta is not None and self._at_the_end():
+        not_started = self.total - self.done - self.failed - self.interrupted - len(runs)
+        if eta is not None and not_started <= 0 and all(run.fraction == 1.0 for run in runs):  # at the end
             text += ", finishing"
         elif eta is not None:
             text += f", ETA {format_duration(eta)}" + ("" if self.walls else " (from step rates)")
@@ -229,11 +230,6 @@ class SweepView:
         left = sum(wall * (1.0 - run.fraction) if run.fraction else max(0.0, wall - (now - run.started))
                    for run in runs)
         return (left + queued * wall) / max(1, min(self.jobs, max(1, queued + len(runs))))
-
-    def _at_the_end(self) -> bool:
-        runs = [run for run in self.active.values() if not run.warm_start]
-        queued = self.total - self.done - self.failed - self.interrupted - len(runs)
-        return queued <= 0 and all(run.fraction == 1.0 for run in runs)
 
     def _run_info(self, run: ActiveRun) -> str:
         return "" if run.warm_start else "  ".join(part for part in (

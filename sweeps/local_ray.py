@@ -40,15 +40,6 @@ def _processes() -> dict[int, tuple[int | None, str]]:
     return found
 
 
-def cluster_pids(markers: list[str]) -> set[int]:
-    """Processes whose command line holds a marker, and all below them; never this process."""
-    processes = _processes()
-    found = {pid for pid, (_, line) in processes.items() if any(marker in line for marker in markers)}
-    while more := {pid for pid, (parent, _) in processes.items() if parent in found and pid not in found}:
-        found |= more
-    return found - {os.getpid()}
-
-
 def start(directory: Path, workers: int = 1, cpus_per_node: float = 1,
           env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``env`` is added to the nodes' environment, which every job inherits; returns the state."""
@@ -108,7 +99,13 @@ def kill_node(directory: Path, node: str) -> int:
 
 def stop(directory: Path, grace_s: float = 3.0) -> int:
     state = read_state(directory)
-    pids = cluster_pids([state["temp_dir"], f":{state['gcs_address'].rsplit(':', 1)[1]} "])
+    # the processes whose command line names the cluster's temp dir or GCS port, and all below them; never this one
+    markers = [state["temp_dir"], f":{state['gcs_address'].rsplit(':', 1)[1]} "]
+    processes = _processes()
+    pids = {pid for pid, (_, line) in processes.items() if any(marker in line for marker in markers)}
+    while more := {pid for pid, (parent, _) in processes.items() if parent in pids and pid not in pids}:
+        pids |= more
+    pids -= {os.getpid()}
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

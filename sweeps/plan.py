@@ -1,17 +1,99 @@
-"""A sweep's plan: the grid expanded into runs (:mod:`sweeps.grid`), how many run at once with how many threads, and
-each run's validated command (the backend's), fixed before the first process starts."""
+"""A sweep's plan, fixed before the first process starts: the grid's runs (:mod:`sweeps.grid`), how many run at once
+with how many threads, each run ready to launch (:class:`PlannedRun`, its command validated by the backend), the
+whole plan (:class:`SweepPlan`), and what every backend's planning shares (log folder, thread caps, RL steps)."""
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from dataflex_rl.train import write_config_file
+from dataflex_rl.validation import ConfigError
 from sweeps.backends import get_backend
-from sweeps.run_plan import SweepPlan
 from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import RunSpec
 from sweeps.launchers import launcher_class
+
+LOG_FOLDER = "logs"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """A run ready to launch; ``config_file``: what the command reads, written as it starts."""
+
+    spec: RunSpec
+    command: tuple[str, ...]
+    env: dict[str, str]
+    run_dir: Path
+    log_path: Path
+    overrides: tuple[str, ...] = ()
+    config: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    config_file: Path | None = None
+    total_steps: int | None = None  # the run's RL steps, when the plan knows them (the live view's bar)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def shell_line(self) -> str:
+        assignments = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+        line = " ".join([*assignments, shlex.join(self.command)])
+        if self.config_file is not None:
+            line += f"  # composed from: {shlex.join(self.overrides)}"
+        return line
+
+    def write_config_file(self) -> None:
+        if self.config_file is None or self.config is None:
+            return
+        write_config_file(self.config_file, self.config, comment=[
+            f"{self.name}: conf/train.yaml composed with these overrides and validated by the sweep driver:",
+            f"  {shlex.join(self.overrides)}",
+            "(python -m dataflex_rl.train <these overrides> composes the same config; the run reads this file)",
+        ])
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    name: str
+    sweep_dir: Path
+    config: SweepConfig
+    jobs: int
+    threads: int | None
+    warm_starts: list[PlannedRun]
+    runs: list[PlannedRun]
+    common_config: dict[str, Any] | None = None  # the backend's resolved common settings (Backend.common_config)
+
+    def header(self) -> dict[str, Any]:
+        config = self.config
+        grid = {"alpha": list(config.alphas), "seed": list(config.seeds), "mechanism": list(config.mechanisms),
+                "eta": list(config.eta), "axes": {axis.key: list(axis.values) for axis in config.extra_axes},
+                "common_overrides": [str(item) for item in config.common]}
+        if self.common_config is not None:
+            grid["common_config"] = self.common_config
+        return {"sweep": self.name, "backend": config.backend, "launcher": config.launcher,
+                "warm_start": config.warm_start, "grid": grid, "steps": config.steps, "jobs": self.jobs,
+                "threads": self.threads, "train_module": config.train_module}
+
+
+def thread_environment(threads: int | None) -> dict[str, str]:
+    """OpenMP/MKL thread caps, so parallel runs never oversubscribe the cores."""
+    return {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def check_steps_once(config: SweepConfig, key: str) -> None:
+    if config.steps is not None and config.common_sets(key):
+        raise ConfigError(f"steps = {config.steps} is not allowed together with extra {key}=...: give one of them")
+
+
+def planned_steps(config: SweepConfig, key: str) -> int | None:
+    """``steps``, else a plain-integer common override of ``key``, else None."""
+    if config.steps is not None:
+        return config.steps
+    value = next((item.value for item in reversed(config.common) if item.key == key), None)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, PENDING, read_meta, read_status
-from sweeps.run_plan import SweepPlan
+from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, PENDING, read_meta
 from sweeps.manifest import Manifest
-from sweeps.runner import EXIT_FAILED
+from sweeps.plan import SweepPlan
+from sweeps.runner import EXIT_FAILED, readable_status
 
 ENDED_STATES = (COMPLETED, FAILED, INTERRUPTED)
 COLOURS = {COMPLETED: "green", FAILED: "red", INTERRUPTED: "yellow"}
@@ -24,10 +24,7 @@ def closing_state(run_dir: Path, recorded: str) -> tuple[str, float | None]:
         alpha = float(read_meta(run_dir)["alpha"])
     except (OSError, ValueError, KeyError, TypeError):
         alpha = None
-    try:
-        status = {} if recorded in ENDED_STATES else read_status(run_dir) or {}
-    except (OSError, ValueError):
-        status = {}
+    status = {} if recorded in ENDED_STATES else readable_status(run_dir) or {}
     state = status.get("state")
     if state not in ENDED_STATES:
         return recorded, alpha

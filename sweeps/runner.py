@@ -4,6 +4,7 @@ signals), shared by the grid driver and the Optuna search; docs/sweeps.md descri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -22,7 +23,7 @@ from sweeps.backends import get_backend
 from sweeps.launchers import Job, Launcher, Outcome, build_launcher, write_log_header
 from sweeps.live_view import SweepView
 from sweeps.manifest import Manifest
-from sweeps.run_plan import PlannedRun, SweepPlan
+from sweeps.plan import PlannedRun, SweepPlan
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
@@ -36,7 +37,8 @@ class SweepStopped(Exception):
         self.signum = signum
 
 
-def _read_status(run_dir: Path) -> dict[str, Any] | None:
+def readable_status(run_dir: Path) -> dict[str, Any] | None:
+    """The run store's status, None when it is missing or cannot be read."""
     try:
         return run_store.read_status(run_dir)
     except (OSError, ValueError):
@@ -56,25 +58,22 @@ def run_lock_holder(run_dir: Path) -> str | None:
 
 def mark_run_store(run_dir: Path, state: str, error: str, scheduler: bool = False) -> str | None:
     """Mark a run killed before writing its end ``state``; returns the holder's message if locked."""
-    if _read_status(run_dir) is None:
+    if readable_status(run_dir) is None:
         return run_lock_holder(run_dir)
     try:
-        lock = RunLock(run_dir).acquire()
+        with RunLock(run_dir):
+            status = readable_status(run_dir)
+            if status is not None and (status.get("state") == RUNNING
+                                       or (scheduler and status.get("state") == INTERRUPTED)):
+                store = RunStore(run_dir)
+                try:  # its status.json step may be older: a killed run writes no end
+                    logged = store.last_logged_step()
+                except (OSError, ValueError):
+                    logged = None
+                steps = [step for step in (status.get("step"), logged) if isinstance(step, int)]
+                store.set_status(state, step=max(steps) if steps else None, error=error)
     except RunLockedError as holder:
         return str(holder)
-    try:
-        status = _read_status(run_dir)
-        if status is not None and (status.get("state") == RUNNING
-                                   or (scheduler and status.get("state") == INTERRUPTED)):
-            store = RunStore(run_dir)
-            try:  # its status.json step may be older: a killed run writes no end
-                logged = store.last_logged_step()
-            except (OSError, ValueError):
-                logged = None
-            steps = [step for step in (status.get("step"), logged) if isinstance(step, int)]
-            store.set_status(state, step=max(steps) if steps else None, error=error)
-    finally:
-        lock.release()
     return None
 
 
@@ -87,21 +86,12 @@ def record_state(run_dir: Path, run_store_optional: bool, previous: dict[str, An
     reasons = run_store.verify_run(run_dir)
     if run_dir.is_symlink() or not run_dir.is_dir():
         return False, reasons
-    status = _read_status(run_dir)
+    status = readable_status(run_dir)
     if not reasons:
         return (status or {}).get("state") == COMPLETED, []
     unreadable = status is None and run_store.STATUS_FILE in run_store.run_record_files(run_dir)
     claims = unreadable or (status or {}).get("state") == COMPLETED or previous.get("state") == COMPLETED
     return False, reasons if claims else []
-
-
-def describe_exit(outcome: Outcome) -> str | None:
-    code = outcome.exit_code
-    if outcome.error or not code:
-        return outcome.error or None
-    if code < 0:
-        return f"process ended by signal {signal.Signals(-code).name} (exit code {code})"
-    return f"process exited with code {code}"
 
 
 class SweepRunner:
@@ -174,9 +164,9 @@ class SweepRunner:
         return to_launch
 
     def _start(self, runs: Sequence[PlannedRun], warm_start: bool = False) -> list[Job]:
+        attempts = {run.name: int(self._entry(run, warm_start=warm_start).get("attempts", 0)) + 1 for run in runs}
         for run in runs:
-            attempt = int(self._entry(run, warm_start=warm_start).get("attempts", 0)) + 1
-            write_log_header(run.log_path, attempt, run.shell_line())
+            write_log_header(run.log_path, attempts[run.name], run.shell_line())
         try:
             for run in runs:  # written as each run starts: a refused or dry invocation writes none
                 run.write_config_file()
@@ -188,9 +178,8 @@ class SweepRunner:
             self.manifest.save()
             return []
         for job in jobs:
-            entry = self._entry(job.run, warm_start=warm_start)
             self._entry(job.run, warm_start=warm_start, state=RUNNING, start=utc_now(), end=None, exit_code=None,
-                        error=None, launch=job.info, attempts=int(entry.get("attempts", 0)) + 1)
+                        error=None, launch=job.info, attempts=attempts[job.run.name])
             print(f"started {job.run.name}  (log: {job.run.log_path})", flush=True)
             if self.view is not None:
                 self.view.started(job.run.name, None if warm_start else job.run.run_dir, job.run.log_path,
@@ -199,20 +188,26 @@ class SweepRunner:
         return jobs
 
     def _finish(self, job: Job, outcome: Outcome, warm_start: bool = False) -> str:
-        if outcome.exit_code == 0 and outcome.error is None:
+        code = outcome.exit_code
+        if code == 0 and outcome.error is None:
             state = COMPLETED
-        elif self.stop_signal is not None or outcome.exit_code in INTERRUPTED_CODES or outcome.interrupted:
+        elif self.stop_signal is not None or code in INTERRUPTED_CODES or outcome.interrupted:
             state = INTERRUPTED
         else:
             state = FAILED
-        error = describe_exit(outcome)
+        if outcome.error or not code:
+            error = outcome.error or None
+        elif code < 0:
+            error = f"process ended by signal {signal.Signals(-code).name} (exit code {code})"
+        else:
+            error = f"process exited with code {code}"
         if not warm_start and state != COMPLETED:
             holder = mark_run_store(job.run.run_dir, state, error or state, scheduler=outcome.interrupted)
             if holder is not None:  # the run was refused: another live process writes it (its store is untouched)
                 error = f"{error or state}: {holder}; its run store was left to that process"
         entry = self._entry(job.run, warm_start=warm_start)
         wall = float(entry.get("wall_time_s") or 0.0) + (time.monotonic() - job.started)
-        self._entry(job.run, warm_start=warm_start, state=state, exit_code=outcome.exit_code, end=utc_now(),
+        self._entry(job.run, warm_start=warm_start, state=state, exit_code=code, end=utc_now(),
                     error=error, wall_time_s=round(wall, 3))
         self.manifest.save()
         print(f"{state} {job.run.name}" + (f": {error}" if error else ""), flush=True)
@@ -315,24 +310,21 @@ class SweepSession:
                 f"run's folder, as python -m dataflex_rl.train writes it), not a {kind} folder; a {kind} keeps one run "
                 f"folder per run inside its own folder: give the {kind} another name ("
                 f"{'make sweep SWEEP=<new name>, ' if kind == 'sweep' else ''}name=<new name>), or move the run away")
-        try:
-            self.launcher = build_launcher(plan.config, plan.sweep_dir, plan.name, plan.jobs)
-        except ConfigError as error:
-            raise SessionRefused(f"{self.kind} refused, nothing was started: {error}") from None
-        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = FileLock(plan.sweep_dir / LOCK_FILE)
-        try:
-            self._lock.acquire(timeout=0)
-        except Timeout:
-            self.launcher.close()
-            raise SessionRefused(f"{kind} {plan.name} is being run by another driver (lock {self._lock.lock_file})") \
-                from None
-        try:
-            self.manifest = Manifest(plan.sweep_dir, self.header)
-        except ConfigError as error:
-            self._lock.release()
-            self.launcher.close()
-            raise SessionRefused(f"{self.kind} refused, nothing was started: {error}") from None
+        with contextlib.ExitStack() as refused:  # undoes what was done when the session is refused
+            try:
+                self.launcher = build_launcher(plan.config, plan.sweep_dir, plan.name, plan.jobs)
+                refused.callback(self.launcher.close)
+                plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+                self._lock = FileLock(plan.sweep_dir / LOCK_FILE)
+                self._lock.acquire(timeout=0)
+                refused.callback(self._lock.release)
+                self.manifest = Manifest(plan.sweep_dir, self.header)
+            except Timeout:
+                raise SessionRefused(f"{kind} {plan.name} is being run by another driver (lock "
+                                     f"{self._lock.lock_file})") from None
+            except ConfigError as error:
+                raise SessionRefused(f"{kind} refused, nothing was started: {error}") from None
+            refused.pop_all()
         self.manifest.begin_invocation(self.argv)
         self.runner = SweepRunner(plan, self.launcher, self.manifest).__enter__()
         return self

@@ -5,7 +5,6 @@ resumes it; ``optuna-dashboard sqlite:///runs/<name>/optuna.db`` shows it). docs
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,15 +16,14 @@ from dataflex_rl import keys
 from dataflex_rl.config_keys import ALPHA_KEY
 from dataflex_rl.overrides import hydra_value
 from dataflex_rl.tracking.run_store import COMPLETED, read_curve
-from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, to_plain, unknown_keys
+from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number, to_plain, unknown_keys
 from sweeps.backends import get_backend
 from sweeps.config import Axis, SweepConfig, parse_sweep_config
-from sweeps.plan import concurrency
 from sweeps.grid import RunSpec, default_name, warm_start_seed
 from sweeps.launchers import Job
-from sweeps.seed_plan import describe_estimate, estimate_seconds, final_window_mean
-from sweeps.run_plan import PlannedRun, SweepPlan
+from sweeps.plan import PlannedRun, SweepPlan, concurrency
 from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SessionRefused, SweepRunner, SweepSession
+from sweeps.seed_plan import describe_estimate, estimate_seconds, final_window_mean
 
 # The study's own keys and their defaults (the ConfigStore node tune_schema, which conf/sweeps/optuna.yaml composes).
 TUNE_DEFAULTS: dict[str, Any] = {
@@ -73,9 +71,7 @@ class SearchParam:
                 raise ConfigError(f"{where}.choices = [] is not allowed: a categorical parameter needs choices")
             return
         for bound in ("low", "high"):
-            value = getattr(self, bound)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"{where}.{bound} = {value!r} is not allowed: it must be a finite number")
+            check_number(f"{where}.{bound}", getattr(self, bound))
         if not self.low < self.high:  # type: ignore[operator]
             raise ConfigError(f"{where}.low = {self.low!r} is not allowed: it must be < high = {self.high!r}")
         if self.log and self.low <= 0:  # type: ignore[operator]
@@ -195,23 +191,6 @@ class TrialReporter:
         return self.pruned
 
 
-def recover_trials(study: Any, retries: int) -> list[int]:
-    """Fail trials a dead driver left RUNNING, then queue failed ones again up to ``retries`` times."""
-    from optuna.trial import TrialState
-
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study.tell(trial.number, state=TrialState.FAIL)
-    groups: dict[int, list[Any]] = {}
-    for trial in study.get_trials(deepcopy=False):
-        groups.setdefault(int(trial.user_attrs.get("retry_of", trial.number)), []).append(trial)
-    queued = []
-    for root, trials in sorted(groups.items()):
-        if all(trial.state == TrialState.FAIL for trial in trials) and len(trials) <= retries:
-            study.enqueue_trial(dict(trials[-1].params), user_attrs={"retry_of": root})
-            queued.append(root)
-    return queued
-
-
 def print_trials(study: Any, tune: TuneConfig) -> None:
     from optuna.trial import TrialState
     from rich.console import Console
@@ -248,42 +227,35 @@ def study_estimate(tune: TuneConfig, trials: int, jobs: int) -> str:
     return describe_estimate(trials * per_trial, f"{trials} trial(s) x {len(tune.sweep.seeds)} seed(s) x {steps} steps")
 
 
-def study_name(tune: TuneConfig) -> str:
-    """``name``, else ``tune-<hash>`` (``tune-lr-<hash>`` when lr is searched)."""
-    searches_lr = any(param.name == LR_SEARCH["name"] for param in tune.search)
-    return tune.sweep.name or default_name(tune.sweep, prefix="tune-lr" if searches_lr else "tune")
-
-
 def first_trial_params(tune: TuneConfig) -> dict[str, Any]:
     return {param.name: (param.choices[0] if param.type == "categorical" else
                          (int(param.low) if param.type == "int" else float(param.low))) for param in tune.search}
 
 
-def checked_trials(tune: TuneConfig) -> list[tuple[str, dict[str, Any]]]:
-    """(where, parameters): lower bounds, each upper bound and categorical choice, each enqueued trial."""
-    lower = first_trial_params(tune)
-    trials = [("the lower bounds", lower)]
-    for param in tune.search:
-        if param.type == "categorical":
-            values = [(f"search.{param.name}.choices[{index}]", choice) for index, choice in enumerate(param.choices)]
-        else:
-            values = [(f"search.{param.name}.high", int(param.high) if param.type == "int" else float(param.high))]
-        trials += [(where, {**lower, param.name: value}) for where, value in values]
-    trials += [(f"enqueue[{index}] = {dict(item)}", {**lower, **item}) for index, item in enumerate(tune.enqueue)]
-    return trials
-
-
 def plan_study(tune: TuneConfig) -> SweepPlan:
-    """Validates the runs of the checked trials; trials plan their own runs as they come."""
+    """Validates the runs of the lower bounds, then (one seed each: the seeds differ only in seed=) of each upper bound
+    and categorical choice and each enqueued trial; trials plan their own runs as they come. The study's name:
+    ``name``, else ``tune-<hash>`` (``tune-lr-<hash>`` when lr is searched)."""
     config = tune.sweep
-    name = study_name(tune)
+    searches_lr = any(param.name == LR_SEARCH["name"] for param in tune.search)
+    name = config.name or default_name(config, prefix="tune-lr" if searches_lr else "tune")
     sweep_dir = Path(config.root) / name
     jobs, threads, warm_threads, _ = dataclasses.astuple(concurrency(config, len(config.seeds)))
     backend = get_backend(config.backend)
-    backend.plan(config, trial_specs(tune, first_trial_params(tune), "t000"), name, sweep_dir, threads)
-    for where, params in checked_trials(tune)[1:]:  # one seed each: the seeds differ only in seed=
+    lower = first_trial_params(tune)
+    backend.plan(config, trial_specs(tune, lower, "t000"), name, sweep_dir, threads)
+    checked = []  # (where, parameters)
+    for param in tune.search:
+        if param.type == "categorical":
+            checked += [(f"search.{param.name}.choices[{index}]", {param.name: choice})
+                        for index, choice in enumerate(param.choices)]
+        else:
+            high = int(param.high) if param.type == "int" else float(param.high)
+            checked.append((f"search.{param.name}.high", {param.name: high}))
+    checked += [(f"enqueue[{index}] = {dict(item)}", item) for index, item in enumerate(tune.enqueue)]
+    for where, params in checked:
         try:
-            backend.plan(config, trial_specs(tune, params, "t000")[:1], name, sweep_dir, threads)
+            backend.plan(config, trial_specs(tune, {**lower, **params}, "t000")[:1], name, sweep_dir, threads)
         except ConfigError as error:
             raise ConfigError(f"{where}: {error}") from None
     warm_starts = backend.warm_starts(config, trial_specs(tune, {}, "t000"), sweep_dir, warm_threads)
@@ -296,7 +268,8 @@ def study_storage(plan: SweepPlan) -> str:
 
 
 def open_study(tune: TuneConfig, plan: SweepPlan) -> tuple[Any, int]:
-    """(the study, trials still to run); enqueues a new study's trials and queues failed ones again."""
+    """(the study, trials still to run); enqueues a new study's trials, fails the trials a dead driver left RUNNING
+    and queues failed ones again up to ``retries`` times."""
     import optuna
     from optuna.trial import TrialState
 
@@ -309,7 +282,16 @@ def open_study(tune: TuneConfig, plan: SweepPlan) -> tuple[Any, int]:
     if not study.get_trials(deepcopy=False):
         for params in tune.enqueue:
             study.enqueue_trial(dict(params))
-    queued = recover_trials(study, tune.retries)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):  # a dead driver left it running
+        study.tell(trial.number, state=TrialState.FAIL)
+    groups: dict[int, list[Any]] = {}  # each trial with its retries
+    for trial in study.get_trials(deepcopy=False):
+        groups.setdefault(int(trial.user_attrs.get("retry_of", trial.number)), []).append(trial)
+    queued = []  # failed ones queued again, up to ``retries`` times
+    for root, trials in sorted(groups.items()):
+        if all(trial.state == TrialState.FAIL for trial in trials) and len(trials) <= tune.retries:
+            study.enqueue_trial(dict(trials[-1].params), user_attrs={"retry_of": root})
+            queued.append(root)
     finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
     remaining = max(0, tune.n_trials - finished)
     print(f"study {plan.name}: {finished} trial(s) finished, {remaining} to run"
@@ -360,8 +342,6 @@ class TrialObjective:
 
 
 def _optimize(tune: TuneConfig, session: SweepSession, study: Any, remaining: int) -> int:
-    if not remaining:
-        return 0
     if not session.warm_start():
         return EXIT_FAILED
     objective = TrialObjective(tune, session.plan, session.runner)
@@ -388,7 +368,8 @@ def run_study(tune: TuneConfig, argv: Sequence[str] = ()) -> int:
     try:
         with SweepSession(plan, argv, header=header, kind="study") as session:
             study, remaining = open_study(tune, plan)
-            session.run(lambda runner: _optimize(tune, session, study, remaining))
+            if remaining:
+                session.run(lambda runner: _optimize(tune, session, study, remaining))
     except (SessionRefused, ConfigError) as error:  # ConfigError: a trial's run still alive from an earlier driver
         print(f"error: {error}", file=sys.stderr)
         return EXIT_REFUSED

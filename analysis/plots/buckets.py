@@ -69,13 +69,13 @@ def plot_grad_by_bucket(
                  confidence=confidence, n_bootstrap=n_bootstrap, random_state=random_state)
     ax.set_ylabel(GRAD_STAT_LABELS.get(stat, stat))
     ax.set_title(f"{GRAD_STAT_LABELS.get(stat, stat)} by token probability\n"
-                 f"({_summary_text(value, final_window)}, mean over seeds, {confidence:.0%} CI)", fontsize="medium")
+                 f"{_summary_text(value, final_window, confidence)}", fontsize="medium")
     return ax
 
 
-def _summary_text(value: str, final_window: int) -> str:
-    return {"auc": "time-averaged over training", "final_window": f"mean of the last {final_window} steps"}.get(
-        value, value)
+def _summary_text(value: str, final_window: int, confidence: float) -> str:
+    summary = {"auc": "time-averaged over training", "final_window": f"mean of the last {final_window} steps"}
+    return f"({summary.get(value, value)}, mean over seeds, {confidence:.0%} CI)"
 
 
 def _bucket_bars(ax: Axes, long: pd.DataFrame, buckets: Sequence[tuple[str, float, float]], *, final_window: int,
@@ -132,8 +132,8 @@ def plot_prob_change(
                          confidence=confidence, n_bootstrap=n_bootstrap, random_state=random_state)
         # the reference: half the tokens moving each way (correct_share), or no change (mean_delta)
         ax.axhline(0.5 if stat == "correct_share" else 0.0, color="0.4", linewidth=0.8, linestyle="--")
-        ax.set_title(f"{ADVANTAGE_SIGN_LABELS[sign]}\n({_summary_text(value, final_window)}, mean over seeds, "
-                     f"{confidence:.0%} CI)", fontsize="medium")
+        ax.set_title(f"{ADVANTAGE_SIGN_LABELS[sign]}\n{_summary_text(value, final_window, confidence)}",
+                     fontsize="medium")
     axes[0].set_ylabel(PROB_CHANGE_LABELS.get(stat, stat))
     return np.asarray(axes)
 

@@ -64,15 +64,9 @@ def ema(values: np.ndarray, smoothing: float) -> np.ndarray:
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing={smoothing!r} must be in [0, 1)")
     values = np.asarray(values, dtype=np.float64)
-    smoothed = np.full(values.shape, np.nan)
-    state, weight = 0.0, 0.0
-    for index, value in enumerate(values):
-        if np.isfinite(value):
-            state = smoothing * state + (1.0 - smoothing) * value
-            weight = smoothing * weight + (1.0 - smoothing)
-        if weight > 0:
-            smoothed[index] = state / weight
-    return smoothed
+    # adjust=True debiases; ignore_na=True: a skipped value does not decay the weights and keeps the last mean
+    finite = pd.Series(np.where(np.isfinite(values), values, np.nan))
+    return finite.ewm(alpha=1.0 - smoothing, adjust=True, ignore_na=True).mean().to_numpy()
 
 
 def save_figure(figure: Any, stem: str | Any, dpi: int = 200) -> list[Any]:

@@ -209,10 +209,6 @@ class TrainConfig:
                               f"(the sweep driver sets it)")
         _set(self, "axes", tuple(axes))
 
-    @property
-    def alpha(self) -> float | None:
-        return self.dataflex.actuator.params.get("alpha")
-
 
 SECTIONS = ("dataflex", "model", "task", "sft", "trainer", "stats", "logger")
 TOP_LEVEL_KEYS = (*(field.name for field in dataclasses.fields(TrainConfig)), "hydra")

@@ -16,7 +16,7 @@ from dataflex_rl.verl.config import quiet_verl_import
 from sweeps.backends import Backend
 from sweeps.config import SweepConfig
 from sweeps.grid import STANDARD_FACTORS, RunSpec, warm_start_overrides
-from sweeps.run_plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
+from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
 
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LAUNCH_FOLDER = "launch"  # <sweep>/launch/<run>.yaml: the resolved config a run's command reads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -88,10 +89,7 @@ def check_cuda(report: Report) -> None:
 
 
 def verl_piece(module: str, attribute: str) -> Any:
-    found: Any = importlib.import_module(module)
-    for name in attribute.split("."):
-        found = getattr(found, name)
-    return found
+    return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
 
 
 def check_verl_pieces(report: Report) -> bool:

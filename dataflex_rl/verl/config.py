@@ -38,17 +38,26 @@ def check_trainer_mode(mode: Any, where: str = TRAINER_MODE_KEY) -> str:
 
 
 @contextlib.contextmanager
-def quiet_verl_import() -> Iterator[None]:
-    previous = os.environ.get("VERL_LOGGING_LEVEL")
-    os.environ["VERL_LOGGING_LEVEL"] = previous or "ERROR"
+def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
+        yield
     finally:
-        if previous is None:
-            os.environ.pop("VERL_LOGGING_LEVEL", None)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def quiet_verl_import() -> Iterator[None]:
+    level = {"VERL_LOGGING_LEVEL": os.environ.get("VERL_LOGGING_LEVEL") or "ERROR"}
+    with environment_set(level), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
+from dataflex_rl.config import DataflexConfig
 from dataflex_rl.config_keys import WARM_START_DESIGNS
 from dataflex_rl.validation import ConfigError, check_choice, check_keys, to_plain
 from dataflex_rl.metrics import Histogram
@@ -87,13 +88,14 @@ def scalar(value: Any) -> float | None:
 
 
 class VerlRunRecord:
-    def __init__(self, place: RunPlace, resolved_config: Mapping[str, Any], mechanism: str, alpha: float) -> None:
+    def __init__(self, place: RunPlace, resolved_config: Mapping[str, Any], dataflex: DataflexConfig) -> None:
+        """``dataflex``: the validated block, recorded whole (a user's command line may give only some params)."""
         self.place = place
         self.store = RunStore(place.dir)
-        config = {**to_plain(resolved_config), "mechanism_label": place.mechanism_label}
+        config = {**to_plain(resolved_config), "dataflex": dataflex.to_dict(), "mechanism_label": place.mechanism_label}
         identity = RunIdentity.for_config(
-            config, sweep=place.sweep, run=place.name, backend=BACKEND, mechanism=mechanism, alpha=alpha,
-            seed=place.seed, axis_keys=place.axes,
+            config, sweep=place.sweep, run=place.name, backend=BACKEND, mechanism=dataflex.mechanism,
+            alpha=float(dataflex.alpha or 0.0), seed=place.seed, axis_keys=place.axes,
         )
         if "seed" in identity.axes:  # verl's seeds live in several places; the run's seed is the block's
             identity = dataclasses.replace(identity, axes={**identity.axes, "seed": place.seed})

@@ -9,6 +9,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dataflex_rl.config import with_param_defaults
 from dataflex_rl.overrides import hydra_value
 from dataflex_rl.validation import ConfigError
 from dataflex_rl.verl.command import (
@@ -25,7 +26,7 @@ from sweeps.backends import Backend
 from sweeps.config import PRESET_DIR, SweepConfig, check_no_env_interpolation
 from sweeps.grid import PRESET_FACTOR, RunSpec
 from sweeps.launchers import launcher_class
-from sweeps.run_plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
+from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
 
 PREPARED_FOLDER = "verl_prepared"  # what an experiment's prepare step writes (model, tokenizer, data)
 
@@ -141,7 +142,7 @@ def cpu_mode(config: SweepConfig) -> bool:
 def preset_overrides(name: str) -> list[str]:
     """``dataflex.<key>=<value>`` for every leaf of ``conf/dataflex/<name>.yaml`` (verl has no preset groups)."""
     block = OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"), resolve=True)
-    return [argument.removeprefix("+") for argument in dataflex_arguments(block)]
+    return [argument.removeprefix("+") for argument in dataflex_arguments(with_param_defaults(block))]
 
 
 def prepare_block(config: SweepConfig) -> Any:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from dataflex_rl import keys
 from dataflex_rl.metrics import Histogram, prob_bucket_stats, prob_change_stats
-from dataflex_rl.verl.config import TRAINER_MODES, mechanism_from_verl_config, prob_change_every
+from dataflex_rl.verl.config import TRAINER_MODES, environment_set, mechanism_from_verl_config, prob_change_every
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place
@@ -103,8 +102,7 @@ class DataflexTrainer:
     def fit(self, agent_loop_manager: Any) -> None:
         if self.run_place is None:
             return super().fit(agent_loop_manager)
-        alpha = float(self.mechanism.config.actuator.params.get("alpha", 0.0))
-        self.run_record = VerlRunRecord(self.run_place, self.config, self.mechanism.config.mechanism, alpha)
+        self.run_record = VerlRunRecord(self.run_place, self.config, self.mechanism.config)
         # verl's fit starts W&B from these; run_identity lets analysis load verl runs from W&B with seed and axes.
         with open_dict(self.config):
             self.config.trainer.experiment_name = self.run_record.identity.wandb_name
@@ -246,20 +244,6 @@ def merge_histograms(held: Mapping[str, Histogram], new: Mapping[str, Histogram]
             value = Histogram(value.edges, merged[name].counts + value.counts)
         merged[name] = value
     return merged
-
-
-@contextlib.contextmanager
-def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def put_response_fields(batch: KVBatchMeta, nested_response_mask: torch.Tensor, **fields: torch.Tensor) -> KVBatchMeta:

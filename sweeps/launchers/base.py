@@ -19,7 +19,7 @@ LAUNCHERS: Registry[type[Launcher]] = Registry("launcher")
 
 
 class RunToLaunch(Protocol):
-    """What a launcher needs of a planned run (:class:`sweeps.run_plan.PlannedRun` is one)."""
+    """What a launcher needs of a planned run (:class:`sweeps.plan.PlannedRun` is one)."""
 
     name: str
     command: tuple[str, ...]

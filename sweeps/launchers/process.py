@@ -6,32 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweeps.launchers.base import LAUNCHERS, Job, Launcher, Outcome, RunToLaunch, process_matches
 
 _PR_SET_PDEATHSIG = 1
-
-
-def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name, use_errno=True) if name else None
-    except OSError:
-        return None
-
-
-_LIBC = _libc() if os.name == "posix" and os.uname().sysname == "Linux" else None
-
-
-def _die_with_parent() -> None:
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# prctl(PR_SET_PDEATHSIG, SIGTERM) from the C library this process has loaded already (dlopen(NULL)); Linux only.
+_DIE_WITH_PARENT = (functools.partial(ctypes.CDLL(None).prctl, _PR_SET_PDEATHSIG, signal.SIGTERM)
+                    if sys.platform == "linux" else None)
 
 
 @LAUNCHERS.register("process")
@@ -46,7 +34,7 @@ class ProcessLauncher(Launcher):
                 process = subprocess.Popen(
                     list(run.command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env={**os.environ, **run.env}, start_new_session=True,
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509  (this launcher's driver starts no threads)
+                    preexec_fn=_DIE_WITH_PARENT,  # noqa: PLW1509  (this launcher's driver starts no threads)
                 )
             jobs.append(Job(run=run, handle=process, info={"pid": process.pid}))
         return jobs

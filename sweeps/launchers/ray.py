@@ -90,7 +90,14 @@ class RayLauncher(Launcher):
         info = self.client.get_job_info(job.handle)
         if info.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             return None
-        self._append_logs(job)
+        try:  # the job's logs, appended to the run's log
+            logs = self.client.get_job_logs(job.handle)
+        except Exception as error:  # noqa: BLE001  (missing logs must not lose the run's outcome)
+            lines = [line for line in str(error).splitlines() if re.search(r"\w{3}", line)] or [repr(error)]
+            logs = f"(could not fetch the Ray job's logs: {lines[-1].strip()})\n"  # its node may be gone
+        job.run.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(job.run.log_path, "a", encoding="utf-8") as log:
+            log.write(logs)
         died = NODE_DIED.search(info.message or "") if info.status == JobStatus.FAILED else None
         if died:  # the job's node was lost (its machine died, its raylet was killed): the run did not fail
             return Outcome(info.driver_exit_code, f"Ray job {job.handle} FAILED: the node running it died (Ray: "
@@ -103,16 +110,6 @@ class RayLauncher(Launcher):
         if info.status == JobStatus.SUCCEEDED:
             return Outcome(code)
         return Outcome(code, f"Ray job {job.handle} {info.status.value}: {(info.message or '').strip()}")
-
-    def _append_logs(self, job: Job) -> None:
-        try:
-            logs = self.client.get_job_logs(job.handle)
-        except Exception as error:  # noqa: BLE001  (missing logs must not lose the run's outcome)
-            lines = [line for line in str(error).splitlines() if re.search(r"\w{3}", line)] or [repr(error)]
-            logs = f"(could not fetch the Ray job's logs: {lines[-1].strip()})\n"  # its node may be gone
-        job.run.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(job.run.log_path, "a", encoding="utf-8") as log:
-            log.write(logs)
 
     def terminate(self, job: Job) -> None:
         with contextlib.suppress(Exception):

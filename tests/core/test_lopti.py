@@ -14,6 +14,7 @@ Its quantile split (``seperate_portion``, used when ``seperate_prob == 0``), res
 Here ``split: quantile`` with ``eta = portion``.
 """
 
+import dataclasses
 import math
 import pathlib
 
@@ -22,8 +23,10 @@ import torch
 from omegaconf import OmegaConf
 
 from dataflex_rl import ConfigError, build_mechanism, keys, parse_dataflex_config
+from dataflex_rl.actuators import ACTUATORS
 from dataflex_rl.compose import CONF_DIR, compose_train_config
 from dataflex_rl.config import dataflex_defaults
+from dataflex_rl.scorers import SCORERS
 from tests.core.devices import on, on_cpu, processed
 
 
@@ -243,8 +246,15 @@ def test_presets_hold_what_differs_and_compose_to_the_public_block_shape():
         restated = [key for key in ("mechanism", "warmup_step") if preset.get(key) == defaults[key]]
         scorer = preset.get("scorer") or {}
         restated += ["scorer"] * (scorer.get("name") == defaults["scorer"]["name"] or scorer.get("params") == {})
+        for component, registry in (("scorer", SCORERS), ("actuator", ACTUATORS)):
+            params = (preset.get(component) or {}).get("params") or {}
+            fields = {field.name: field.default for field in dataclasses.fields(registry.get(
+                (preset.get(component) or defaults[component])["name"]).Params)}
+            restated += [f"{component}.params.{key}" for key, value in params.items() if fields[key] == value]
         assert restated == [], path.name
-        assert set(compose_dataflex([f"dataflex={path.stem}"])) == {"mechanism", "scorer", "actuator", "warmup_step"}
+        composed = compose_dataflex([f"dataflex={path.stem}"])
+        assert set(composed) == {"mechanism", "scorer", "actuator", "warmup_step"}
+        assert composed == build_mechanism(composed).config.to_dict(), f"{path.name}: the record misses a value"
 
 
 # --- quantile split (the paper code's seperate_portion) -------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_lopti_stages_only_from_warmup_step(tmp_path, sft_cache):
 def test_lopti_quantile_split_puts_the_share_eta_first(tmp_path, sft_cache):
     # split: quantile (the paper code's seperate_portion): eta = 0.25 is the share of valid tokens updated first.
     run_dir, frame = run_preset(tmp_path, sft_cache, "lopti",
-                                ["+dataflex.actuator.params.split=quantile", "dataflex.actuator.params.eta=0.25"])
+                                ["dataflex.actuator.params.split=quantile", "dataflex.actuator.params.eta=0.25"])
     assert optimizer_steps(run_dir) == STEPS * 2
     train = frame.loc[1:STEPS]
     assert (train[keys.LOPTI_LOW_TOKEN_FRAC] - 0.25).abs().max() < 0.05

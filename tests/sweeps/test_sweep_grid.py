@@ -65,7 +65,7 @@ def test_an_actuator_parameters_axis_multiplies_only_the_presets_that_have_it():
     assert specs[1].overrides[-3:] == ("dataflex.actuator.params.rho=0.1", "seed=1", "sft.seed=1")
     assert specs[0].axis_keys == ("mechanism_label", "dataflex.actuator.params.rho", "seed")
     # A parameter the actuator has without the preset setting it (Lopti's split) is an axis of that preset too.
-    split = expand_grid(config_of("mechanisms=lopti", "seeds=1", "extra=[+dataflex.actuator.params.split=threshold,"
+    split = expand_grid(config_of("mechanisms=lopti", "seeds=1", "extra=[dataflex.actuator.params.split=threshold,"
                                   "quantile]"))
     assert [spec.name for spec in split] == ["s1-baseline", "s1-lopti-split-threshold", "s1-lopti-split-quantile"]
 

@@ -19,7 +19,7 @@ from sweeps import config as sweep_config
 from sweeps.cli import load_config
 from sweeps.cli import main as sweep_main
 from sweeps.launchers import LAUNCHERS, discover
-from sweeps.run_plan import SweepPlan
+from sweeps.plan import SweepPlan
 from sweeps.runner import SessionRefused, SweepSession, SweepStopped
 from sweeps.tune import main as tune_main
 from tests import registry_snapshot

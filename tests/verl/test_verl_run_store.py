@@ -225,11 +225,17 @@ def test_a_verl_run_of_a_grid_records_its_axes_and_names_its_wandb_run_from_them
 
 
 def test_a_run_outside_a_grid_gets_the_local_backends_wandb_name(verl_config, tmp_path):
+    from dataflex_rl.config import parse_dataflex_config
     from dataflex_rl.verl.run_record import VerlRunRecord
 
     OmegaConf.set_struct(verl_config, False)
     verl_config.dataflex_run = {"dir": str(tmp_path / "solo"), "sweep": "s", "seed": 3}
-    record = VerlRunRecord(run_place(verl_config, "reweight"), verl_config, "reweight", 0.25)
+    verl_config.dataflex = {"actuator": {"name": "advantage_reweight", "params": {"alpha": 0.25}}}
+    dataflex = parse_dataflex_config(verl_config.dataflex)
+    record = VerlRunRecord(run_place(verl_config, "reweight"), verl_config, dataflex)
+    # the command line gave alpha only; the record holds every value the run used
+    assert record.config["dataflex"]["actuator"]["params"] == {"alpha": 0.25, "normalize": "mean", "tau": None,
+                                                           "neg_adv_weight": 1.0}
     assert record.identity.wandb_name == "s-a0.25-s3" == record.config["trainer"]["experiment_name"]
     assert record.wandb_environment({}) == {"WANDB_RUN_GROUP": "s", "WANDB_TAGS": "reweight,verl"}
     assert verl_config.trainer.experiment_name != "s-a0.25-s3"  # the record changes its own copy only

@@ -81,9 +81,6 @@ class PlatformCPU(PlatformBase):
     def device_count(self) -> int:
         return 1
 
-    def _nothing(self, *args: Any, **kwargs: Any) -> None:
-        """A device call with nothing to do on the CPU."""
-
     set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
 
     def manual_seed(self, seed: int) -> None:

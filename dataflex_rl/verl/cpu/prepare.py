@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -44,6 +43,7 @@ def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, te
     from dataflex_rl.compose import compose_train_config
     from dataflex_rl.lm.sft import sft_cache_key, warm_start
     from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.tracking.run_store.files import atomic_write_json
     from dataflex_rl.verl.data import build_rows, write_files
 
     train_config = parse_train_config(compose_train_config([*overrides, "run_dir=unused", "mode=sft"]))
@@ -71,9 +71,7 @@ def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, te
     model.save_pretrained(out / MODEL_FOLDER)
     hf_char_tokenizer(tokenizer).save_pretrained(out / TOKENIZER_FOLDER)
     write_files(rows, out / DATA_FOLDER)
-    temporary = done.with_name(f".{DONE_FILE}.tmp")
-    temporary.write_text(json.dumps(record, indent=2))
-    os.replace(temporary, done)
+    atomic_write_json(done, record)
     return out
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import plots
-from analysis.aggregate import DEFAULT_FINAL_WINDOW, aggregate_runs, default_baseline
+from analysis.aggregate import DEFAULT_FINAL_WINDOW, aggregate_runs, default_baseline, paired_differences
 from analysis.bootstrap import DEFAULT_BOOTSTRAP
 from analysis.curves import BAND_METHOD, MEASURED_BAND_COVERAGE, curve_differences
 from analysis.groups import group_key
@@ -97,6 +97,7 @@ def figure_sections(document: Document, data: SweepData, summaries: pd.DataFrame
     _gradient_figures(document, data, group_keys, options)
     _prob_change_figures(document, data, group_keys, options)
     _low_prob_share_figure(document, data, group_keys, options)
+    _regime_maps(document, summaries, table_metrics, group_keys, options)
 
 
 def _curve_figures(document: Document, data: SweepData, table_metrics: Sequence[str], group_keys: Sequence[str],
@@ -287,3 +288,20 @@ def _sample_efficiency_figure(document: Document, data: SweepData, table_metrics
                         axes=figure.subplots(1, 2, sharey=True)),
                     size=(11.0, 4.2))
 
+
+
+def _regime_maps(document: Document, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
+                 group_keys: Sequence[str], options: ReportOptions) -> None:
+    """A sweep of alpha crossed with two other factors: per alpha, the primary metric's final-window delta against
+    alpha 0 at the same two factors, as a regime map (drawn only for such a sweep)."""
+    factors = [key for key in group_keys if key != "alpha"]
+    metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
+    baseline = None if summaries is None else default_baseline(summaries, group_keys)
+    if summaries is None or metric is None or len(factors) != 2 or baseline is None or set(baseline) != {"alpha"}:
+        return
+    deltas = paired_differences(summaries, group_keys=group_keys, baseline=baseline, **options.statistics)
+    for alpha in sorted(set(deltas["alpha"]) - {baseline["alpha"]}):
+        document.figure(f"Regime map of {metric} at alpha = {alpha:g}", f"regime_{slug(metric)}_a{alpha:g}",
+                        lambda figure, a=alpha: plots.plot_regime_map(deltas, *factors, metric=metric,
+                                                                      where={"alpha": a}, ax=figure.add_subplot()),
+                        size=(8.0, 5.0))

@@ -89,7 +89,7 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: Any) 
     loss_value = float("nan")
     with progress_bar(total=sft.steps, desc="SFT") as bar:
         for step in range(sft.steps):
-            batch = sft_batch(tokenizer, task.train_problems(sft.batch_size, seed=sft_step_seed(sft.seed, step)))
+            batch = sft_batch(tokenizer, task.sft_problems(sft.batch_size, seed=sft_step_seed(sft.seed, step)))
             loss_value = sft_step(model, optimizer, batch, packed)
             schedule.step()
             # every 5% (the sweep's live view reads these lines from the warm start's log)

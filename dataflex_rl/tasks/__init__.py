@@ -4,6 +4,8 @@
 from dataflex_rl.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from dataflex_rl.tasks.base import TASKS, Problem, Task, build_task
 from dataflex_rl.tasks.knights_knaves import KnightsKnavesConfig, KnightsKnavesTask, Puzzle, generate_puzzles, solve
+from dataflex_rl.tasks.long_addition import LongAdditionConfig, LongAdditionTask
 
-__all__ = ["TASKS", "ArithmeticConfig", "ArithmeticTask", "KnightsKnavesConfig", "KnightsKnavesTask", "Problem",
-           "Puzzle", "Task", "build_task", "generate_puzzles", "solve"]
+__all__ = ["TASKS", "ArithmeticConfig", "ArithmeticTask", "KnightsKnavesConfig", "KnightsKnavesTask",
+           "LongAdditionConfig", "LongAdditionTask", "Problem", "Puzzle", "Task", "build_task", "generate_puzzles",
+           "solve"]

@@ -106,15 +106,6 @@ class ArithmeticTask(Task):
         low, high = _operand_range(rng.choice(self._digit_counts))
         return rng.randint(low, high)
 
-    def build_test_pool(self) -> list[Problem]:
-        """The first ``test_size`` distinct problems drawn from ``test_seed``."""
-        rng = random.Random(f"{self.name}/test/{self.config.test_seed}")
-        pool: dict[str, Problem] = {}
-        while len(pool) < self.config.test_size:
-            problem = self.sample_problem(rng)
-            pool.setdefault(problem.key, problem)
-        return list(pool.values())
-
     def is_correct(self, problem: Problem, completion: str) -> bool:
         """Whether the integer before the first ``;`` equals the answer (see :func:`parse_answer`)."""
         return parse_answer(completion) == problem.answer

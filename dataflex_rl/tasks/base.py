@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -50,9 +50,15 @@ class Task(abc.ABC):
     def sample_problem(self, rng: random.Random) -> Problem:
         """One draw from the task's problem distribution (may be a test problem; the caller filters)."""
 
-    @abc.abstractmethod
     def build_test_pool(self) -> list[Problem]:
-        """``config.test_size`` problems with distinct keys, determined by ``config.test_seed`` alone."""
+        """``config.test_size`` problems with distinct keys, determined by ``config.test_seed`` alone: by default the
+        first ``test_size`` distinct problems drawn from it."""
+        rng = random.Random(f"{self.name}/test/{self.config.test_seed}")
+        pool: dict[str, Problem] = {}
+        while len(pool) < self.config.test_size:
+            problem = self.sample_problem(rng)
+            pool.setdefault(problem.key, problem)
+        return list(pool.values())
 
     @abc.abstractmethod
     def is_correct(self, problem: Problem, completion: str) -> bool:
@@ -88,13 +94,21 @@ class Task(abc.ABC):
 
     def train_problems(self, count: int, seed: int) -> list[Problem]:
         """``count`` i.i.d. problems (repeats possible) from ``seed``, none of them in the test pool."""
+        return self.draw_outside_test_pool(count, random.Random(f"{self.name}/train/{seed}"), self.sample_problem)
+
+    def sft_problems(self, count: int, seed: int) -> list[Problem]:
+        """The SFT warm start's problems; by default :meth:`train_problems` (a task may keep some of them from it)."""
+        return self.train_problems(count, seed)
+
+    def draw_outside_test_pool(self, count: int, rng: random.Random,
+                               sample: Callable[[random.Random], Problem]) -> list[Problem]:
+        """``count`` draws of ``sample(rng)`` that are not in the test pool."""
         check_non_negative_int("count", count)
-        rng = random.Random(f"{self.name}/train/{seed}")
         test_keys = self.test_keys
         problems: list[Problem] = []
         rejections = 0
         while len(problems) < count:
-            problem = self.sample_problem(rng)
+            problem = sample(rng)
             if problem.key in test_keys:
                 rejections += 1
                 if rejections >= MAX_CONSECUTIVE_REJECTIONS:

@@ -7,14 +7,15 @@ import pytest
 from dataflex_rl.compose import compose_train_config, group_choices
 from dataflex_rl.local.config import TrainerConfig
 from dataflex_rl.registry import RegistryError
-from dataflex_rl.tasks import (TASKS, ArithmeticConfig, ArithmeticTask, KnightsKnavesConfig, KnightsKnavesTask, Problem,
-                               build_task)
+from dataflex_rl.tasks import (TASKS, ArithmeticConfig, ArithmeticTask, KnightsKnavesConfig, KnightsKnavesTask,
+                               LongAdditionTask, Problem, build_task)
 
 
 def test_registered_names() -> None:
-    assert TASKS.names() == ["arithmetic", "knights_knaves"]
+    assert TASKS.names() == ["arithmetic", "knights_knaves", "long_addition"]
     assert TASKS.get("arithmetic") is ArithmeticTask
     assert TASKS.get("knights_knaves") is KnightsKnavesTask
+    assert TASKS.get("long_addition") is LongAdditionTask
 
 
 def test_unknown_task_lists_registered() -> None:

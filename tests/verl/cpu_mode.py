@@ -24,10 +24,10 @@ TEST_PREPARE_OVERRIDES = ("task.max_digits=2", "sft.steps=250")
 RUN_TIMEOUT_S = 1200  # a wait, not a timing assertion: a 2-step run takes about a minute on an idle 2-core machine
 
 
-def prepare_folder(root: Path) -> Path:
-    """The experiment's prepare step into ``root/prepared`` (SFT cached under ``root/sft-cache``)."""
-    overrides = [str(item) for item in load_experiment(EXPERIMENT).prepare.overrides]
-    overrides += [*TEST_PREPARE_OVERRIDES, f"sft.cache_dir={root / 'sft-cache'}"]
+def prepare_folder(root: Path, overrides: Sequence[str] = TEST_PREPARE_OVERRIDES) -> Path:
+    """The experiment's prepare step with ``overrides`` into ``root/prepared`` (SFT cached under ``root/sft-cache``)."""
+    overrides = [*(str(item) for item in load_experiment(EXPERIMENT).prepare.overrides), *overrides,
+                 f"sft.cache_dir={root / 'sft-cache'}"]
     return prepare(root / "prepared", overrides, train_size=512, test_size=64)
 
 

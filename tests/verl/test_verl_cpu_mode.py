@@ -232,3 +232,15 @@ def test_band_preset_with_the_probability_change_on_the_real_trainer(prepared, t
     assert correct.between(0.0, 1.0).all() and correct.notna().all()
     cells = [keys.prob_change(sign, "0.75-1.00", "token_share") for sign in keys.ADVANTAGE_SIGNS]
     assert (training[cells].sum(axis=1) > 0).all()
+
+
+@pytest.mark.slow
+def test_long_addition_trains_on_the_real_trainer_with_responses_that_reason(tmp_path):
+    # The task's data files through the same prepare step; responses of about 39 characters need a longer limit.
+    prepared = prepare_folder(tmp_path, ("task=long_addition", "sft.steps=250"))
+    run = run_verl(prepared, tmp_path / "run", dataflex=AR, steps=1,
+                   extra=["data.max_prompt_length=16", "data.max_response_length=48"])
+    metrics = completed_metrics(run)
+    assert metrics.loc[1, "response_length/mean"] >= 30  # the trace before the answer
+    assert metrics.loc[1, "dataflex/weight/std"] > 0
+    assert 0.0 <= metrics.loc[1, "critic/score/mean"] <= 1.0 and metrics[keys.VAL_ACCURACY].notna().any()

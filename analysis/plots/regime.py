@@ -1,0 +1,75 @@
+"""A regime map: the delta against the baseline over two factors of a sweep, one cell per pair of their values, each
+with its interval, and the cells whose interval excludes 0 framed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.patches import Rectangle
+
+from analysis.plots.style import metric_label
+
+CELL_COLUMNS = ("mean_difference", "ci_low", "ci_high", "n_pairs", "mde")
+
+
+def regime_cells(differences: pd.DataFrame, rows: str, columns: str, *, metric: str,
+                 where: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """One row per (``rows``, ``columns``) cell of :func:`analysis.aggregate.paired_differences`' table for ``metric``
+    (its ``group_keys`` hold both factors; ``where`` picks one value of each other key, e.g. ``{"alpha": 0.5}``), with
+    :data:`CELL_COLUMNS` and ``excludes_zero``: whether the cell's interval lies wholly on one side of 0."""
+    missing = [key for key in (rows, columns, *(where or {}), *CELL_COLUMNS) if key not in differences.columns]
+    if missing:
+        raise ValueError(f"the differences table has no column {missing[0]!r}; its columns: "
+                         f"{', '.join(map(str, differences.columns))}")
+    selected = differences[differences["metric"].astype(str) == metric]
+    for key, value in (where or {}).items():
+        selected = selected[selected[key] == value]
+    if selected.empty:
+        raise ValueError(f"no cell of metric {metric!r} with {dict(where or {})}; metrics: "
+                         f"{', '.join(sorted(differences['metric'].astype(str).unique()))}")
+    if selected.duplicated([rows, columns]).any():
+        others = [key for key in differences.columns if key not in (rows, columns, "metric", *CELL_COLUMNS)]
+        raise ValueError(f"several cells per ({rows}, {columns}): pick one value of the other factors with "
+                         f"where= (columns: {', '.join(map(str, others))})")
+    cells = selected[[rows, columns, *CELL_COLUMNS]].sort_values([rows, columns]).reset_index(drop=True)
+    cells["excludes_zero"] = (cells["ci_low"] > 0) | (cells["ci_high"] < 0)
+    return cells
+
+
+def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metric: str,
+                    where: Mapping[str, Any] | None = None, ax: Axes | None = None) -> Axes:
+    """:func:`regime_cells` as a heatmap: colour the mean difference (0 white), write it with its interval, and frame
+    the cells whose interval excludes 0; a cell with no pair of runs stays blank."""
+    cells = regime_cells(differences, rows, columns, metric=metric, where=where)
+    row_values, column_values = sorted(cells[rows].unique()), sorted(cells[columns].unique())
+    grid = np.full((len(row_values), len(column_values)), np.nan)
+    if ax is None:
+        ax = plt.subplots(figsize=(1.6 * len(column_values) + 2.5, 0.9 * len(row_values) + 1.8))[1]
+    for cell in cells.to_dict("records"):
+        i, j = row_values.index(cell[rows]), column_values.index(cell[columns])
+        grid[i, j] = cell["mean_difference"]
+        if np.isfinite(cell["mean_difference"]):
+            ax.text(j, i, f"{cell['mean_difference']:+.3f}\n[{cell['ci_low']:+.3f}, {cell['ci_high']:+.3f}]",
+                    ha="center", va="center", fontsize=8, fontweight="bold" if cell["excludes_zero"] else "normal")
+        if cell["excludes_zero"]:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2.5))
+    limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+    image = ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(0.0, -limit or -1.0, limit or 1.0), aspect="auto")
+    ax.figure.colorbar(image, ax=ax, label=f"\u0394 {metric_label(metric)} vs the baseline")
+    ax.set_xticks(range(len(column_values)), [_tick(value) for value in column_values])
+    ax.set_yticks(range(len(row_values)), [_tick(value) for value in row_values])
+    ax.set_xlabel(columns)
+    ax.set_ylabel(rows)
+    chosen = ", ".join(f"{key} = {value}" for key, value in (where or {}).items())
+    ax.set_title(f"{metric_label(metric)}{f' ({chosen})' if chosen else ''}: framed cells' intervals exclude 0")
+    return ax
+
+
+def _tick(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

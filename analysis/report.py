@@ -48,7 +48,8 @@ SUMMARY_METRIC = keys.VAL_ACCURACY
 
 def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
                   metric: str = SUMMARY_METRIC) -> ComparisonTable | None:
-    """Per group: ``metric`` after SFT (step 0), its final-window mean and paired delta; None when not logged."""
+    """Per group: ``metric`` after SFT (step 0), its final-window mean with the paired delta, and each run's gain
+    over its own step 0 (what RL added, its interval over the runs); None when not logged."""
     if metric not in set(data.metric_names):
         return None
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
@@ -59,8 +60,12 @@ def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
     # the step-0 value as a one-point summary of its own, so both columns go through the same aggregation
     at_start = metrics[(metrics["metric"].astype(str) == metric).to_numpy() & (metrics["step"] == 0).to_numpy()]
     after_sft = run_summaries(at_start, final_window=1) if len(at_start) else final.iloc[:0]
-    summaries = pd.concat([after_sft.assign(metric=after_title), final.assign(metric=final_title)],
-                          ignore_index=True)
+    gain_title = f"{metric} gain over SFT (final - step 0)"
+    start_of = after_sft.set_index("run")["final_window"]
+    gain = final[final["run"].isin(start_of.index)]
+    gain = gain.assign(final_window=gain["final_window"] - gain["run"].map(start_of).to_numpy())
+    summaries = pd.concat([after_sft.assign(metric=after_title), final.assign(metric=final_title),
+                           gain.assign(metric=gain_title)], ignore_index=True)
     baseline = default_baseline(final, group_keys)
     # the renamed column keeps the metric's direction (which delta is an improvement)
     minimize = [final_title] if lower_is_better(metric) else []
@@ -68,7 +73,7 @@ def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
         summaries[summaries["metric"] == final_title], group_keys=group_keys, baseline=baseline, minimize=minimize,
         **options.statistics)
     aggregates = aggregate_runs(summaries, group_keys=group_keys, **options.statistics)
-    present = [title for title in (after_title, final_title) if title in set(aggregates["metric"])]
+    present = [title for title in (after_title, final_title, gain_title) if title in set(aggregates["metric"])]
     return comparison_table(aggregates, deltas=deltas, metrics=present, group_keys=group_keys, style=options.style,
                             caption=f"{metric} after SFT and at the end of training, per group")
 

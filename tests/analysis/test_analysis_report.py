@@ -227,3 +227,19 @@ def test_two_reports_of_one_sweep_at_once_take_turns(tmp_path: Path, monkeypatch
     text = (sweep / "report" / "report.md").read_text()
     assert "Could not draw" not in text and "FileNotFoundError" not in text
     assert [path.name for path in sweep.iterdir() if path.name.endswith(".partial")] == []
+
+
+def test_the_headline_table_gives_each_groups_gain_over_its_own_warm_start(tmp_path: Path) -> None:
+    # seed s: 0.2 after SFT (step 0), then 0.5 + 0.01 s for the 5 evaluations of the final window, so the gains are
+    # 0.31, 0.32, 0.33: mean 0.32, 95% t interval 0.32 +- t(0.975, 2) 0.01 / sqrt(3) = 0.32 +- 0.0248.
+    from analysis.load import load_sweep
+    from dataflex_rl import keys
+
+    for alpha in (0.0, 0.5):
+        for seed in (1, 2, 3):
+            write_fake_run(tmp_path / "s" / f"a{alpha:g}-s{seed}", sweep="s", alpha=alpha, seed=seed,
+                           metrics={keys.VAL_ACCURACY: [0.2] + [0.5 + 0.01 * seed] * 5})
+    table = report.to_markdown(report.summary_table(load_sweep(tmp_path / "s")))
+    header, _, *rows = table.splitlines()
+    assert "val/accuracy gain over SFT (final - step 0)" in header
+    assert all("0.320 ± 0.025 (3)" in row for row in rows)

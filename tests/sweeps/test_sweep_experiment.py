@@ -62,3 +62,14 @@ def test_make_experiment_reaches_the_driver_as_one_key():
 def test_bad_experiment_is_refused_naming_key_and_allowed(argv, message):
     with pytest.raises(ConfigError, match=message):
         config_of(*argv)
+
+
+def test_long_addition_is_a_named_experiment_whose_sweep_runs_the_ablation():
+    run = parse_train_config(compose_train_config(["run_dir=x", "experiment=long_addition"]))
+    assert run.task.name == "long_addition" and run.task.built.config.sft_max_digits is None
+    assert (run.sft.steps, run.trainer.lr, run.trainer.total_steps, run.trainer.val_every) == (200, 3e-5, 100, 10)
+    assert run.task.params["test_size"] >= run.trainer.val_size == 1024
+    config = config_of("experiment=long_addition")
+    assert config.mechanisms == ("baseline", "ar_paper", "ar", "lopti_paper", "ar_lopti_paper")
+    assert config.steps is None and config.extra[0] == "experiment=long_addition"
+    assert len(expand_grid(config)) == 5 * len(config.seeds)

@@ -45,7 +45,8 @@ def test_the_sweep_summary_prints_the_reports_summary_table(tmp_path):
     assert shown == expected
     header, baseline, treated = expected
     assert header[1:3] == ["val/accuracy after SFT (step 0)", "val/accuracy final (mean of the last 5)"]
-    assert baseline[0] == "0" and baseline[-1] == "baseline"
+    assert header[-1] == "val/accuracy gain over SFT (final - step 0)"
+    assert baseline[0] == "0" and baseline[-2] == "baseline"
     # the failed run is left out of the aggregate, and 2 seeds get no interval
     assert treated[0] == "0.5" and treated[2].endswith("(2, too few seeds)")
 
@@ -56,4 +57,5 @@ def test_the_summary_in_a_log_file_is_never_cropped(tmp_path):
     out = io.StringIO()
     print_group_summary(sweep_dir, Console(file=out, width=80, color_system=None))  # not a terminal: 80 columns
     treated = [row for row in terminal_rows(out.getvalue()) if row[0] == "0.5"][0]
-    assert re.search(r"MDE \d\.\d+$", treated[-1]), treated  # the delta cell is whole, down to its MDE
+    assert re.search(r"MDE \d\.\d+$", treated[-2]), treated  # the delta cell is whole, down to its MDE
+    assert re.fullmatch(r"-?\d\.\d+ ± \d\.\d+ \(3\)", treated[-1]), treated  # and so is the gain's

@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.patches import Rectangle
 
-from analysis.plots.style import metric_label
+from analysis.plots.style import metric_label, value_text
 
 CELL_COLUMNS = ("mean_difference", "ci_low", "ci_high", "n_pairs", "mde")
 
@@ -62,14 +62,10 @@ def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metri
     limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
     image = ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(0.0, -limit or -1.0, limit or 1.0), aspect="auto")
     ax.figure.colorbar(image, ax=ax, label=f"\u0394 {metric_label(metric)} vs the baseline")
-    ax.set_xticks(range(len(column_values)), [_tick(value) for value in column_values])
-    ax.set_yticks(range(len(row_values)), [_tick(value) for value in row_values])
+    ax.set_xticks(range(len(column_values)), [value_text(value) for value in column_values])
+    ax.set_yticks(range(len(row_values)), [value_text(value) for value in row_values])
     ax.set_xlabel(columns)
     ax.set_ylabel(rows)
     chosen = ", ".join(f"{key} = {value}" for key, value in (where or {}).items())
     ax.set_title(f"{metric_label(metric)}{f' ({chosen})' if chosen else ''}: framed cells' intervals exclude 0")
     return ax
-
-
-def _tick(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)

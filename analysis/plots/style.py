@@ -47,9 +47,14 @@ def axes_or_new(ax: Axes | None) -> Axes:
     return ax if ax is not None else plt.subplots()[1]
 
 
+def value_text(value: Any) -> str:
+    """A factor's value as labels show it: ``0.5``, ``1e-05``, ``ar``."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def group_label(group_keys: Sequence[str], values: Sequence[Any]) -> str:
     """``alpha=0.5`` or ``ar, alpha=0.5`` (a mechanism label is shown bare)."""
-    texts = [f"{value:g}" if isinstance(value, float) else str(value) for value in values]
+    texts = [value_text(value) for value in values]
     return ", ".join(text if key == "mechanism_label" else f"{key}={text}"
                      for key, text in zip(group_keys, texts, strict=True))
 

@@ -60,11 +60,11 @@ class ArithmeticConfig:
 
 def problem_space_size(min_digits: int, max_digits: int, num_ops: int) -> int:
     """Number of distinct problems: ``num_ops * (number of operands)**2``."""
-    operands = 10**max_digits - _operand_range(min_digits)[0]  # every integer from the smallest operand up
+    operands = 10**max_digits - operand_range(min_digits)[0]  # every integer from the smallest operand up
     return num_ops * operands * operands
 
 
-def _operand_range(digits: int) -> tuple[int, int]:
+def operand_range(digits: int) -> tuple[int, int]:
     return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
 
 
@@ -103,7 +103,7 @@ class ArithmeticTask(Task):
         return make_problem(left, op, right)
 
     def _sample_operand(self, rng: random.Random) -> int:
-        low, high = _operand_range(rng.choice(self._digit_counts))
+        low, high = operand_range(rng.choice(self._digit_counts))
         return rng.randint(low, high)
 
     def is_correct(self, problem: Problem, completion: str) -> bool:

@@ -9,6 +9,7 @@ import random
 import re
 from typing import Any
 
+from dataflex_rl.tasks.arithmetic import operand_range, problem_space_size
 from dataflex_rl.tasks.base import TASKS, Problem, Task
 from dataflex_rl.validation import check_int_in_range, check_non_negative_int
 
@@ -40,15 +41,11 @@ class LongAdditionConfig:
             check_int_in_range("sft_max_digits", self.sft_max_digits, self.min_digits, self.max_digits)
         check_non_negative_int("test_size", self.test_size)
         check_non_negative_int("test_seed", self.test_seed)
-        space = (10**self.max_digits - _operand_range(self.min_digits)[0]) ** 2
+        space = problem_space_size(self.min_digits, self.max_digits, 1)
         if self.test_size > space // 2:  # half the space at most, so sampling train problems never stalls
             raise ValueError(f"{TASK_NAME} task param test_size={self.test_size} is too large: min_digits="
                              f"{self.min_digits}, max_digits={self.max_digits} give {space} distinct problems; "
                              f"allowed: test_size <= {space // 2}")
-
-
-def _operand_range(digits: int) -> tuple[int, int]:
-    return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
 
 
 def columns(left: int, right: int) -> int:
@@ -93,7 +90,7 @@ class LongAdditionTask(Task):
 
     def _sample(self, rng: random.Random, max_digits: int) -> Problem:
         """Digit count uniform per operand, then the value uniform."""
-        left, right = (rng.randint(*_operand_range(rng.randint(self.config.min_digits, max_digits)))
+        left, right = (rng.randint(*operand_range(rng.randint(self.config.min_digits, max_digits)))
                        for _ in range(2))
         return Problem(prompt=f"{left}+{right}=", completion=solve(left, right),
                        answer={"left": left, "right": right}, difficulty=columns(left, right), key=f"{left}+{right}")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.compose import TrainComposer, check_group_choice, compose_train_config
+from dataflex_rl.compose import EXPERIMENT_GROUP, TrainComposer, check_group_choice, compose_train_config
 from dataflex_rl.keys import check_metric_key
 from dataflex_rl.overrides import Override, hydra_value
 from dataflex_rl.train import CONFIG_FILE_FLAG
@@ -36,8 +36,11 @@ class LocalBackend(Backend):
         return check_metric_key(key, value)
 
     def default_steps(self, config: SweepConfig) -> int | None:
-        """``local_steps``, unless ``extra`` sets the steps (the trainer's own 400 are long for a laptop)."""
-        return None if config.common_sets(self.steps_key) else config.local_steps
+        """``local_steps`` (the trainer's own 400 are long for a laptop), unless ``extra`` sets the steps or names an
+        experiment, whose own ``trainer.total_steps`` then hold."""
+        if config.common_sets(self.steps_key) or config.common_sets(EXPERIMENT_GROUP):
+            return None
+        return config.local_steps
 
     def plan(self, config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
              threads: int | None) -> list[PlannedRun]:

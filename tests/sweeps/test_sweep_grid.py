@@ -264,6 +264,10 @@ def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
     assert config_of("steps=50").steps == 50
     assert config_of("extra=[trainer.total_steps=30]").steps is None  # the override decides, given once
     assert config_of("local_steps=null").steps is None  # the trainer's own 400
+    # an experiment named in extra (EXTRA="experiment=X") or by experiment= keeps its own trainer.total_steps
+    assert config_of("extra=[experiment=long_addition]").steps is None
+    assert config_of("experiment=long_addition").steps is None
+    assert config_of("experiment=long_addition", "steps=40").steps == 40
     assert config_of("backend=verl").steps is None  # verl keeps its experiment's steps
 
 

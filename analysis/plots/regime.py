@@ -16,6 +16,7 @@ from matplotlib.patches import Rectangle
 from analysis.plots.style import metric_label, value_text
 
 CELL_COLUMNS = ("mean_difference", "ci_low", "ci_high", "n_pairs", "mde")
+DARK_SHARE = 0.6  # a cell whose |delta| exceeds this share of the colour scale's limit is written in white
 
 
 def regime_cells(differences: pd.DataFrame, rows: str, columns: str, *, metric: str,
@@ -44,22 +45,27 @@ def regime_cells(differences: pd.DataFrame, rows: str, columns: str, *, metric: 
 
 def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metric: str,
                     where: Mapping[str, Any] | None = None, ax: Axes | None = None) -> Axes:
-    """:func:`regime_cells` as a heatmap: colour the mean difference (0 white), write it with its interval, and frame
-    the cells whose interval excludes 0; a cell with no pair of runs stays blank."""
+    """:func:`regime_cells` as a heatmap: colour the mean difference (0 white), write it with its interval, the number
+    of paired seeds and the MDE, and frame the cells whose interval excludes 0; a cell with no pair of runs stays
+    blank."""
     cells = regime_cells(differences, rows, columns, metric=metric, where=where)
     row_values, column_values = sorted(cells[rows].unique()), sorted(cells[columns].unique())
     grid = np.full((len(row_values), len(column_values)), np.nan)
     if ax is None:
         ax = plt.subplots(figsize=(1.6 * len(column_values) + 2.5, 0.9 * len(row_values) + 1.8))[1]
     for cell in cells.to_dict("records"):
+        grid[row_values.index(cell[rows]), column_values.index(cell[columns])] = cell["mean_difference"]
+    limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+    for cell in cells.to_dict("records"):
         i, j = row_values.index(cell[rows]), column_values.index(cell[columns])
-        grid[i, j] = cell["mean_difference"]
         if np.isfinite(cell["mean_difference"]):
-            ax.text(j, i, f"{cell['mean_difference']:+.3f}\n[{cell['ci_low']:+.3f}, {cell['ci_high']:+.3f}]",
-                    ha="center", va="center", fontsize=8, fontweight="bold" if cell["excludes_zero"] else "normal")
+            dark = abs(cell["mean_difference"]) > DARK_SHARE * limit  # white text where the colour is deep
+            ax.text(j, i, f"{cell['mean_difference']:+.3f}\n[{cell['ci_low']:+.3f}, {cell['ci_high']:+.3f}]\n"
+                          f"n = {int(cell['n_pairs'])}, MDE {cell['mde']:.3f}",
+                    ha="center", va="center", fontsize=8, color="white" if dark else "black",
+                    fontweight="bold" if cell["excludes_zero"] else "normal")
         if cell["excludes_zero"]:
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2.5))
-    limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
     image = ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(0.0, -limit or -1.0, limit or 1.0), aspect="auto")
     ax.figure.colorbar(image, ax=ax, label=f"\u0394 {metric_label(metric)} vs the baseline")
     ax.set_xticks(range(len(column_values)), [value_text(value) for value in column_values])

@@ -56,6 +56,10 @@ def test_the_heatmap_writes_every_cell_and_frames_the_planted_one(differences):
     assert len(bold) == 1 and bold[0].get_position() == (TEMPERATURES.index(1.3), LRS.index(3e-4))
     assert len(ax.patches) == 1 and ax.patches[0].get_xy() == (TEMPERATURES.index(1.3) - 0.5, LRS.index(3e-4) - 0.5)
     assert [label.get_text() for label in ax.get_xticklabels()] == ["0.7", "1", "1.3"]
+    # each cell states its pairs and MDE; the planted cell, the deepest colour, is written in white
+    assert all(f"n = {len(SEEDS)}, MDE " in text.get_text() for text in ax.texts)
+    assert bold[0].get_color() == "white"
+    assert {text.get_color() for text in ax.texts if text is not bold[0]} == {"black"}
 
 
 def test_a_map_without_picking_the_other_factor_is_refused_naming_it(differences):

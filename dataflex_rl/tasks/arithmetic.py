@@ -88,7 +88,6 @@ class ArithmeticTask(Task):
     """``a op b=`` -> ``result;`` with a binary reward."""
 
     config_class = ArithmeticConfig
-    terminator = TERMINATOR
     verl_ability = "math"
 
     def __init__(self, config: ArithmeticConfig) -> None:

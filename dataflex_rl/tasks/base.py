@@ -31,7 +31,6 @@ class Problem:
 class Task(abc.ABC):
     name: ClassVar[str]
     config_class: ClassVar[type]
-    terminator: str  # the answer terminator of the rendering (may differ per instance)
 
     def __init__(self, config: Any) -> None:
         if not isinstance(config, self.config_class):

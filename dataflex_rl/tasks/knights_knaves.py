@@ -17,7 +17,6 @@ from dataflex_rl.validation import check_choice, check_int_in_range, check_non_n
 
 TASK_NAME = "knights_knaves"
 COMPACT_TERMINATOR = ";"
-CHAT_TERMINATOR = "</answer>"
 RENDERINGS = ("compact", "chat")
 REWARDS = ("binary", "logic_rl")
 MIN_PEOPLE = 2
@@ -453,13 +452,11 @@ class KnightsKnavesTask(Task):
     """Knights-and-Knaves puzzles; ``problem.answer`` is :meth:`Puzzle.to_dict`, difficulty = number of people."""
 
     config_class = KnightsKnavesConfig
-    terminator = COMPACT_TERMINATOR  # per instance: CHAT_TERMINATOR with the chat rendering
     verl_ability = "logic"
     verl_reward_options = (VERL_REWARD_OPTION,)
 
     def __init__(self, config: KnightsKnavesConfig) -> None:
         super().__init__(config)
-        self.terminator = COMPACT_TERMINATOR if config.rendering == "compact" else CHAT_TERMINATOR
         self._counts = (config.num_people,) if isinstance(config.num_people, int) else tuple(config.num_people)
 
     def make_problem(self, puzzle: Puzzle) -> Problem:

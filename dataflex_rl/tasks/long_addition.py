@@ -82,7 +82,6 @@ class LongAdditionTask(Task):
     """``a+b=`` -> the column trace, ``>``, ``a+b``, ``;``; reward 1 for the right answer of a well-formed response."""
 
     config_class = LongAdditionConfig
-    terminator = TERMINATOR
     verl_ability = "math"
 
     def sample_problem(self, rng: random.Random) -> Problem:

@@ -388,7 +388,6 @@ def test_compact_task_rewards() -> None:
     for completion, reward in cases.items():
         assert task.reward(problem, completion) == reward, completion
         assert task.is_correct(problem, completion) is (reward == 1.0)
-    assert task.terminator == ";"
     assert task.max_completion_chars == 4
 
 
@@ -405,7 +404,7 @@ def test_chat_task_rewards() -> None:
     assert binary.is_correct(problem, no_think)
     wrong = f"<think>x</think><answer>{WRONG_LINES}</answer>"
     assert (logic_rl.reward(problem, wrong), binary.reward(problem, wrong)) == (-0.5, 0.0)
-    assert logic_rl.terminator == "</answer>"
+    assert problem.completion.endswith("</answer>")
 
 
 @pytest.mark.parametrize("rendering", ["compact", "chat"])
@@ -418,7 +417,7 @@ def test_task_problems_within_bounds(rendering: str) -> None:
         assert len(problem.prompt) <= bound(5, task.config.max_depth, task.config.max_width)
         assert len(problem.completion) <= task.max_completion_chars
         assert set(problem.prompt + problem.completion) <= set(task.alphabet)
-        assert problem.completion.endswith(task.terminator)
+        assert problem.completion.endswith(";" if rendering == "compact" else "</answer>")
         assert task.reward(problem, problem.completion) == 1.0
         assert solve(Puzzle.from_dict(problem.answer)) == [tuple(problem.answer["solution"])]
 

@@ -40,7 +40,6 @@ class EchoTask(Task):
 
     name = ECHO
     config_class = EchoConfig
-    terminator = "."
     verl_ability = "echo"
     verl_reward_options = ("echo_scale",)
 

@@ -50,11 +50,10 @@ def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metri
     blank."""
     cells = regime_cells(differences, rows, columns, metric=metric, where=where)
     row_values, column_values = sorted(cells[rows].unique()), sorted(cells[columns].unique())
-    grid = np.full((len(row_values), len(column_values)), np.nan)
+    grid = cells.pivot(index=rows, columns=columns, values="mean_difference").reindex(
+        index=row_values, columns=column_values).to_numpy(dtype=float)
     if ax is None:
         ax = plt.subplots(figsize=(1.6 * len(column_values) + 2.5, 0.9 * len(row_values) + 1.8))[1]
-    for cell in cells.to_dict("records"):
-        grid[row_values.index(cell[rows]), column_values.index(cell[columns])] = cell["mean_difference"]
     limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
     for cell in cells.to_dict("records"):
         i, j = row_values.index(cell[rows]), column_values.index(cell[columns])

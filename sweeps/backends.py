@@ -4,10 +4,11 @@ the Optuna search call its methods and never test a backend's name."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dataflex_rl.overrides import Override
 from dataflex_rl.validation import ConfigError, check_choice
@@ -21,6 +22,9 @@ BACKEND_CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "backend"
 class Backend:
     """How a sweep runs on one backend. Subclasses declare :attr:`steps_key` and implement :meth:`plan`."""
 
+    # The dataclass of the sweep's ``<backend>:`` block (``verl.experiment=...``), whose defaults are the only
+    # ones; None: the backend has no settings of its own.
+    settings: ClassVar[type | None] = None
     steps_key: str = ""  # the run config key that sets a run's RL steps (``steps=N`` writes it)
     sets_threads: bool = True  # False: the backend manages its own threads, so the driver passes no thread count
     # True: a completed run's folder may hold no run store (only the backend's own files); sweep.json then decides.
@@ -69,6 +73,27 @@ class Backend:
 
 def backend_names() -> list[str]:
     return sorted(path.stem for path in BACKEND_CONF_DIR.glob("*.yaml"))
+
+
+def settings_defaults(settings: type) -> dict[str, Any]:
+    """A settings dataclass's defaults as a config node (tuples as lists)."""
+    return {field.name: list(value) if isinstance(value := getattr(settings(), field.name), tuple) else value
+            for field in dataclasses.fields(settings)}
+
+
+def backend_settings_blocks() -> tuple[str, ...]:
+    return tuple(name for name in backend_names() if get_backend(name).settings is not None)
+
+
+def store_backend_options() -> None:
+    """``backend=<name>`` as a group of the sweep config: it sets ``backend`` and adds the backend's settings block
+    with their defaults. Stored on first use, as a backend's module imports the sweep config's."""
+    from hydra.core.config_store import ConfigStore
+
+    for name in backend_names():
+        settings = get_backend(name).settings
+        node = {"backend": name, **({name: settings_defaults(settings)} if settings is not None else {})}
+        ConfigStore.instance().store(group="backend", name=name, node=node, package="_global_")
 
 
 @functools.cache

@@ -1,5 +1,6 @@
 """python -m sweeps [key=value ...]: run an alpha x seed sweep (make sweep), then its report. Keys (docs/sweeps.md):
-alpha=0.0,0.25,0.5 seeds=1,2 name= steps= jobs= threads= backend=local|verl mechanisms= eta= launcher=process|slurm|ray
+alpha=0.0,0.25,0.5 seeds=1,2 name= steps= jobs= threads= backend=local|verl (its settings: local.steps=
+local.sft_warm_start= | verl.experiment=) mechanisms= eta= launcher=process|slurm|ray (slurm.* ray.*)
 extra=[trainer.lr=1e-3 key=a,b (an axis)] dry_run=true report=false; --cfg prints the composed config, --help this."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 from dataflex_rl.compose import EXPERIMENT_GROUP, check_group_choice, compose_config
 from dataflex_rl.overrides import Override, bare_assignment, hydra_value, parse_override, split_assignment
 from dataflex_rl.validation import ConfigError
-from sweeps.config import (DEFAULT_LAUNCHER, LIST_KEYS, SWEEP_CONF_DIR, available_experiments,
+from sweeps.backends import get_backend, store_backend_options
+from sweeps.config import (DEFAULT_BACKEND, DEFAULT_LAUNCHER, LIST_KEYS, SWEEP_CONF_DIR, available_experiments,
                            check_no_env_interpolation, check_no_underflow, check_sweep_name, foreign_settings_message,
                            parse_sweep_config, settings_blocks)
 from sweeps.launchers import launcher_class
@@ -97,15 +99,20 @@ def load_config(argv: Sequence[str], config_name: str = "default", allowed_extra
     overrides = normalize_argv(argv)
     parsed = [check_override_syntax(given, item) for given, item in zip(argv, overrides, strict=True)]
     parsed = [item for item in parsed if item is not None]
-    # the chosen launcher must have its conf file, and settings overrides must belong to it
-    chosen = next((item.value for item in reversed(parsed) if item.key == "launcher" and item.value), DEFAULT_LAUNCHER)
-    launcher_class(chosen)
-    if not (SWEEP_CONF_DIR / "launcher" / f"{chosen}.yaml").is_file():
-        raise ConfigError(f"launcher = {chosen!r} is not allowed: it is registered but has no config file "
-                          f"conf/sweeps/launcher/{chosen}.yaml")
+    # the chosen launcher must have its conf file, and settings overrides must belong to the chosen owner
+    chosen = {key: next((item.value for item in reversed(parsed) if item.key == key and item.value), default)
+              for key, default in (("launcher", DEFAULT_LAUNCHER), ("backend", DEFAULT_BACKEND))}
+    launcher_class(chosen["launcher"])
+    if not (SWEEP_CONF_DIR / "launcher" / f"{chosen['launcher']}.yaml").is_file():
+        raise ConfigError(f"launcher = {chosen['launcher']!r} is not allowed: it is registered but has no config "
+                          f"file conf/sweeps/launcher/{chosen['launcher']}.yaml")
+    get_backend(chosen["backend"])  # an unknown name raises, listing conf/backend/
+    store_backend_options()
+    blocks = settings_blocks()
     for item in parsed:
-        if item.value is not None and item.group in settings_blocks() and item.group != chosen:
-            raise ConfigError(foreign_settings_message(item.key, item.written_value, chosen))
+        owner = blocks.get(item.group)
+        if item.value is not None and owner is not None and item.group != chosen[owner]:
+            raise ConfigError(foreign_settings_message(item.key, item.written_value, chosen[owner]))
     for item in parsed:  # a group choice is a file name: refused before Hydra reads it as a path
         if item.key == EXPERIMENT_GROUP:
             check_group_choice(item, available_experiments())

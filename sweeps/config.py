@@ -17,14 +17,16 @@ from hydra.core.config_store import ConfigStore
 from dataflex_rl.config_keys import ALPHA_KEY, BASELINE_ALPHA, BASELINE_PRESET, WARM_START_DESIGNS, WARM_START_SEED_KEY
 from dataflex_rl.compose import EXPERIMENT_GROUP, run_experiments
 from dataflex_rl.overrides import Override, hydra_value, parse_override
-from dataflex_rl.validation import (ConfigError, check_choice, check_int_at_least, check_number, check_seed, to_plain)
-from sweeps.backends import get_backend
+from dataflex_rl.validation import (ConfigError, build_params, check_choice, check_int_at_least, check_number, check_seed,
+                                    to_plain)
+from sweeps.backends import backend_settings_blocks, get_backend
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY, launcher_class, parse_settings
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SWEEP_CONF_DIR = CONF_DIR / "sweeps"
 PRESET_DIR = CONF_DIR / "dataflex"
 DEFAULT_LAUNCHER = "process"
+DEFAULT_BACKEND = "local"
 LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
 DEFAULT_ALPHA = (0.0, 0.5)
 # A seed plan (target_mde) never runs more seeds than this unless max_seeds says otherwise.
@@ -74,7 +76,7 @@ MANAGED_KEYS = {
     "sweep": "use name=<sweep name>",
     "run_name": "the driver names runs after their grid cell",
     "seed": "use seeds=1,2",
-    "mode": "the driver runs mode=sft itself (sft_warm_start=false turns it off)",
+    "mode": "the driver runs mode=sft itself (local.sft_warm_start=false turns it off)",
     "threads": "use threads=N (or jobs=N: threads = cores // jobs)",
     "mechanism_label": "use mechanisms=<preset>,... (the label follows the preset)",
     "axes": "the driver records the grid's axes itself",
@@ -139,24 +141,22 @@ class SweepConfig:
     eta: tuple[float, ...] = ()
     extra: tuple[str, ...] = ()  # train overrides for every run; one in Hydra sweep syntax (key=a,b) is an axis
     steps: int | None = None  # RL steps per run (the backend's steps key); None: default_steps of the backend
-    local_steps: int | None = 120  # steps = None on the local backend: this many (None: the trainer's own)
     target_mde: float | None = None  # a difference to detect: the seeds are a pilot, then seeds are added
     max_seeds: int | None = None  # with target_mde: DEFAULT_MAX_SEEDS when None; without it, must stay None
     plan_metric: str = "val/accuracy"
-    backend: str = "local"  # conf/backend/<name>.yaml
+    backend: str = DEFAULT_BACKEND  # conf/backend/<name>.yaml
     launcher: str = DEFAULT_LAUNCHER  # conf/sweeps/launcher/<name>.yaml
     jobs: int | None = None  # runs at once; None: the core count (process launcher) or every run
     threads: int | None = None  # torch/OpenMP threads per run; None: SINGLE_RUN_THREADS or the launcher's
     dry_run: bool = False
     report: bool = True
-    sft_warm_start: bool = True  # local backend: build the cached SFT warm starts before the runs
     warm_start: str = "per_seed"  # per_seed: seed s's runs start from the warm start of sft.seed = s; shared
     validate: bool = True  # compose and validate every run's config first (off only for stand-in trainers)
     train_module: str = "dataflex_rl.train"
-    verl_experiment: str = "verl_kk_3b"  # conf/verl_experiment/<name>.yaml (or a path)
     grace_s: float = 30.0  # seconds between SIGTERM and SIGKILL when stopping runs
     poll_s: float = 0.25
     launcher_settings: Any = None  # the launcher's typed ``<launcher>:`` block (sweeps/launchers/), None if it has none
+    backend_settings: Any = None  # the backend's typed ``<backend>:`` block (Backend.settings), None if it has none
     # ``extra`` read once (:func:`parse_extra`): the overrides every run shares, and the extra axes of the grid.
     common: tuple[Override, ...] = dataclasses.field(init=False, default=())
     extra_axes: tuple[Axis, ...] = dataclasses.field(init=False, default=())
@@ -165,6 +165,10 @@ class SweepConfig:
         if self.name is not None:
             check_sweep_name(self.name)
         backend = get_backend(self.backend)
+        object.__setattr__(self, "backend_settings",
+                           _typed_settings(f"backend={self.backend}", backend.settings, self.backend_settings))
+        object.__setattr__(self, "launcher_settings", _typed_settings(
+            f"launcher={self.launcher}", launcher_class(self.launcher).settings, self.launcher_settings))
         if self.experiment is not None:
             check_choice("experiment", self.experiment, available_experiments())
         backend.check(self)
@@ -192,18 +196,9 @@ class SweepConfig:
                                   f"start from the warm start of {WARM_START_SEED_KEY} = the run's seed; give "
                                   f"warm_start=shared to start every run from the warm start of one "
                                   f"{WARM_START_SEED_KEY}")
-        settings_type = launcher_class(self.launcher).settings
-        if settings_type is None:
-            if self.launcher_settings is not None:
-                raise ConfigError(f"launcher = {self.launcher!r} takes no settings, got {self.launcher_settings!r}")
-        elif self.launcher_settings is None:
-            object.__setattr__(self, "launcher_settings", settings_type())
-        elif not isinstance(self.launcher_settings, settings_type):
-            raise ConfigError(f"{self.launcher} = {self.launcher_settings!r} is not allowed: it must be a "
-                              f"{settings_type.__name__}")
         if not self.seeds:
             raise ConfigError("seeds = [] is not allowed: give at least one seed, e.g. seeds=1,2")
-        for key in ("steps", "local_steps", "jobs", "threads"):
+        for key in ("steps", "jobs", "threads"):
             if getattr(self, key) is not None:
                 check_int_at_least(key, getattr(self, key), 1)
         if self.target_mde is None and self.max_seeds is not None:
@@ -242,6 +237,19 @@ class SweepConfig:
         return self.alpha
 
 
+def _typed_settings(owner: str, settings_type: type | None, given: Any) -> Any:
+    """``given`` as ``settings_type`` (its defaults when None); an owner without settings takes none."""
+    if settings_type is None:
+        if given is not None:
+            raise ConfigError(f"{owner} takes no settings, got {given!r}")
+        return None
+    if given is None:
+        return settings_type()
+    if not isinstance(given, settings_type):
+        raise ConfigError(f"{owner} settings = {given!r} is not allowed: they must be a {settings_type.__name__}")
+    return given
+
+
 def _as_list(key: str, value: Any) -> list[Any]:
     if value is None:
         return []
@@ -252,7 +260,7 @@ def _as_list(key: str, value: Any) -> list[Any]:
     return [value]
 
 
-def _parse_bool(key: str, value: Any) -> bool:
+def parse_bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower() if value is not None else ""
@@ -279,24 +287,33 @@ def _int_text(value: Any) -> Any:
 
 
 SWEEP_KEYS = tuple(field.name for field in dataclasses.fields(SweepConfig)
-                   if field.init and field.name != "launcher_settings")
+                   if field.init and field.name not in ("launcher_settings", "backend_settings"))
 
 
-# conf/sweeps/default.yaml composes this node, then the launcher's file and a named experiment's grid.
+# conf/sweeps/default.yaml composes this node, then the backend's and launcher's options and a named experiment's grid.
 ConfigStore.instance().store(name="sweep_schema", node={
-    "defaults": ["_self_", {"launcher": DEFAULT_LAUNCHER}, {"experiment": None}],
+    "defaults": ["_self_", {"backend": DEFAULT_BACKEND}, {"launcher": DEFAULT_LAUNCHER}, {"experiment": None}],
     **{name: list(default) if isinstance(default := getattr(SweepConfig, name), tuple) else default
        for name in SWEEP_KEYS}})
 
 
-def settings_blocks() -> tuple[str, ...]:
-    return tuple(name for name in LAUNCHER_REGISTRY.names() if LAUNCHER_REGISTRY.get(name).settings is not None)
+def settings_blocks() -> dict[str, str]:
+    """Each settings block of the sweep config -> the key that chooses its owner (``launcher`` or ``backend``)."""
+    launchers = [name for name in LAUNCHER_REGISTRY.names() if LAUNCHER_REGISTRY.get(name).settings is not None]
+    return {**dict.fromkeys(launchers, "launcher"), **dict.fromkeys(backend_settings_blocks(), "backend")}
 
 
-def foreign_settings_message(key: str, value: Any, launcher: str) -> str:
+def foreign_settings_message(key: str, value: Any, chosen: str) -> str:
+    """The refusal of ``key`` (in another launcher's or backend's block than the ``chosen`` one)."""
     block = key.split(".", 1)[0]
-    return (f"{key} = {value!r} is not allowed with launcher={launcher}: {block}.* are the settings of "
-            f"launcher={block} (conf/sweeps/launcher/{block}.yaml); add launcher={block}")
+    owner = settings_blocks()[block]
+    if owner == "launcher":
+        where = f"conf/sweeps/launcher/{block}.yaml"
+    else:
+        settings = get_backend(block).settings
+        where = f"{settings.__name__} in {settings.__module__.replace('.', '/')}.py"
+    return (f"{key} = {value!r} is not allowed with {owner}={chosen}: {block}.* are the settings of "
+            f"{owner}={block} ({where}); add {owner}={block}")
 
 
 def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> SweepConfig:
@@ -305,31 +322,37 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     if not isinstance(raw, Mapping):
         raise ConfigError(f"sweep config = {raw!r} is not allowed: it must be a mapping")
     raw = {key: value for key, value in raw.items() if key not in allowed_extra_keys}
-    unknown = [key for key in raw if key not in SWEEP_KEYS and key not in settings_blocks()]
+    blocks = settings_blocks()
+    unknown = [key for key in raw if key not in SWEEP_KEYS and key not in blocks]
     if unknown:
         raise ConfigError(f"{unknown[0]} is not allowed: unknown sweep key; allowed keys: "
-                          f"{', '.join((*SWEEP_KEYS, *settings_blocks()))}")
-    values: dict[str, Any] = {key: value for key, value in raw.items() if key not in settings_blocks()}
-    name = values["launcher"] = raw.get("launcher", DEFAULT_LAUNCHER)
-    launcher_class(name)  # an unknown name raises, listing the registered ones
-    for block in settings_blocks():
-        if block in raw and block != name:
-            raise ConfigError(foreign_settings_message(block, raw[block], name))
-    values["launcher_settings"] = parse_settings(name, raw.get(name)) if name in settings_blocks() else None
+                          f"{', '.join((*SWEEP_KEYS, *blocks))}")
+    values: dict[str, Any] = {key: value for key, value in raw.items() if key not in blocks}
+    values["launcher"] = raw.get("launcher", DEFAULT_LAUNCHER)
+    launcher_class(values["launcher"])  # an unknown name raises, listing the registered ones
+    values["backend"] = str(raw.get("backend", DEFAULT_BACKEND))
+    get_backend(values["backend"])  # an unknown name raises, listing conf/backend/
+    for block, owner in blocks.items():
+        if block in raw and block != values[owner]:
+            raise ConfigError(foreign_settings_message(block, raw[block], values[owner]))
+    values["launcher_settings"] = parse_settings(values["launcher"], raw.get(values["launcher"]))
+    backend_settings = get_backend(values["backend"]).settings
+    if backend_settings is not None:
+        values["backend_settings"] = build_params(values["backend"], backend_settings, raw.get(values["backend"]))
     values["seeds"] = _unique([check_seed("seeds", _int_text(item)) for item in _as_list("seeds", raw.get("seeds"))])
     values["mechanisms"] = _unique([str(item) for item in _as_list("mechanisms", raw.get("mechanisms"))])
     for key in ("alpha", "eta"):  # alpha None: the default (resolved by SweepConfig)
         numbers_given = [_parse_number(key, item) for item in _as_list(key, raw.get(key))]
         values[key] = None if key == "alpha" and raw.get(key) is None else _unique(numbers_given)
     values["extra"] = tuple(str(item) for item in _as_list("extra", raw.get("extra")))
-    for key in ("steps", "local_steps", "jobs", "threads", "max_seeds"):
+    for key in ("steps", "jobs", "threads", "max_seeds"):
         value = raw.get(key)
         values[key] = None if value is None or value == "" else check_int_at_least(key, _int_text(value), 1)
     if raw.get("target_mde") is not None:
         values["target_mde"] = _parse_number("target_mde", raw["target_mde"])
-    for key in ("add_baseline", "dry_run", "report", "sft_warm_start", "validate"):
+    for key in ("add_baseline", "dry_run", "report", "validate"):
         if key in raw:
-            values[key] = _parse_bool(key, raw[key])
+            values[key] = parse_bool(key, raw[key])
     for key in ("name", "warm_start"):
         if raw.get(key) is not None:
             values[key] = str(raw[key])

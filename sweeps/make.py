@@ -20,10 +20,10 @@ VARIABLES = ("ALPHA", "SEEDS", "MECH", "ETA", "STEPS", "JOBS", "SWEEP", "BACKEND
 SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"),
               ("LAUNCHER", "launcher"), ("JOBS", "jobs"), ("STEPS", "steps"), ("SWEEP", "name"), ("MECH", "mechanisms"),
               ("ETA", "eta"), ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"),
-              ("VERL_EXPERIMENT", "verl_experiment"), ("WARM_START", "warm_start"))
+              ("VERL_EXPERIMENT", "verl.experiment"), ("WARM_START", "warm_start"))
 # make tune: variable -> key of the study (conf/sweeps/optuna.yaml).
 TUNE_KEYS = (("SWEEP", "name"), ("STEPS", "steps"), ("JOBS", "jobs"), ("SEEDS", "seeds"), ("BACKEND", "backend"),
-             ("LAUNCHER", "launcher"), ("VERL_EXPERIMENT", "verl_experiment"), ("WARM_START", "warm_start"))
+             ("LAUNCHER", "launcher"), ("VERL_EXPERIMENT", "verl.experiment"), ("WARM_START", "warm_start"))
 # make tune: the variables of make sweep a study has no use for, each with what to do instead (refused when given).
 TUNE_REFUSED = {
     "ALPHA": "make tune searches alpha itself (conf/sweeps/optuna.yaml search:); confirm a value with make sweep "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,10 +12,10 @@ from dataflex_rl.compose import EXPERIMENT_GROUP, TrainComposer, check_group_cho
 from dataflex_rl.keys import check_metric_key
 from dataflex_rl.overrides import Override, hydra_value
 from dataflex_rl.train import CONFIG_FILE_FLAG
-from dataflex_rl.validation import ConfigError
+from dataflex_rl.validation import ConfigError, check_int_at_least
 from dataflex_rl.verl.config import quiet_verl_import
 from sweeps.backends import Backend
-from sweeps.config import SweepConfig
+from sweeps.config import SweepConfig, parse_bool
 from sweeps.grid import STANDARD_FACTORS, RunSpec, warm_start_overrides
 from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
 
@@ -26,7 +27,23 @@ SFT_CACHE_GROUPS = ("model", "task", "sft")
 RUN_PLACE_KEYS = ("run_dir", "sweep", "run_name", "seed", "axes", "mode", "threads", "mechanism_label", "warm_start")
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalSettings:
+    """The sweep's ``local:`` block (``local.steps=200``)."""
+
+    # RL steps per run when neither ``steps`` nor ``extra`` sets them nor an experiment is named (the trainer's own
+    # 400 are long for a laptop); None: the trainer's own.
+    steps: int | None = 120
+    sft_warm_start: bool = True  # build the cached SFT warm starts before the runs
+
+    def __post_init__(self) -> None:
+        if self.steps is not None:
+            check_int_at_least("steps", self.steps, 1)
+        object.__setattr__(self, "sft_warm_start", parse_bool("sft_warm_start", self.sft_warm_start))
+
+
 class LocalBackend(Backend):
+    settings = LocalSettings
     steps_key = "trainer.total_steps"
 
     def check_extra(self, override: Override) -> None:
@@ -36,11 +53,11 @@ class LocalBackend(Backend):
         return check_metric_key(key, value)
 
     def default_steps(self, config: SweepConfig) -> int | None:
-        """``local_steps`` (the trainer's own 400 are long for a laptop), unless ``extra`` sets the steps or names an
-        experiment, whose own ``trainer.total_steps`` then hold."""
+        """``local.steps``, unless ``extra`` sets the steps or names an experiment, whose own ``trainer.total_steps``
+        then hold."""
         if config.common_sets(self.steps_key) or config.common_sets(EXPERIMENT_GROUP):
             return None
-        return config.local_steps
+        return config.backend_settings.steps
 
     def plan(self, config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
              threads: int | None) -> list[PlannedRun]:
@@ -92,7 +109,7 @@ class LocalBackend(Backend):
 
     def warm_starts(self, config: SweepConfig, specs: Sequence[RunSpec], sweep_dir: Path,
                     threads: int | None) -> list[PlannedRun]:
-        if not config.sft_warm_start:
+        if not config.backend_settings.sft_warm_start:
             return []
         sweep_dir = sweep_dir.resolve()
         variants = list(dict.fromkeys(

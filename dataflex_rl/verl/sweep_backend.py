@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +32,20 @@ from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps,
 PREPARED_FOLDER = "verl_prepared"  # what an experiment's prepare step writes (model, tokenizer, data)
 
 
+@dataclasses.dataclass(frozen=True)
+class VerlSettings:
+    """The sweep's ``verl:`` block (``verl.experiment=verl_cpu_tiny``)."""
+
+    experiment: str = "verl_kk_3b"  # conf/verl_experiment/<name>.yaml (or a path): the verl command's template
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.experiment, str) or not self.experiment:
+            raise ConfigError(f"experiment = {self.experiment!r} is not allowed: give a name of "
+                              f"conf/verl_experiment/ or the path of an experiment file")
+
+
 class VerlBackend(Backend):
+    settings = VerlSettings
     steps_key = "trainer.total_training_steps"
     sets_threads = False
     run_store_optional = True  # verl may have written only its checkpoints into a run's folder
@@ -39,7 +53,7 @@ class VerlBackend(Backend):
     def check(self, config: SweepConfig) -> None:
         if config.experiment is not None:
             raise ConfigError(f"experiment = {config.experiment!r} is not allowed with backend={config.backend}: a "
-                              f"named experiment is a local-backend setting; verl runs take verl_experiment=")
+                              f"named experiment is a local-backend setting; verl runs take verl.experiment=")
 
     def plan(self, config: SweepConfig, specs: Sequence[RunSpec], sweep: str, sweep_dir: Path,
              threads: int | None) -> list[PlannedRun]:
@@ -60,8 +74,8 @@ class VerlBackend(Backend):
         return planned
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
-        experiment = resolve_experiment(config.verl_experiment)
-        check_no_env_interpolation(f"verl_experiment = {str(experiment)!r}", experiment.read_text(encoding="utf-8"))
+        experiment = resolve_experiment(config.backend_settings.experiment)
+        check_no_env_interpolation(f"verl.experiment = {str(experiment)!r}", experiment.read_text(encoding="utf-8"))
         check_steps_once(config, self.steps_key)
         dataflex = preset_overrides(spec.mechanism) if spec.mechanism else []
         axis_overrides = []
@@ -86,14 +100,14 @@ class VerlBackend(Backend):
         if prepare_block(config) is not None:
             extra.append(f"prepared={hydra_value(prepared_folder(sweep_dir, spec))}")
         try:
-            return tuple(build_verl_command(config.verl_experiment, dataflex, extra))
+            return tuple(build_verl_command(config.backend_settings.experiment, dataflex, extra))
         except ConfigError as error:
             raise ConfigError(f"run {spec.name}: {error}") from None
 
     def environment(self, config: SweepConfig, sweep: str, spec: RunSpec) -> dict[str, str]:
         from dataflex_rl.tracking.identity import job_type_of
 
-        environment = experiment_environment(config.verl_experiment)
+        environment = experiment_environment(config.backend_settings.experiment)
         environment.update(wandb_environment(sweep, [spec.mechanism] if spec.mechanism else []))
         job_type = job_type_of({name: value for name, value in spec.factors.items() if name != "seed"})
         if job_type:
@@ -109,7 +123,7 @@ class VerlBackend(Backend):
             raise ConfigError(f"backend = {config.backend!r} is not allowed with launcher={config.launcher} on this "
                               f"machine: it has no CUDA GPU (torch.cuda.is_available() is False). Use "
                               f"launcher=slurm or launcher=ray to send the runs to a GPU cluster, "
-                              f"verl_experiment=verl_cpu_tiny for verl's CPU mode, dry_run=true to print the command "
+                              f"verl.experiment=verl_cpu_tiny for verl's CPU mode, dry_run=true to print the command "
                               f"lines, or backend=local")
 
     def jobs_here(self, config: SweepConfig) -> tuple[int, str] | None:
@@ -136,7 +150,7 @@ class VerlBackend(Backend):
 
 
 def cpu_mode(config: SweepConfig) -> bool:
-    return load_experiment(config.verl_experiment).get("platform") == "cpu"
+    return load_experiment(config.backend_settings.experiment).get("platform") == "cpu"
 
 
 def preset_overrides(name: str) -> list[str]:
@@ -146,7 +160,7 @@ def preset_overrides(name: str) -> list[str]:
 
 
 def prepare_block(config: SweepConfig) -> Any:
-    return load_experiment(config.verl_experiment).get("prepare")
+    return load_experiment(config.backend_settings.experiment).get("prepare")
 
 
 def prepared_folder(sweep_dir: Path, spec: RunSpec) -> Path:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from dataflex_rl.registry import Registry
-from dataflex_rl.validation import ConfigError
+from dataflex_rl.validation import ConfigError, build_params
+from sweeps.backends import settings_defaults
 
 LAUNCHERS: Registry[type[Launcher]] = Registry("launcher")
 
@@ -130,17 +131,11 @@ def parse_settings(name: str, given: Any) -> Any:
     """The typed settings of launcher ``name`` (None for a launcher without settings)."""
     cls = launcher_class(name).settings
     given = {} if given is None else given
-    if not isinstance(given, Mapping):
-        raise ConfigError(f"{name} = {given!r} is not allowed: it must be a mapping of launcher={name} settings")
     if cls is None:
         if given:
-            raise ConfigError(f"{name}.{next(iter(given))} is not allowed: launcher={name} has no settings")
+            raise ConfigError(f"{name} = {given!r} is not allowed: launcher={name} has no settings")
         return None
-    allowed = [field.name for field in dataclasses.fields(cls)]
-    unknown = [key for key in given if key not in allowed]
-    if unknown:
-        raise ConfigError(f"{name}.{unknown[0]} is not allowed: unknown key; allowed keys: {', '.join(allowed)}")
-    return cls(**given)
+    return build_params(name, cls, given)
 
 
 def store_settings_schemas() -> None:
@@ -150,9 +145,7 @@ def store_settings_schemas() -> None:
     for name in LAUNCHERS.names():
         settings = LAUNCHERS.get(name).settings
         if settings is not None:
-            defaults = {field.name: list(value) if isinstance(value := getattr(settings(), field.name), tuple)
-                        else value for field in dataclasses.fields(settings)}
-            ConfigStore.instance().store(group="launcher_settings", name=name, node=defaults)
+            ConfigStore.instance().store(group="launcher_settings", name=name, node=settings_defaults(settings))
 
 
 def build_launcher(config: Any, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:

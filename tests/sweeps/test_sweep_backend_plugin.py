@@ -15,12 +15,21 @@ from .conftest import read_manifest
 from .test_sweep_session import config_of, standin_argv
 
 ECHO_BACKEND = '''
-from dataflex_rl.local.sweep_backend import LocalBackend
+import dataclasses
+
+from dataflex_rl.local.sweep_backend import LocalBackend, LocalSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class EchoSettings(LocalSettings):
+    note: str = "one run at a time"
 
 
 class EchoBackend(LocalBackend):
+    settings = EchoSettings
+
     def jobs_here(self, config):
-        return 1, "the echo backend runs one run at a time"
+        return 1, f"the echo backend runs {config.backend_settings.note}"
 '''
 
 
@@ -46,9 +55,17 @@ def echo_backend(tmp_path, monkeypatch):
 
 
 def test_a_backend_added_as_its_package_and_one_yaml_runs_a_sweep(tmp_path, echo_backend, repo_on_path, capsys):
-    assert type(sweeps.backends.get_backend(config_of("backend=echo").backend)).__name__ == "EchoBackend"
-    assert sweep_main(standin_argv(tmp_path, "backend=echo")) == 0
-    assert "the echo backend runs one run at a time" in capsys.readouterr().out
+    config = config_of("backend=echo")
+    assert type(sweeps.backends.get_backend(config.backend)).__name__ == "EchoBackend"
+    assert (config.backend_settings.note, config.backend_settings.steps) == ("one run at a time", 120)  # its defaults
+    with pytest.raises(ConfigError, match="echo: unknown key\\(s\\) 'colour'; allowed keys: steps, sft_warm_start, note"):
+        config_of("backend=echo", "+echo.colour=red")
+    with pytest.raises(ConfigError, match="echo.note = 'x' is not allowed with backend=local: .* add backend=echo"):
+        config_of("echo.note=x")
+    argv = [item for item in standin_argv(tmp_path, "backend=echo", "echo.sft_warm_start=false",
+                                          "echo.note='two runs, one at a time'") if not item.startswith("local.")]
+    assert sweep_main(argv) == 0
+    assert "the echo backend runs two runs, one at a time" in capsys.readouterr().out
     manifest = read_manifest(tmp_path / "runs" / "shared")
     assert manifest["backend"] == "echo"
     assert len(manifest["runs"]) == 2  # alpha 0 and 0.5

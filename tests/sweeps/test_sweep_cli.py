@@ -95,7 +95,7 @@ def test_a_plan_metric_that_is_a_config_key_is_refused_listing_metrics_only(metr
     """make sweep TARGET_MDE=0.01 SEEDS=1,2,3 SWEEP_ARGS="plan_metric=baseline" (a pilot ran 4 runs before "no seed
     plan: 'baseline' was not logged")"""
     error = _refused([f"plan_metric={metric}", "target_mde=0.01", "seeds=1,2,3", f"train_module={SCRIPTED_TRAIN}",
-                      "validate=false", "sft_warm_start=false"], tmp_path, capsys)
+                      "validate=false", "local.sft_warm_start=false"], tmp_path, capsys)
     assert f"plan_metric = '{metric}' is not allowed: not a metric the trainer logs" in error
     allowed = error.split("allowed: ", 1)[1]
     assert "val/accuracy" in allowed

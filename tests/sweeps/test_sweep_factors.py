@@ -19,7 +19,7 @@ from .conftest import SCRIPTED_TRAIN
 def test_alpha_by_lr_sweep_records_axes_and_reports_deltas_per_lr(tmp_path, repo_on_path):
     """The scripted trainer: val/accuracy = alpha + 0.01 * seed + 100 * lr, so every delta is exactly 0.5."""
     code = main(["alpha=0.0,0.5", "seeds=1,2", "steps=2", f"root={tmp_path / 'runs'}", "name=two",
-                 f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=true", "poll_s=0.1",
+                 f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=true", "poll_s=0.1",
                  "extra=[trainer.lr=1e-4,3e-4]"])
     assert code == 0
     sweep_dir = tmp_path / "runs" / "two"
@@ -159,7 +159,7 @@ def test_an_axis_on_a_key_no_sweep_or_analysis_code_names_reaches_folders_job_ty
     assert not [path for folder in ("sweeps", "analysis") for path in (REPO / folder).rglob("*.py")
                 if "weight_decay" in path.read_text()]
     code = main(["alpha=0.0,0.5", "seeds=1,2", "steps=2", f"root={tmp_path / 'runs'}", "name=wd",
-                 f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=true", "poll_s=0.1",
+                 f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=true", "poll_s=0.1",
                  "extra=[trainer.weight_decay=0.0,0.1]"])
     assert code == 0
     sweep_dir = tmp_path / "runs" / "wd"

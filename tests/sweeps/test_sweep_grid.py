@@ -158,7 +158,7 @@ def test_one_warm_start_unless_an_axis_changes_the_sft_inputs(tmp_path):
     warm_starts = get_backend(config.backend).warm_starts(config, expand_grid(config), tmp_path, threads=2)
     assert [w.command[3:5] for w in warm_starts] == [("task=arithmetic", "mode=sft"),
                                                      ("task=knights_knaves", "mode=sft")]
-    off = config_of("sft_warm_start=false")
+    off = config_of("local.sft_warm_start=false")
     assert get_backend(off.backend).warm_starts(off, expand_grid(config), tmp_path, threads=2) == []
 
 
@@ -263,7 +263,7 @@ def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
     assert config.alphas == (0.0, 0.5) and config.seeds == tuple(range(1, 9)) and config.steps == 120
     assert config_of("steps=50").steps == 50
     assert config_of("extra=[trainer.total_steps=30]").steps is None  # the override decides, given once
-    assert config_of("local_steps=null").steps is None  # the trainer's own 400
+    assert config_of("local.steps=null").steps is None  # the trainer's own 400
     # an experiment named in extra (EXTRA="experiment=X") or by experiment= keeps its own trainer.total_steps
     assert config_of("extra=[experiment=long_addition]").steps is None
     assert config_of("experiment=long_addition").steps is None
@@ -321,10 +321,10 @@ def test_env_interpolations_are_refused_before_they_are_resolved_into_the_record
     experiment = tmp_path / "verl_secret.yaml"
     source = (REPO / "conf" / "verl_experiment" / "verl_kk_3b.yaml").read_text()
     experiment.write_text(source.replace("project: dataflex-rl", "project: ${oc.env:DATAFLEX_TEST_SECRET}"))
-    assert main([f"root={tmp_path}", "backend=verl", "dry_run=true", f"verl_experiment={experiment}",
+    assert main([f"root={tmp_path}", "backend=verl", "dry_run=true", f"verl.experiment={experiment}",
                  "extra=[verl.model=/m verl.data_dir=/d]"]) == 2
     output = capsys.readouterr()
-    assert f"verl_experiment = '{experiment}' is not allowed: an ${{oc.env:...}}" in output.err
+    assert f"verl.experiment = '{experiment}' is not allowed: an ${{oc.env:...}}" in output.err
     assert "s3cret" not in output.out + output.err
 
 

@@ -16,7 +16,7 @@ from .conftest import SCRIPTED_TRAIN, runs_by_name
 
 def standin_argv(tmp_path: Path, *more: str) -> list[str]:
     return ["alpha=0.5", "seeds=1", "steps=2", f"root={tmp_path / 'runs'}", "name=scale",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false", "poll_s=0.1", *more]
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false", "poll_s=0.1", *more]
 
 
 def test_slurm_launcher_runs_a_job_array_through_submitit(tmp_path, repo_on_path, monkeypatch):
@@ -80,7 +80,7 @@ def test_verl_cpu_experiment_plans_its_prepare_step_and_cpu_environment_without_
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    code = main(["backend=verl", "verl_experiment=verl_cpu_tiny", "alpha=0.5", "seeds=1", "steps=2",
+    code = main(["backend=verl", "verl.experiment=verl_cpu_tiny", "alpha=0.5", "seeds=1", "steps=2",
                  "dry_run=true", f"root={tmp_path / 'runs'}", "name=cpu"])
     assert code == 0
     lines = capsys.readouterr().out.splitlines()

@@ -120,7 +120,7 @@ def test_make_tune_refuses_each_variable_it_would_ignore(variable, value, reason
 def test_make_tune_passes_what_the_study_honours_and_names_every_variable():
     """make tune BACKEND=verl VERL_EXPERIMENT=verl_cpu_tiny (BACKEND was dropped, though the study runs on it)"""
     argv = make.tune_argv(values(BACKEND="verl", VERL_EXPERIMENT="verl_cpu_tiny", LAUNCHER="process", SEEDS="1,2"))
-    assert argv == ["seeds=1,2", "backend=verl", "launcher=process", "verl_experiment=verl_cpu_tiny"]
+    assert argv == ["seeds=1,2", "backend=verl", "launcher=process", "verl.experiment=verl_cpu_tiny"]
     switches_and_lists = {"LR", "DRY_RUN", "EXTRA", "SWEEP_ARGS"}
     passed = {name for name, _ in make.TUNE_KEYS}
     assert set(make.VARIABLES) == passed | set(make.TUNE_REFUSED) | switches_and_lists  # none silently dropped
@@ -129,6 +129,7 @@ def test_make_tune_passes_what_the_study_honours_and_names_every_variable():
 def test_every_default_make_help_states_is_the_schemas():
     """The "(default X)" of each ``#>`` line: a value of the sweep schema (resolved, as a sweep with no arguments
     gets it) or of the launcher's settings, or a rule the driver applies (JOBS, SWEEP)."""
+    from sweeps.backends import get_backend
     from sweeps.config import SweepConfig
     from sweeps.launchers import launcher_class
 
@@ -138,11 +139,11 @@ def test_every_default_make_help_states_is_the_schemas():
     assert stated == {
         "ALPHA": ",".join(map(str, config.alphas)), "SEEDS": ",".join(map(str, config.seeds)),
         "STEPS": f"{config.steps} on the local backend", "WARM_START": config.warm_start,
-        "BACKEND": config.backend, "VERL_EXPERIMENT": config.verl_experiment, "LAUNCHER": config.launcher,
+        "BACKEND": config.backend, "VERL_EXPERIMENT": get_backend("verl").settings().experiment, "LAUNCHER": config.launcher,
         "JOBS": "the core count; 1 in verl's CPU mode, whose runs each start a Ray cluster on every core",
         "SWEEP": "a hash of the grid",
     }
-    assert config.steps == config.local_steps and config.backend == "local"
+    assert config.steps == config.backend_settings.steps and config.backend == "local"
     slurm = launcher_class("slurm").settings()
     for key, value in re.findall(r"slurm\.(\w+)=([\d.]+)", "\n".join(lines)):
         assert float(getattr(slurm, key)) == float(value), key

@@ -62,7 +62,7 @@ def test_a_planned_sweep_adds_seeds_to_its_folder_then_resumes_without_touching_
     monkeypatch.setenv("SCRIPTED_TRAIN_NOISE", "0.02")
     sweep_dir = tmp_path / "runs" / "planned"
     argv = ["alpha=0.5", "seeds=1,2,3", "steps=2", "jobs=2", f"root={tmp_path / 'runs'}", "name=planned",
-            "target_mde=0.01", "max_seeds=5", f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false",
+            "target_mde=0.01", "max_seeds=5", f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false",
             "validate=false", "poll_s=0.05"]
     assert main(argv) == 0
     plan = read_manifest(sweep_dir)["plan"]

@@ -63,9 +63,9 @@ def test_the_plan_knows_each_runs_steps_and_the_view_falls_back_to_the_run_confi
         return [run.total_steps for run in runs]
 
     assert steps_of("steps=7") == [7, 7]
-    assert steps_of("local_steps=null", "extra=[trainer.total_steps=12]") == [12, 12]  # the common override's value
-    assert steps_of("local_steps=null") == [None, None]  # the trainer's default: read from the run's config
-    verl = ["backend=verl", "verl_experiment=verl_cpu_tiny", "dry_run=true", "local_steps=null"]
+    assert steps_of("local.steps=null", "extra=[trainer.total_steps=12]") == [12, 12]  # the common override's value
+    assert steps_of("local.steps=null") == [None, None]  # the trainer's default: read from the run's config
+    verl = ["backend=verl", "verl.experiment=verl_cpu_tiny", "dry_run=true"]
     assert steps_of(*verl, "extra=[trainer.total_training_steps=3]") == [3, 3]
     (tmp_path / "config.yaml").write_text("trainer:\n  total_steps: 400\n")
     assert run_total_steps(tmp_path) == 400

@@ -25,7 +25,7 @@ STEP_S = 0.3  # each scripted step's sleep, in the nodes' environment (every job
 
 def standin_argv(tmp_path: Path, *more: str) -> list[str]:
     return ["alpha=0.0,0.5", "seeds=1", "steps=2", f"root={tmp_path / 'runs'}", "name=scale",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false", "poll_s=0.1", "launcher=ray",
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false", "poll_s=0.1", "launcher=ray",
             "ray.entrypoint_num_cpus=1", *more]
 
 

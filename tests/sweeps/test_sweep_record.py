@@ -15,7 +15,7 @@ from .conftest import SCRIPTED_TRAIN, read_manifest, runs_by_name
 
 def scripted_argv(tmp_path, *more: str) -> list[str]:
     return ["steps=2", "jobs=2", f"root={tmp_path / 'runs'}", "name=c1", f"train_module={SCRIPTED_TRAIN}",
-            "sft_warm_start=false", "report=false", *more]
+            "local.sft_warm_start=false", "report=false", *more]
 
 
 def test_rerunning_a_sweep_name_with_other_overrides_is_refused_naming_the_keys(tmp_path, repo_on_path, capsys):

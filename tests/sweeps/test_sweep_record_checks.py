@@ -19,7 +19,7 @@ from .conftest import SCRIPTED_TRAIN, runs_by_name
 
 def scripted_argv(tmp_path, *more: str) -> list[str]:
     return ["alpha=0.5", "seeds=1", "steps=2", "jobs=2", f"root={tmp_path / 'runs'}", "name=c1",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false", *more]
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false", *more]
 
 
 def completed_sweep(tmp_path, capsys):

@@ -98,7 +98,7 @@ def sigkill_one_run_then_resume(tmp_path, argv: list[str], wait_until_logged: bo
 def test_a_sigkilled_run_fails_alone_and_the_next_invocation_resumes_it(tmp_path, repo_on_path, monkeypatch):
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
     argv = ["alpha=0.5", "seeds=1", "steps=4", "jobs=2", f"root={tmp_path / 'runs'}", "name=demo",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false"]
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false"]
     sigkill_one_run_then_resume(tmp_path, argv, wait_until_logged=True)
     steps = [json.loads(line)["step"]
              for line in (tmp_path / "runs" / "demo" / "a0.5-s1" / "metrics.jsonl").read_text().splitlines()]
@@ -115,7 +115,7 @@ def test_sigint_stops_every_run_cleanly_and_the_same_command_resumes(tmp_path, r
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.4")
     sweep_dir = tmp_path / "runs" / "stop"
     argv = ["alpha=0.5", "seeds=1", "steps=30", "jobs=2", f"root={tmp_path / 'runs'}", "name=stop",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false", "grace_s=20"]
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false", "grace_s=20"]
     driver = start_driver(argv, tmp_path)
 
     def both_logged_a_step():
@@ -146,7 +146,7 @@ def test_runs_of_a_sigkilled_driver_stop_and_the_next_invocation_resumes_them(tm
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
     sweep_dir = tmp_path / "runs" / "orphans"
     argv = ["alpha=0.5", "seeds=1", "steps=30", "jobs=2", f"root={tmp_path / 'runs'}", "name=orphans",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false"]
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false"]
     driver = start_driver(argv, tmp_path)
     wait_for(lambda: all((sweep_dir / run / "metrics.jsonl").exists() for run in ("a0.0-s1", "a0.5-s1")),
              what="both runs to log a step")

@@ -35,13 +35,13 @@ def config_of(*argv: str):
 
 def standin_argv(tmp_path: Path, *more: str) -> list[str]:
     return ["alpha=0.5", "seeds=1", "steps=2", f"root={tmp_path / 'runs'}", "name=shared",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false", "poll_s=0.05", *more]
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false", "poll_s=0.05", *more]
 
 
 def tune_argv(tmp_path: Path, *more: str) -> list[str]:
     return ["name=shared", f"root={tmp_path / 'runs'}", "seeds=1", "steps=2", "n_trials=1",
             "search=[{name: alpha, type: float, low: 0.0, high: 1.0}]", "enqueue=[{alpha: 0.5}]",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "poll_s=0.05", *more]
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "poll_s=0.05", *more]
 
 
 # --- launchers: registry, one YAML each ----------------------------------------------------------------------------
@@ -59,10 +59,37 @@ def test_every_registered_launcher_has_one_yaml_and_every_yaml_a_launcher():
 @pytest.mark.parametrize(("argv", "named"), [
     (["slurm.partition=gpu"], "slurm.partition = 'gpu' is not allowed with launcher=process"),
     (["launcher=slurm", "ray.address=http://x:8265"], "add launcher=ray"),
-    (["launcher=slurm", "+slurm.nodes=2"], "slurm.nodes is not allowed: unknown key; allowed keys: cluster"),
+    (["launcher=slurm", "+slurm.nodes=2"], "slurm: unknown key(s) 'nodes'; allowed keys: cluster"),
     (["launcher=k8s"], "registered launchers: process, ray, slurm"),
 ])
 def test_launcher_settings_are_checked_against_the_chosen_launcher(argv, named):
+    with pytest.raises(ConfigError) as caught:
+        config_of(*argv)
+    assert named in str(caught.value)
+
+
+def test_a_backend_brings_its_own_settings_block_with_the_dataclass_defaults():
+    from dataflex_rl.local.sweep_backend import LocalSettings
+    from dataflex_rl.verl.sweep_backend import VerlSettings
+
+    assert config_of().backend_settings == LocalSettings() == LocalSettings(steps=120, sft_warm_start=True)
+    assert config_of("local.steps=7").steps == 7  # the local backend's default for steps
+    assert config_of("local.sft_warm_start=false").backend_settings.sft_warm_start is False
+    verl = config_of("backend=verl", "verl.experiment=verl_cpu_tiny")
+    assert verl.backend_settings == VerlSettings(experiment="verl_cpu_tiny")
+    assert config_of("backend=verl").backend_settings.experiment == "verl_kk_3b"
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["verl.experiment=verl_cpu_tiny"], "verl.experiment = 'verl_cpu_tiny' is not allowed with backend=local: "
+                                        "verl.* are the settings of backend=verl"),
+    (["backend=verl", "local.steps=3"], "local.steps = '3' is not allowed with backend=verl"),
+    (["+local.stepz=3"], "local: unknown key(s) 'stepz'; allowed keys: steps, sft_warm_start"),
+    (["local.steps=0"], "local.steps = 0 is not allowed: it must be an integer >= 1"),
+    (["local.sft_warm_start=maybe"], "local.sft_warm_start = 'maybe' is not allowed: it must be true or false"),
+    (["backend=k8s"], "backend = 'k8s' is not allowed; allowed values: 'local', 'verl'"),
+])
+def test_backend_settings_are_checked_against_the_chosen_backend(argv, named):
     with pytest.raises(ConfigError) as caught:
         config_of(*argv)
     assert named in str(caught.value)
@@ -132,7 +159,7 @@ def echo_launcher(tmp_path, monkeypatch):
 
 def test_a_launcher_added_as_one_module_and_one_yaml_runs_a_sweep(tmp_path, echo_launcher, repo_on_path):
     assert config_of("launcher=echo").launcher_settings.tag == "none"
-    with pytest.raises(ConfigError, match="echo.colour is not allowed: unknown key; allowed keys: tag"):
+    with pytest.raises(ConfigError, match=r"echo: unknown key\(s\) 'colour'; allowed keys: tag"):
         config_of("launcher=echo", "+echo.colour=red")
     assert sweep_main(standin_argv(tmp_path, "launcher=echo", "echo.tag=hello")) == 0
     manifest = read_manifest(tmp_path / "runs" / "shared")

@@ -54,7 +54,7 @@ def job_state(job_id: str) -> str:
 
 def argv(tmp_path: Path, *more: str, steps: int = 2) -> list[str]:
     return ["alpha=0.5", "seeds=1", f"steps={steps}", f"root={tmp_path / 'runs'}", "name=hpc",
-            f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "report=false", "poll_s=0.2",
+            f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "report=false", "poll_s=0.2",
             "launcher=slurm", "slurm.cpus_per_task=1", "slurm.mem_gb=1", "slurm.partition=debug", *more]
 
 
@@ -211,7 +211,7 @@ def test_a_verl_cpu_mode_run_as_a_slurm_job(slurm, tmp_path, monkeypatch):
 
     path = write_test_experiment(tmp_path)
     monkeypatch.chdir(tmp_path)
-    code = main(["backend=verl", f"verl_experiment={path}", "alpha=0.0", "seeds=1", "steps=2", "report=false",
+    code = main(["backend=verl", f"verl.experiment={path}", "alpha=0.0", "seeds=1", "steps=2", "report=false",
                  f"root={tmp_path / 'runs'}", "name=verl", "launcher=slurm", "slurm.cpus_per_task=2",
                  "slurm.mem_gb=12"])
     assert code == 0

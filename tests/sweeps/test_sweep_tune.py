@@ -19,7 +19,7 @@ from .conftest import SCRIPTED_TRAIN, runs_by_name
 def tune_argv(tmp_path, *more: str) -> list[str]:
     return ["name=study", f"root={tmp_path / 'runs'}", "seeds=1,2", "steps=3", "jobs=2",
             "search=[{name: alpha, type: float, low: 0.0, high: 1.0}]", "enqueue=[{alpha: 0.9}, {alpha: 0.1}]",
-            "pruner.n_startup_trials=1", f"train_module={SCRIPTED_TRAIN}", "sft_warm_start=false", "poll_s=0.05",
+            "pruner.n_startup_trials=1", f"train_module={SCRIPTED_TRAIN}", "local.sft_warm_start=false", "poll_s=0.05",
             *more]
 
 

@@ -14,8 +14,8 @@ from sweeps.plan import concurrency
 
 
 @pytest.mark.parametrize(("arguments", "jobs"), [
-    (["verl_experiment=verl_cpu_tiny"], 1),
-    (["verl_experiment=verl_cpu_tiny", "jobs=2"], 2),
+    (["verl.experiment=verl_cpu_tiny"], 1),
+    (["verl.experiment=verl_cpu_tiny", "jobs=2"], 2),
 ])
 def test_a_verl_cpu_mode_sweep_runs_one_run_at_a_time_unless_jobs_is_given(arguments, jobs):
     config = load_config(["backend=verl", "alpha=0.5", "seeds=1,2", *arguments])[1]
@@ -25,7 +25,7 @@ def test_a_verl_cpu_mode_sweep_runs_one_run_at_a_time_unless_jobs_is_given(argum
 
 def test_other_sweeps_keep_the_core_count_or_every_run_on_a_cluster():
     assert concurrency(load_config(["alpha=0.5", "seeds=1,2"])[1], 4).jobs == min(available_cores(), 4)
-    cluster = load_config(["backend=verl", "verl_experiment=verl_cpu_tiny", "launcher=slurm", "alpha=0.5"])[1]
+    cluster = load_config(["backend=verl", "verl.experiment=verl_cpu_tiny", "launcher=slurm", "alpha=0.5"])[1]
     assert concurrency(cluster, 4).jobs == 4 and "verl's CPU mode" not in concurrency(cluster, 4).note
 
 
@@ -40,7 +40,7 @@ def test_a_two_run_verl_cpu_sweep_passes_beside_a_cpu_hog(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        code = main(["backend=verl", f"verl_experiment={path}", "alpha=0.5", "seeds=1", "steps=2", "report=false",
+        code = main(["backend=verl", f"verl.experiment={path}", "alpha=0.5", "seeds=1", "steps=2", "report=false",
                      f"root={tmp_path / 'runs'}", "name=busy"])
     finally:
         for hog in hogs:

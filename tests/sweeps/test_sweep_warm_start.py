@@ -88,7 +88,7 @@ def test_growing_a_sweep_keeps_its_design_and_changing_it_is_refused_naming_the_
 
 
 def test_verl_runs_read_the_prepared_folder_of_their_warm_start(tmp_path):
-    config = config_of("backend=verl", "verl_experiment=verl_cpu_tiny", "alpha=0.5", "seeds=1,2", "validate=false")
+    config = config_of("backend=verl", "verl.experiment=verl_cpu_tiny", "alpha=0.5", "seeds=1,2", "validate=false")
     specs = expand_grid(config)
     prepares = verl_prepare(config, specs, tmp_path, 1)
     assert [run.name for run in prepares] == ["verl-prepare-sft-seed1", "verl-prepare-sft-seed2"]
@@ -98,7 +98,7 @@ def test_verl_runs_read_the_prepared_folder_of_their_warm_start(tmp_path):
         model = tmp_path / "verl_prepared" / f"sft-seed{spec.seed}" / "model"
         assert f"actor_rollout_ref.model.path={model}" in command
         assert "+dataflex_run.warm_start=per_seed" in command
-    shared = config_of("backend=verl", "verl_experiment=verl_cpu_tiny", "seeds=1,2", "warm_start=shared",
+    shared = config_of("backend=verl", "verl.experiment=verl_cpu_tiny", "seeds=1,2", "warm_start=shared",
                        "validate=false")
     assert [run.run_dir.name for run in verl_prepare(shared, expand_grid(shared), tmp_path, 1)] == ["shared"]
 

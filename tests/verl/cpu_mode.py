@@ -33,7 +33,7 @@ def prepare_folder(root: Path, overrides: Sequence[str] = TEST_PREPARE_OVERRIDES
 
 def write_test_experiment(root: Path) -> Path:
     """``verl_cpu_tiny`` with the tests' short prepare step (SFT cached under ``root/sft-cache``), written to
-    ``root/verl_cpu_test.yaml`` for a sweep's ``verl_experiment=``."""
+    ``root/verl_cpu_test.yaml`` for a sweep's ``verl.experiment=``."""
     import yaml
 
     experiment = yaml.safe_load((EXPERIMENT_DIR / f"{EXPERIMENT}.yaml").read_text())

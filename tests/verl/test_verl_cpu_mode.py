@@ -182,7 +182,7 @@ def test_a_two_run_verl_sweep_on_the_cpu_gives_a_report(tmp_path, monkeypatch):
 
     path = write_test_experiment(tmp_path)
     monkeypatch.chdir(tmp_path)
-    code = sweep_main(["backend=verl", f"verl_experiment={path}", "alpha=0.5", "seeds=1", "steps=2", "jobs=1",
+    code = sweep_main(["backend=verl", f"verl.experiment={path}", "alpha=0.5", "seeds=1", "steps=2", "jobs=1",
                        f"root={tmp_path / 'runs'}", "name=cpu"])
     assert code == 0
     report = tmp_path / "runs" / "cpu" / "report" / "report.md"

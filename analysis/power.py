@@ -48,7 +48,9 @@ def power_section(add: Add, summaries: pd.DataFrame, metric: str, group_keys: Se
     deltas = paired_differences(rows, group_keys=group_keys, baseline=baseline, confidence=confidence,
                                 n_bootstrap=100)
     add(f"`{metric}` (final-window mean), paired by seed, {DEFAULT_POWER:.0%} power at a two-sided "
-        f"{DEFAULT_LEVEL:g} level, from the observed spread of the paired differences:", "")
+        f"{DEFAULT_LEVEL:g} level, taking the observed spread of the paired differences for the true one. The seeds "
+        f"a difference needs are therefore a plug-in figure; a seed plan (`TARGET_MDE`) pays for not knowing the "
+        f"spread with Stein's rule and asks for more:", "")
     for _, row in deltas.iterrows():
         add(f"- {group_text({key: row[key] for key in group_keys})} against the baseline: "
             + detectable_sentence(int(row["n_pairs"]), float(row["std_difference"]), float(row["mde"]), target)

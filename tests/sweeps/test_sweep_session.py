@@ -61,8 +61,15 @@ def test_every_registered_launcher_has_one_yaml_and_every_yaml_a_launcher():
     (["launcher=slurm", "ray.address=http://x:8265"], "add launcher=ray"),
     (["launcher=slurm", "+slurm.nodes=2"], "slurm: unknown key(s) 'nodes'; allowed keys: cluster"),
     (["launcher=k8s"], "registered launchers: process, ray, slurm"),
+    (["verl.experiment=verl_cpu_tiny"], "verl.experiment = 'verl_cpu_tiny' is not allowed with backend=local: "
+                                        "verl.* are the settings of backend=verl"),
+    (["backend=verl", "local.steps=3"], "local.steps = '3' is not allowed with backend=verl"),
+    (["+local.stepz=3"], "local: unknown key(s) 'stepz'; allowed keys: steps, sft_warm_start"),
+    (["local.steps=0"], "local.steps = 0 is not allowed: it must be an integer >= 1"),
+    (["local.sft_warm_start=maybe"], "local.sft_warm_start = 'maybe' is not allowed: it must be true or false"),
+    (["backend=k8s"], "backend = 'k8s' is not allowed; allowed values: 'local', 'verl'"),
 ])
-def test_launcher_settings_are_checked_against_the_chosen_launcher(argv, named):
+def test_settings_are_checked_against_the_chosen_launcher_and_backend(argv, named):
     with pytest.raises(ConfigError) as caught:
         config_of(*argv)
     assert named in str(caught.value)
@@ -78,21 +85,6 @@ def test_a_backend_brings_its_own_settings_block_with_the_dataclass_defaults():
     verl = config_of("backend=verl", "verl.experiment=verl_cpu_tiny")
     assert verl.backend_settings == VerlSettings(experiment="verl_cpu_tiny")
     assert config_of("backend=verl").backend_settings.experiment == "verl_kk_3b"
-
-
-@pytest.mark.parametrize(("argv", "named"), [
-    (["verl.experiment=verl_cpu_tiny"], "verl.experiment = 'verl_cpu_tiny' is not allowed with backend=local: "
-                                        "verl.* are the settings of backend=verl"),
-    (["backend=verl", "local.steps=3"], "local.steps = '3' is not allowed with backend=verl"),
-    (["+local.stepz=3"], "local: unknown key(s) 'stepz'; allowed keys: steps, sft_warm_start"),
-    (["local.steps=0"], "local.steps = 0 is not allowed: it must be an integer >= 1"),
-    (["local.sft_warm_start=maybe"], "local.sft_warm_start = 'maybe' is not allowed: it must be true or false"),
-    (["backend=k8s"], "backend = 'k8s' is not allowed; allowed values: 'local', 'verl'"),
-])
-def test_backend_settings_are_checked_against_the_chosen_backend(argv, named):
-    with pytest.raises(ConfigError) as caught:
-        config_of(*argv)
-    assert named in str(caught.value)
 
 
 ECHO_MODULE = '''

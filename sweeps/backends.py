@@ -70,6 +70,11 @@ class Backend:
         """The resolved settings every run shares, that a rerun is compared on (None: overrides)."""
         return None
 
+    def recorded_settings(self, config: SweepConfig) -> dict | None:
+        """This backend's own settings that fix the runs' numbers (``sweep.json``'s ``backend_settings``, compared
+        on a rerun like the steps); None: none beyond what the runs' overrides say."""
+        return None
+
 
 def backend_names() -> list[str]:
     return sorted(path.stem for path in BACKEND_CONF_DIR.glob("*.yaml"))

@@ -15,7 +15,7 @@ from dataflex_rl.tracking.run_store import (COMPLETED, FAILED, INTERRUPTED, PEND
                                             atomic_write_json, read_sweep_record, utc_now)
 
 # Header fields that fix a sweep's numbers besides its axes (and the common overrides in ``grid``).
-SETTING_FIELDS = ("backend", "train_module", "steps", "warm_start")
+SETTING_FIELDS = ("backend", "train_module", "steps", "warm_start", "backend_settings")
 
 
 class SweepMismatchError(ConfigError):

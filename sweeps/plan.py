@@ -73,9 +73,11 @@ class SweepPlan:
                 "common_overrides": [str(item) for item in config.common]}
         if self.common_config is not None:
             grid["common_config"] = self.common_config
+        recorded = get_backend(config.backend).recorded_settings(config)
         return {"sweep": self.name, "backend": config.backend, "launcher": config.launcher,
                 "warm_start": config.warm_start, "grid": grid, "steps": config.steps, "jobs": self.jobs,
-                "threads": self.threads, "train_module": config.train_module}
+                "threads": self.threads, "train_module": config.train_module,
+                **({"backend_settings": recorded} if recorded is not None else {})}
 
 
 def thread_environment(threads: int | None) -> dict[str, str]:

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dataflex_rl.config import with_param_defaults
+from dataflex_rl.hashing import stable_hash
 from dataflex_rl.overrides import hydra_value
 from dataflex_rl.validation import ConfigError
 from dataflex_rl.verl.command import (
@@ -72,6 +73,12 @@ class VerlBackend(Backend):
                     except ConfigError as error:
                         raise ConfigError(f"run {run.name}: {error}") from None
         return planned
+
+    def recorded_settings(self, config: SweepConfig) -> dict:
+        """The experiment file by name and content: a rerun from another file, or the same file edited, is refused."""
+        path = resolve_experiment(config.backend_settings.experiment)
+        return {"experiment": config.backend_settings.experiment,
+                "experiment_hash": stable_hash(path.read_text(encoding="utf-8"))}
 
     def command(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path) -> tuple[str, ...]:
         experiment = resolve_experiment(config.backend_settings.experiment)

@@ -128,3 +128,22 @@ def test_a_short_real_per_seed_sweep_records_each_warm_start_and_reports_its_des
     warm_start_section = report.split("## Warm starts", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in warm_start_section.splitlines() if line.startswith("|")][2:]
     assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]  # the sft.seed column, one row each
+
+
+def test_a_verl_sweep_records_its_experiment_file_and_refuses_a_rerun_from_an_edited_one(tmp_path):
+    from dataflex_rl.verl.command import resolve_experiment
+
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(resolve_experiment("verl_cpu_tiny").read_text())
+
+    def header():
+        return plan_of(config_of("backend=verl", f"verl.experiment={experiment}", "alpha=0.5", "seeds=1",
+                                 "validate=false", f"root={tmp_path}", "name=v")).header()
+
+    recorded = header()
+    assert recorded["backend_settings"]["experiment"] == str(experiment)
+    check_sweep_settings(tmp_path / "v", recorded, header())  # the same file: accepted
+    experiment.write_text(experiment.read_text() + "# edited\n")
+    with pytest.raises(SweepMismatchError, match=r"backend_settings: recorded \{'experiment': .*'experiment_hash'"):
+        check_sweep_settings(tmp_path / "v", recorded, header())
+    assert "backend_settings" not in plan_of(config_of("alpha=0.5", "seeds=1", f"root={tmp_path}")).header()

@@ -43,6 +43,7 @@ class VerlSettings:
         if not isinstance(self.experiment, str) or not self.experiment:
             raise ConfigError(f"experiment = {self.experiment!r} is not allowed: give a name of "
                               f"conf/verl_experiment/ or the path of an experiment file")
+        resolve_experiment(self.experiment)  # a missing file is refused here, naming the experiments there are
 
 
 class VerlBackend(Backend):

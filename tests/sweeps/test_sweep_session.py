@@ -68,6 +68,8 @@ def test_every_registered_launcher_has_one_yaml_and_every_yaml_a_launcher():
     (["local.steps=0"], "local.steps = 0 is not allowed: it must be an integer >= 1"),
     (["local.sft_warm_start=maybe"], "local.sft_warm_start = 'maybe' is not allowed: it must be true or false"),
     (["backend=k8s"], "backend = 'k8s' is not allowed; allowed values: 'local', 'verl'"),
+    (["backend=verl", "verl.experiment=verl_kk_7b"], "verl.experiment = 'verl_kk_7b' is not allowed: no such file, "
+                                                     "and no verl_kk_7b.yaml"),
 ])
 def test_settings_are_checked_against_the_chosen_launcher_and_backend(argv, named):
     with pytest.raises(ConfigError) as caught:

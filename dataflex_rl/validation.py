@@ -34,6 +34,13 @@ def to_plain(cfg: Any) -> Any:
     return cfg
 
 
+def defaults_of(schema: type) -> dict[str, Any]:
+    """A dataclass's field defaults as a plain config node (tuples as lists): what a ConfigStore node stores."""
+    return {field.name: to_plain(field.default_factory() if field.default is dataclasses.MISSING else field.default)
+            for field in dataclasses.fields(schema)
+            if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING}
+
+
 def unknown_keys(given: Any, allowed: Any) -> list[Any]:
     """The keys of ``given`` (a mapping or any iterable of keys) not in ``allowed``, in ``given``'s order."""
     return [key for key in given if key not in allowed]

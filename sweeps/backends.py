@@ -4,14 +4,13 @@ the Optuna search call its methods and never test a backend's name."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from dataflex_rl.overrides import Override
-from dataflex_rl.validation import ConfigError, check_choice
+from dataflex_rl.validation import ConfigError, check_choice, defaults_of
 
 # The modules of these types import this one.
 SweepConfig = RunSpec = PlannedRun = Any
@@ -80,12 +79,6 @@ def backend_names() -> list[str]:
     return sorted(path.stem for path in BACKEND_CONF_DIR.glob("*.yaml"))
 
 
-def settings_defaults(settings: type) -> dict[str, Any]:
-    """A settings dataclass's defaults as a config node (tuples as lists)."""
-    return {field.name: list(value) if isinstance(value := getattr(settings(), field.name), tuple) else value
-            for field in dataclasses.fields(settings)}
-
-
 def backend_settings_blocks() -> tuple[str, ...]:
     return tuple(name for name in backend_names() if get_backend(name).settings is not None)
 
@@ -97,7 +90,7 @@ def store_backend_options() -> None:
 
     for name in backend_names():
         settings = get_backend(name).settings
-        node = {"backend": name, **({name: settings_defaults(settings)} if settings is not None else {})}
+        node = {"backend": name, **({name: defaults_of(settings)} if settings is not None else {})}
         ConfigStore.instance().store(group="backend", name=name, node=node, package="_global_")
 
 

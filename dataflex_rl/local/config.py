@@ -19,6 +19,7 @@ from dataflex_rl.validation import (
     check_non_negative_int,
     check_number,
     check_seed,
+    defaults_of,
     to_plain,
 )
 
@@ -272,12 +273,6 @@ def _check_verl_name(key: str, value: str, kind: str) -> None:
     if value not in usable:
         raise ConfigError(f"{key} = {value!r} is not allowed; allowed values (verl's, usable here): "
                           f"{', '.join(usable)}")
-
-
-def defaults_of(schema: type) -> dict[str, Any]:
-    return {field.name: to_plain(field.default_factory() if field.default is dataclasses.MISSING else field.default)
-            for field in dataclasses.fields(schema)
-            if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING}
 
 
 @functools.cache

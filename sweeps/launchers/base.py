@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from dataflex_rl.registry import Registry
-from dataflex_rl.validation import ConfigError, build_params
-from sweeps.backends import settings_defaults
+from dataflex_rl.validation import ConfigError, build_params, defaults_of
 
 LAUNCHERS: Registry[type[Launcher]] = Registry("launcher")
 
@@ -145,7 +144,7 @@ def store_settings_schemas() -> None:
     for name in LAUNCHERS.names():
         settings = LAUNCHERS.get(name).settings
         if settings is not None:
-            ConfigStore.instance().store(group="launcher_settings", name=name, node=settings_defaults(settings))
+            ConfigStore.instance().store(group="launcher_settings", name=name, node=defaults_of(settings))
 
 
 def build_launcher(config: Any, sweep_dir: Path, sweep: str, parallelism: int) -> Launcher:

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dataflex_rl.tracking.identity import same_arm_mask
+
 # (stratum keys, {stratum's group_key: the baseline group's key}), from baseline_strata
 Strata = tuple[list[str], dict[tuple[Any, ...], tuple[Any, ...]]]
 
@@ -33,15 +35,16 @@ def group_key(values: Iterable[Any]) -> tuple[Any, ...]:
 
 
 def matching_rows(frame: pd.DataFrame, selector: Mapping[str, Any]) -> np.ndarray:
-    """Mask of the rows equal to every ``selector`` item by value and type (floats within ``np.isclose``)."""
+    """Mask of the rows equal to every ``selector`` item by value and type (floats as one arm by
+    :func:`~dataflex_rl.tracking.identity.same_arm`)."""
     mask = np.ones(len(frame), dtype=bool)
     for column, wanted in selector.items():
         values = frame[column]
         if _missing(wanted):
             mask &= values.isna().to_numpy(dtype=bool)
         elif (pd.api.types.is_float_dtype(values.dtype) and isinstance(wanted, numbers.Real)
-              and not isinstance(wanted, (bool, np.bool_))):
-            mask &= np.isclose(values.to_numpy(dtype=np.float64), float(wanted))
+              and not isinstance(wanted, (bool, np.bool_))):  # the arm rule (tracking.identity.same_arm)
+            mask &= same_arm_mask(values.to_numpy(dtype=np.float64), float(wanted))
         else:
             mask &= (values == wanted).to_numpy(dtype=bool, na_value=False)
     return mask

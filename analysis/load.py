@@ -31,6 +31,7 @@ from analysis.frames import (
     pop_factors,
 )
 from dataflex_rl.tracking import run_store
+from dataflex_rl.tracking.identity import SAME_ARM_RELATIVE, same_arm
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,27 @@ class NoRunStoreError(FileNotFoundError):
 
 class SeveralSweepsError(ValueError):
     """A folder given as one sweep holds several sweeps (``runs/`` itself)."""
+
+
+class ArmValueError(ValueError):
+    """Two runs record values of one factor that the arm rule cannot tell apart but that differ."""
+
+
+def check_arm_values(runs: pd.DataFrame) -> None:
+    """Refuse included runs whose values of ``alpha`` or a swept factor are one arm by
+    :func:`~dataflex_rl.tracking.identity.same_arm` yet not equal (two groups would print one label)."""
+    included = runs[runs["included"].astype(bool)]
+    for column in ("alpha", *factor_columns(included)):
+        values = included[column].dropna()
+        if not pd.api.types.is_float_dtype(values.dtype):
+            continue
+        distinct = sorted(set(values.tolist()))
+        for low, high in zip(distinct, distinct[1:]):
+            if same_arm(low, high):
+                names = [included.loc[values.index[values == value][0], "run"] for value in (low, high)]
+                raise ArmValueError(f"runs {names[0]} and {names[1]} record {column} = {low!r} and {high!r}: one arm "
+                                    f"by the arm rule (within a relative {SAME_ARM_RELATIVE:g}), two values; analyse "
+                                    f"them apart or move one run away")
 
 
 def check_one_sweep(sweep_dir: str | os.PathLike[str]) -> None:
@@ -240,6 +262,7 @@ def load_runs(
     rows += [_missing_run_row(sweep_name, entry) for name, entry in entries.items() if name not in listed]
     loadable = [bool(row.pop("loadable")) for row in rows]
     runs = make_run_table(rows, pop_factors(rows))
+    check_arm_values(runs)
     long = build_long_table(runs, _load_run_metrics(runs, loadable, metrics, include_incomplete))
     return SweepData(runs=runs, metrics=long,
                      histograms=load_histograms(runs) if histograms else empty_histogram_table(),

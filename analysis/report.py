@@ -25,12 +25,14 @@ from analysis.aggregate import (
     paired_differences,
     run_summaries,
 )
+from analysis import plots
 from analysis.bootstrap import DEFAULT_BOOTSTRAP, MIN_BOOTSTRAP_N
+from analysis.collapse import CollapseRule, collapse_outcomes, collapse_table, survival_curves
 from analysis.export import write_sweep_tables
 from analysis.groups import group_text
 from analysis.html_report import write_report_html
 from analysis.frames import IDENTITY_COLUMNS, SweepData
-from analysis.load import SeveralSweepsError, add_run_columns, check_one_sweep, load_sweep
+from analysis.load import ArmValueError, SeveralSweepsError, add_run_columns, check_one_sweep, load_sweep
 from analysis.power import plan_section, power_section, variance_section
 from analysis.report_figures import Document, ReportOptions, figure_sections, where_groups_differ_section
 from analysis.statistics import DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL
@@ -147,13 +149,53 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
             plan_section(document.add, plan, summaries, group_keys, options.confidence)
     else:
         document.add("## Tables", "", "Skipped: none of the table metrics is present.", "")
+    collapse = collapse_section(document, data, group_keys, options)
     document.add("## Figures", "")
-    figure_sections(document, data, summaries, table_metrics, group_keys, options)
+    figure_sections(document, data, summaries, table_metrics, group_keys, options, collapse)
     where_groups_differ_section(document, data, table_metrics, group_keys, options)
     report_path = out_dir / "report.md"
     report_path.write_text("\n".join(document.lines).rstrip() + "\n")
     write_report_html(report_path)
     return report_path
+
+
+def collapse_section(document: Document, data: SweepData, group_keys: Sequence[str],
+                     options: ReportOptions) -> pd.DataFrame | None:
+    """When any included run collapsed (:class:`analysis.collapse.CollapseRule`): per group the rate with its exact
+    interval, each arm's exact McNemar test against the baseline of its cell, and the survival curves; returns the
+    table (None when no run collapsed or the rule's metric is not logged)."""
+    rule = options.collapse
+    if rule.metric not in set(data.metric_names):
+        return None
+    outcomes = collapse_outcomes(data.metrics, rule, group_keys)
+    if not outcomes["collapsed"].any():
+        return None
+    table = collapse_table(outcomes, group_keys, default_baseline(outcomes, group_keys),
+                           options.confidence)
+    document.add("## Collapse", "", f"Rule: {rule.describe()}. Rate: collapsed runs out of the judged ones, "
+                 f"[{options.confidence:.0%} Clopper-Pearson interval]; against the baseline at the same other factors, "
+                 "the pairs of runs of one seed where only the arm collapsed and where only the baseline did, and the "
+                 "exact McNemar p-value (a binomial test of those discordant pairs).", "",
+                 collapse_markdown(table), "")
+    unjudged = outcomes[~outcomes["judged"]]
+    if len(unjudged):
+        document.add(f"Not judged (no step-0 value of `{rule.metric}`): {', '.join(map(str, unjudged['run']))}.", "")
+    curves = survival_curves(outcomes, group_keys, options.confidence)
+    document.figure("Time to collapse", "collapse_survival",
+                    lambda figure: plots.plot_survival(curves, ax=figure.add_subplot()), size=(7.0, 4.5))
+    return table
+
+
+def collapse_markdown(table: pd.DataFrame) -> str:
+    """The collapse table with each rate and interval as one text cell, the McNemar columns where a baseline is."""
+    shown = table.assign(rate=[f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in
+                               zip(table["rate"], table["rate_low"], table["rate_high"], strict=True)])
+    shown = shown.drop(columns=["rate_low", "rate_high"])
+    if "p_mcnemar" in shown.columns:
+        shown["p_mcnemar"] = [f"{p:.3f}" if pd.notna(p) else "baseline" for p in shown["p_mcnemar"]]
+        for column in ("pairs", "arm_only", "baseline_only"):
+            shown[column] = [f"{int(v)}" if pd.notna(v) else "" for v in shown[column]]
+    return to_markdown_frame(shown)
 
 
 def with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:
@@ -311,6 +353,13 @@ def _threshold(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"--threshold {text!r}: expected METRIC=VALUE, e.g. val/accuracy=0.5") from None
 
 
+def collapse_rule(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> CollapseRule:
+    try:
+        return CollapseRule(margin=arguments.collapse_margin, min_evaluations=arguments.collapse_evaluations)
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0, or 2 for a missing sweep folder or group key, or a folder of several sweeps."""
     parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
@@ -331,6 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also report steps to reach VALUE for METRIC (repeatable)")
     parser.add_argument("--target-effect", type=float, default=0.01,
                         help="difference for 'to detect E you need N seeds' (default %(default)s)")
+    parser.add_argument("--collapse-margin", type=float, default=CollapseRule.margin,
+                        help="a run collapsed when its metric fell this far below its step-0 value and stayed there "
+                             "(default %(default)s)")
+    parser.add_argument("--collapse-evaluations", type=int, default=CollapseRule.min_evaluations,
+                        help="... over at least this many evaluations (default %(default)s)")
     parser.add_argument("--include-incomplete", action="store_true",
                         help="aggregate failed / unfinished runs too (they stay listed by state)")
     arguments = parser.parse_args(argv)
@@ -341,10 +395,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         final_window=arguments.final_window, confidence=arguments.confidence, n_bootstrap=arguments.bootstrap,
         random_state=arguments.random_state, style=arguments.style, thresholds=dict(arguments.threshold),
         include_incomplete=arguments.include_incomplete, target_effect=arguments.target_effect,
+        collapse=collapse_rule(parser, arguments),
     )
     try:
         report_path = build_report(arguments.sweep_dir, arguments.out, options)
-    except (FileNotFoundError, KeyError, SeveralSweepsError) as exc:
+    except (FileNotFoundError, KeyError, SeveralSweepsError, ArmValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"report written to {report_path}")

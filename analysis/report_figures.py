@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from analysis import plots
 from analysis.aggregate import DEFAULT_FINAL_WINDOW, aggregate_runs, default_baseline, paired_differences
 from analysis.bootstrap import DEFAULT_BOOTSTRAP
+from analysis.collapse import CollapseRule
 from analysis.curves import BAND_METHOD, MEASURED_BAND_COVERAGE, curve_differences
 from analysis.groups import group_key
 from analysis.frames import SweepData
@@ -40,6 +41,7 @@ class ReportOptions:
     thresholds: Mapping[str, float] = field(default_factory=dict)
     include_incomplete: bool = False
     target_effect: float = 0.01  # "to detect E you need N seeds" (a planned sweep's target_mde takes precedence)
+    collapse: CollapseRule = CollapseRule()
 
     @property
     def statistics(self) -> dict[str, Any]:
@@ -89,15 +91,17 @@ def curve_smoothing(long: pd.DataFrame, metric: str) -> float | None:
 
 
 def figure_sections(document: Document, data: SweepData, summaries: pd.DataFrame | None,
-                    table_metrics: Sequence[str], group_keys: Sequence[str], options: ReportOptions) -> None:
-    """Every figure section, in order; one whose data is missing says why it is skipped."""
+                    table_metrics: Sequence[str], group_keys: Sequence[str], options: ReportOptions,
+                    collapse: pd.DataFrame | None = None) -> None:
+    """Every figure section, in order; one whose data is missing says why it is skipped; ``collapse``: the collapse
+    table the regime maps show beside the deltas."""
     _curve_figures(document, data, table_metrics, group_keys, options)
     _final_metric_figure(document, data, summaries, table_metrics, group_keys, options)
     _histogram_figures(document, data, group_keys)
     _gradient_figures(document, data, group_keys, options)
     _prob_change_figures(document, data, group_keys, options)
     _low_prob_share_figure(document, data, group_keys, options)
-    _regime_maps(document, summaries, table_metrics, group_keys, options)
+    _regime_maps(document, summaries, table_metrics, group_keys, options, collapse)
 
 
 def _curve_figures(document: Document, data: SweepData, table_metrics: Sequence[str], group_keys: Sequence[str],
@@ -291,7 +295,7 @@ def _sample_efficiency_figure(document: Document, data: SweepData, table_metrics
 
 
 def _regime_maps(document: Document, summaries: pd.DataFrame | None, table_metrics: Sequence[str],
-                 group_keys: Sequence[str], options: ReportOptions) -> None:
+                 group_keys: Sequence[str], options: ReportOptions, collapse: pd.DataFrame | None) -> None:
     """A sweep of alpha crossed with two other factors: per alpha, the primary metric's final-window delta against
     alpha 0 at the same two factors, as a regime map (drawn only for such a sweep)."""
     factors = [key for key in group_keys if key != "alpha"]
@@ -303,5 +307,6 @@ def _regime_maps(document: Document, summaries: pd.DataFrame | None, table_metri
     for alpha in sorted(set(deltas["alpha"]) - {baseline["alpha"]}):
         document.figure(f"Regime map of {metric} at alpha = {alpha:g}", f"regime_{slug(metric)}_a{alpha:g}",
                         lambda figure, a=alpha: plots.plot_regime_map(deltas, *factors, metric=metric,
-                                                                      where={"alpha": a}, ax=figure.add_subplot()),
+                                                                      where={"alpha": a}, collapse=collapse,
+                                                                      ax=figure.add_subplot()),
                         size=(8.0, 5.0))

@@ -109,7 +109,7 @@ def check_number(key: str, value: Any, *, minimum: float | None = None, exclusiv
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be a finite number")
     if minimum is not None and (float(value) <= minimum if exclusive else float(value) < minimum):
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be {'>' if exclusive else '>='} {minimum}")
-    return float(value)
+    return float(value) + 0.0  # + 0.0: -0.0 becomes 0.0, the one zero of names and records
 
 
 def check_int_in_range(key: str, value: Any, minimum: int, maximum: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 from dataflex_rl.config_keys import ACTUATOR_PARAMS_PREFIX, ALPHA_KEY, ETA_KEY, WARM_START_SEED_KEY
 from dataflex_rl.hashing import stable_hash
 from dataflex_rl.overrides import Override
-from dataflex_rl.tracking.identity import factor_labels, run_label
+from dataflex_rl.tracking.identity import check_distinct_arms, factor_labels, run_label
 from dataflex_rl.validation import ConfigError
 from sweeps.config import PRESET_DIR, Axis, SweepConfig
 
@@ -107,6 +107,12 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
     if config.eta:
         axes.append(Axis("eta", ETA_KEY, config.eta, "++"))
     axes += [*config.extra_axes, Axis("seed", "seed", config.seeds)]
+    for axis in axes:
+        try:
+            check_distinct_arms(axis.name, axis.values)
+        except ValueError as error:
+            baseline = " (alpha = 0, the baseline, is in every grid)" if axis.name == "alpha" else ""
+            raise ConfigError(f"{error}{baseline}") from None
     axis_keys = tuple(PRESET_FACTOR if axis.name == PRESET_FACTOR else axis.key.split("@", 1)[0] for axis in axes)
     cells = []
     for mechanism in config.mechanisms or (None,):

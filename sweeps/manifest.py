@@ -10,6 +10,7 @@ from typing import Any
 
 from dataflex_rl.hashing import stable_hash
 from dataflex_rl.overrides import parse_override
+from dataflex_rl.tracking.identity import SAME_ARM_RELATIVE, same_arm
 from dataflex_rl.validation import ConfigError
 from dataflex_rl.tracking.run_store import (COMPLETED, FAILED, INTERRUPTED, PENDING, RUNNING, SWEEP_FILE, RunStoreError,
                                             atomic_write_json, read_sweep_record, utc_now)
@@ -77,6 +78,27 @@ def check_sweep_axes(sweep_dir: Path, previous: Mapping[str, Any], header: Mappi
             f"sweep name")
 
 
+def axis_values(header: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Each axis of a header's grid (``alpha``, ``eta``, the extra axes by key) with its values."""
+    grid = header.get("grid") if isinstance(header.get("grid"), Mapping) else {}
+    axes = grid.get("axes") if isinstance(grid.get("axes"), Mapping) else {}
+    return {**{name: list(grid.get(name) or []) for name in ("alpha", "eta")},
+            **{str(key): list(values or []) for key, values in axes.items()}}
+
+
+def check_sweep_values(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
+    """A value that grows a sweep is a new arm or a recorded one, never one the arm rule cannot tell from it."""
+    recorded = axis_values(previous)
+    for axis, values in axis_values(header).items():
+        for value in values:
+            close = [old for old in recorded.get(axis, []) if same_arm(value, old) and value != old]
+            if close:
+                raise SweepMismatchError(
+                    f"{axis} = {value!r} is not allowed: sweep {sweep_dir.name} has the arm {axis} = {close[0]!r}, "
+                    f"which the arm rule cannot tell from it (within a relative {SAME_ARM_RELATIVE:g}); give "
+                    f"{close[0]!r} to grow that arm, or a value that differs more")
+
+
 def check_sweep_settings(sweep_dir: Path, previous: Mapping[str, Any], header: Mapping[str, Any]) -> None:
     absent = "<absent>"
     # resolved configs when both headers have one (as a run's resume compares them), else the overrides' text
@@ -110,6 +132,7 @@ class Manifest:
         if previous:
             check_sweep_settings(sweep_dir, previous, header)
             check_sweep_axes(sweep_dir, previous, header)
+            check_sweep_values(sweep_dir, previous, header)
         now = utc_now()
         self.data: dict[str, Any] = {
             **header, "fingerprint": stable_hash(sweep_settings(header)), "created": previous.get("created", now),

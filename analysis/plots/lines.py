@@ -3,6 +3,7 @@ the low-probability share, and a final metric against alpha."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -224,3 +225,17 @@ def _honest_ylim(ax: Axes, values: np.ndarray, min_span: float | None) -> None:
         bottom, top = (0.0, 2 * half) if bottom < 0 else (bottom, top)
         bottom, top = (1.0 - 2 * half, 1.0) if top > 1 else (bottom, top)
     ax.set_ylim(bottom, top)
+
+
+def plot_survival(curves: pd.DataFrame, *, ax: Axes | None = None, title: str = "") -> Axes:
+    """Kaplan-Meier curves of :func:`analysis.collapse.survival_curves` (one per ``group``) with their intervals."""
+    ax = ax if ax is not None else plt.subplots()[1]
+    for (label, curve), color in zip(curves.groupby("group", sort=True), itertools.cycle(PALETTE)):
+        ax.step(curve["step"], curve["survival"], where="post", color=color, label=label)
+        ax.fill_between(curve["step"], curve["low"], curve["high"], step="post", color=color, alpha=0.15)
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of runs not collapsed")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title or "Time to collapse (Kaplan-Meier, pointwise intervals)")
+    ax.legend(fontsize=7)
+    return ax

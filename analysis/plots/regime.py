@@ -44,10 +44,12 @@ def regime_cells(differences: pd.DataFrame, rows: str, columns: str, *, metric: 
 
 
 def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metric: str,
-                    where: Mapping[str, Any] | None = None, ax: Axes | None = None) -> Axes:
+                    where: Mapping[str, Any] | None = None, collapse: pd.DataFrame | None = None,
+                    ax: Axes | None = None) -> Axes:
     """:func:`regime_cells` as a heatmap: colour the mean difference (0 white), write it with its interval, the number
     of paired seeds and the MDE, and frame the cells whose interval excludes 0; a cell with no pair of runs stays
-    blank."""
+    blank. ``collapse``: :func:`analysis.collapse.collapse_table`'s rows; each cell then also shows the arm's and the
+    baseline's collapses out of their runs (``where``'s arm first)."""
     cells = regime_cells(differences, rows, columns, metric=metric, where=where)
     row_values, column_values = sorted(cells[rows].unique()), sorted(cells[columns].unique())
     grid = cells.pivot(index=rows, columns=columns, values="mean_difference").reindex(
@@ -60,7 +62,8 @@ def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metri
         if np.isfinite(cell["mean_difference"]):
             dark = abs(cell["mean_difference"]) > DARK_SHARE * limit  # white text where the colour is deep
             ax.text(j, i, f"{cell['mean_difference']:+.3f}\n[{cell['ci_low']:+.3f}, {cell['ci_high']:+.3f}]\n"
-                          f"n = {int(cell['n_pairs'])}, MDE {cell['mde']:.3f}",
+                          f"n = {int(cell['n_pairs'])}, MDE {cell['mde']:.3f}"
+                          + collapse_text(collapse, {rows: cell[rows], columns: cell[columns]}, where),
                     ha="center", va="center", fontsize=8, color="white" if dark else "black",
                     fontweight="bold" if cell["excludes_zero"] else "normal")
         if cell["excludes_zero"]:
@@ -74,3 +77,20 @@ def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metri
     chosen = ", ".join(f"{key} = {value}" for key, value in (where or {}).items())
     ax.set_title(f"{metric_label(metric)}{f' ({chosen})' if chosen else ''}: framed cells' intervals exclude 0")
     return ax
+
+
+def collapse_text(collapse: pd.DataFrame | None, cell: Mapping[str, Any], where: Mapping[str, Any] | None) -> str:
+    """``\\ncollapsed 3/10 vs 1/10``: the cell's arm (``where``) and the other group at the same cell."""
+    if collapse is None or collapse.empty:
+        return ""
+    rows = collapse
+    for key, value in cell.items():
+        rows = rows[np.isclose(rows[key].astype(float), float(value))]
+    arm = rows
+    for key, value in (where or {}).items():
+        arm = arm[arm[key] == value]
+    others = rows.drop(arm.index)
+    if len(arm) != 1 or len(others) != 1:
+        return ""
+    return (f"\ncollapsed {int(arm['collapsed'].iloc[0])}/{int(arm['runs'].iloc[0])} vs "
+            f"{int(others['collapsed'].iloc[0])}/{int(others['runs'].iloc[0])}")

@@ -79,7 +79,8 @@ def run_label(factors: Mapping[str, Any], labels: Mapping[str, str] | None = Non
     labels = labels or factor_labels(list(factors))
     parts = []
     for name, value in factors.items():
-        text = repr(float(value)) if isinstance(value, float) else str(value)  # shortest round-tripping number
+        # the shortest round-tripping number; + 0.0 turns -0.0 into 0.0, the same arm
+        text = repr(float(value) + 0.0) if isinstance(value, float) else str(value)
         if name != "mechanism_label":
             text = f"{labels[name]}{text}" if _NUMERIC_TEXT.match(text) else f"{labels[name]}-{text}"
         parts.append(_UNSAFE.sub("_", text).strip("_") or "_")
@@ -163,3 +164,51 @@ class RunIdentity:
         if not fields["axes"]:
             del fields["axes"]
         return fields
+
+
+# Two numeric factor values are one arm when they agree within a relative 1e-5 (an absolute 1e-8 near 0): every table
+# prints 6 significant digits, so two distinct arms never share a label (the driver refuses values this rule cannot
+# tell apart; the analysis selects groups and the baseline by it).
+SAME_ARM_RELATIVE = 1e-5
+SAME_ARM_ABSOLUTE = 1e-8
+
+
+def as_number(value: Any) -> float | None:
+    """A factor value as a float when it is a number or a number's text (``'3e-05'``), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    try:
+        return float(value) if isinstance(value, str) and _NUMERIC_TEXT.match(value) else None
+    except ValueError:
+        return None
+
+
+def same_arm(first: Any, second: Any) -> bool:
+    """Whether two factor values are one arm: numbers within :data:`SAME_ARM_RELATIVE` (or :data:`SAME_ARM_ABSOLUTE`),
+    anything else by equality (``-0.0`` is ``0.0``; ``'3e-05'`` is ``3e-05``)."""
+    a, b = as_number(first), as_number(second)
+    if a is None or b is None:
+        return first == second and type(first) is type(second)
+    return math.isclose(a, b, rel_tol=SAME_ARM_RELATIVE, abs_tol=SAME_ARM_ABSOLUTE)
+
+
+def same_arm_mask(values: Any, wanted: float) -> Any:
+    """:func:`same_arm` of each number of ``values`` (an array) against ``wanted`` (NaN matches nothing)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    scale = np.maximum(np.abs(values), abs(wanted))
+    return np.abs(values - wanted) <= np.maximum(SAME_ARM_RELATIVE * scale, SAME_ARM_ABSOLUTE)
+
+
+def check_distinct_arms(name: str, values: Sequence[Any]) -> None:
+    """Refuse two values of one axis that :func:`same_arm` cannot tell apart but that are not equal."""
+    for index, value in enumerate(values):
+        for other in values[:index]:
+            if same_arm(value, other):
+                raise ValueError(
+                    f"{name} = {value!r} is not allowed beside {other!r}: two values within a relative "
+                    f"{SAME_ARM_RELATIVE:g} (or {SAME_ARM_ABSOLUTE:g} of each other near 0) are one arm, the "
+                    f"precision of every table and run name; give values that differ more, or one of them")

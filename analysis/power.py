@@ -3,11 +3,14 @@ plan); each writes Markdown lines through ``add(*lines)``."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from analysis.aggregate import default_baseline, paired_differences
 from analysis.groups import group_text, matching_rows
@@ -17,7 +20,9 @@ from analysis.statistics import (
     DEFAULT_LEVEL,
     DEFAULT_POWER,
     MIN_SEEDS_FOR_INTERVAL,
+    minimum_detectable_effect,
     seeds_needed,
+    stein_seeds_needed,
     stein_two_stage,
     variance_split,
 )
@@ -118,35 +123,72 @@ def variance_section(add: Add, summaries: pd.DataFrame, runs: pd.DataFrame, metr
         add(f"Evaluation noise is at most {EVAL_SHARE_TARGET:.0%} of the between-seed variance in every group.", "")
 
 
+# The rule's constants (docs/sweeps.md, "How many seeds"): a cell still undecided grows at least this much per look,
+# and a look stops a cell early only when its interval at this level excludes 0 (a Haybittle-Peto boundary).
+GROWTH = 1.5
+INTERIM_LEVEL = 0.001
+
+
+def seed_order(pilot: Sequence[int], count: int) -> tuple[int, ...]:
+    """The first ``count`` seeds of a plan: the pilot's, then the next integers after its largest."""
+    return (*pilot, *range(max(pilot) + 1, max(pilot) + 1 + count - len(pilot)))[:max(count, len(pilot))]
+
+
+def judge(comparison: Mapping[str, Any], target_mde: float, max_seeds: int) -> tuple[str, int]:
+    """``(decision, seeds next)`` of one comparison at a look: ``precise`` (MDE <= target), ``effect`` (the interval
+    at :data:`INTERIM_LEVEL` excludes 0), ``capped`` (``max_seeds`` reached), else ``grow`` to Stein's need from
+    the current spread, at least :data:`GROWTH` times the seeds, at most ``max_seeds``."""
+    n, mean, std = int(comparison["n_pairs"]), float(comparison["mean_difference"]), float(comparison["std_difference"])
+    if not math.isfinite(std):
+        raise ValueError(f"a comparison has no spread (std = {std!r}): a look needs >= 2 paired seeds")
+    if minimum_detectable_effect(std, n) <= target_mde:
+        return "precise", n
+    if abs(mean) > stats.t.ppf(1.0 - INTERIM_LEVEL / 2.0, n - 1) * std / math.sqrt(n):
+        return "effect", n
+    if n >= max_seeds:
+        return "capped", n
+    return "grow", min(max_seeds, max(stein_seeds_needed(std, n, target_mde), math.ceil(GROWTH * n)))
+
+
 def plan_section(add: Add, plan: Mapping[str, Any], summaries: pd.DataFrame, group_keys: Sequence[str],
                  confidence: float = DEFAULT_CONFIDENCE) -> None:
-    """The plan recorded in ``sweep.json``, and Stein's two-stage test of each planned comparison."""
-    text = (f"seed plan for {plan['metric']}: the pilot ({len(plan['pilot_seeds'])} seeds) needs {plan['seeds_needed']} "
-            f"seeds to detect |Δ| >= {plan['target_mde']:g} with {plan.get('power', DEFAULT_POWER):.0%} power at a "
-            f"two-sided {plan.get('level', DEFAULT_LEVEL):g} level; planned {len(plan['seeds'])} seeds")
-    if plan.get("capped"):
-        text += f" (capped by max_seeds = {plan['max_seeds']})"
-    add("## Seed plan", "", text + f", expected MDE {plan['expected_mde']:.4f}.", "",
-        f"Pilot seeds {plan['pilot_seeds']}; all planned seeds {plan['seeds']}. The planned test is Stein's two-stage "
-        "t (the spread comes from the pilot alone, so its level is exact however many seeds the plan chose); the "
-        "tables' paired t over all seeds is slightly liberal after a plan.", "")
-    rows = summaries[summaries["metric"].astype(str) == plan["metric"]]
-    baseline = default_baseline(rows, group_keys)
+    """The plan recorded in ``sweep.json`` (each look's cells), and Stein's test of each planned comparison."""
+    pilot = [int(seed) for seed in plan["pilot_seeds"]]
+    last = plan["looks"][-1]
+    add("## Seed plan", "",
+        f"Planned for `{plan['metric']}` (final-window mean) from a pilot of seeds {pilot}: at each look, a cell of "
+        f"the other factors ({', '.join(plan['cell_keys']) or 'the whole grid'}) is done when every comparison in it "
+        f"has an MDE of at most {plan['target_mde']:g} ({plan['power']:.0%} power, two-sided {plan['level']:g}), "
+        f"or its {1 - plan['interim_level']:.1%} paired interval excludes 0, or it has {plan['max_seeds']} seeds; "
+        f"otherwise it grows to the seeds Stein's rule asks from its current spread, at least {plan['growth']:g} "
+        "times as many. Each decision reads the spread or a 99.9% interval, never the 95% one. The tables' paired t "
+        "over all seeds is then slightly liberal (up to 8% false positives at a nominal 5%, simulated in "
+        "tests/sweeps/test_sweep_planning.py); Stein's test below takes its spread from the pilot alone and keeps "
+        "its level whatever the looks decided.", "")
+    looks = [{json.dumps(cell["cell"], sort_keys=True): cell for cell in cells} for cells in plan["looks"]]
+    rows = []
+    for cell in last:
+        key = json.dumps(cell["cell"], sort_keys=True)
+        sizes = [str(look[key]["seeds"]) for look in looks if key in look]
+        rows.append({**cell["cell"], "seeds at each look": " -> ".join(sizes),
+                     "decision": ", ".join(sorted({c["decision"] for c in cell["comparisons"]}))})
+    add(pd.DataFrame.from_records(rows).to_markdown(index=False), "")
+    metric_rows = summaries[summaries["metric"].astype(str) == plan["metric"]]
+    baseline = default_baseline(metric_rows, group_keys)
     if baseline is None:
         return
-    order = [int(seed) for seed in plan["seeds"]]
-    is_baseline = matching_rows(rows, baseline)
-    reference = rows[is_baseline].set_index("seed")["final_window"]
-    for key, group in rows[~is_baseline].groupby(list(group_keys), sort=True, dropna=False):
-        values = group.set_index("seed")["final_window"]
-        seeds = [s for s in order if s in values.index and s in reference.index]
-        pilot = [s for s in plan["pilot_seeds"] if s in seeds]
-        label = group_text(dict(zip(group_keys, key, strict=True)))
-        if len(pilot) < 2 or len(pilot) != len(plan["pilot_seeds"]):
-            add(f"- {label}: pilot seeds missing from the completed runs; no planned test.")
-            continue
-        differences = [values[s] - reference[s] for s in seeds]
-        test = stein_two_stage(differences, len(pilot), confidence)
-        add(f"- {label}: planned test over {test['n']} seeds: Δ {test['mean_difference']:+.4f} "
-            f"[{test['ci_low']:+.4f}, {test['ci_high']:+.4f}], p={test['p_value']:.3f}")
+    for cell in last:
+        in_cell = metric_rows[matching_rows(metric_rows, cell["cell"])]
+        is_baseline = matching_rows(in_cell, {**cell["cell"], **baseline})
+        reference = in_cell[is_baseline].set_index("seed")["final_window"]
+        for key, group in in_cell[~is_baseline].groupby(list(group_keys), sort=True, dropna=False):
+            values = group.set_index("seed")["final_window"]
+            seeds = [s for s in seed_order(pilot, cell["seeds"]) if s in values.index and s in reference.index]
+            label = group_text(dict(zip(group_keys, key, strict=True)))
+            if seeds[:len(pilot)] != pilot:
+                add(f"- {label}: pilot seeds missing from the completed runs; no planned test.")
+                continue
+            test = stein_two_stage([values[s] - reference[s] for s in seeds], len(pilot), confidence)
+            add(f"- {label}: Stein's test over {test['n']} seeds: Δ {test['mean_difference']:+.4f} "
+                f"[{test['ci_low']:+.4f}, {test['ci_high']:+.4f}], p={test['p_value']:.3f}")
     add("")

@@ -1,26 +1,28 @@
 """One sweep invocation (``python -m sweeps``) as one pass: plan the grid's runs (:mod:`sweeps.plan`), launch them
 in a session (:mod:`sweeps.runner`), then print the closing tables and write the report (:mod:`sweeps.report`).
-With ``target_mde`` the seeds are planned from a pilot first (:mod:`sweeps.seed_plan`)."""
+With ``target_mde`` the seeds are planned cell by cell from a pilot and looks (:mod:`sweeps.seed_plan`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dataflex_rl.validation import ConfigError
 from sweeps.config import SweepConfig
-from sweeps.grid import default_name, expand_grid
+from sweeps.grid import RunSpec, default_name, expand_grid
 from sweeps.plan import plan_sweep
 from sweeps.report import report_sweep
 from sweeps.runner import EXIT_REFUSED, SessionRefused, SweepSession
 
 
-def run_sweep(config: SweepConfig, argv: Sequence[str] = ()) -> int:
-    """Returns the exit status (0 all completed, 1 a run failed, 2 refused, 128+n stopped)."""
+def run_sweep(config: SweepConfig, argv: Sequence[str] = (), keep: Callable[[RunSpec], bool] | None = None) -> int:
+    """Returns the exit status (0 all completed, 1 a run failed, 2 refused, 128+n stopped); ``keep``: which of the
+    grid's runs this invocation runs (a seed plan's look), all by default."""
     try:
         name = config.name or default_name(config)
         specs = expand_grid(config)  # a bad value refuses the sweep, a seed plan's pilot too, before anything starts
+        specs = [spec for spec in specs if keep is None or keep(spec)]
         if config.target_mde is not None and not config.dry_run:
             from sweeps.seed_plan import run_planned_sweep  # analysis (pandas) only when seeds are planned
 

@@ -7,7 +7,8 @@ prints ``SFT step i/n`` for ``sft.steps=n`` (same pace) and exits 0. The same ``
 the last logged step; a completed run exits 0 at once. SIGTERM marks the run interrupted (exit 130).
 ``SCRIPTED_TRAIN_FAIL=<run name>`` makes that run fail (exit 1, status failed). ``SCRIPTED_TRAIN_NOISE=<sd>`` adds
 ``sd * z`` to ``val/accuracy``, ``z`` a standard normal fixed by (alpha, seed), so seed-paired differences vary.
-A ``trainer.lr`` axis adds ``100 * lr`` to ``val/accuracy``. ``config.yaml`` is the run's config and ``meta.json``
+A ``trainer.lr`` axis adds ``100 * lr`` to ``val/accuracy``; ``SCRIPTED_TRAIN_QUIET_LR=<lr>`` divides the noise of
+that learning rate's runs by 100. ``config.yaml`` is the run's config and ``meta.json``
 its identity computed from it, as the real trainer records them: the ``axes=[...]`` the driver passes, with the
 run's own values of those keys.
 
@@ -98,7 +99,10 @@ def main(argv: list[str]) -> int:
         return 1
     step_seconds = float(os.environ.get("SCRIPTED_TRAIN_STEP_S", "0"))
     noise = float(os.environ.get("SCRIPTED_TRAIN_NOISE", "0")) * random.Random(f"{alpha}-{seed}").gauss(0.0, 1.0)
-    noise += 100.0 * float(axes.get(axis_name("trainer.lr")) or 0.0)
+    lr = float(axes.get(axis_name("trainer.lr")) or 0.0)
+    if lr and lr == float(os.environ.get("SCRIPTED_TRAIN_QUIET_LR", "nan")):
+        noise /= 100.0
+    noise += 100.0 * lr
     while step < total:
         time.sleep(step_seconds)
         step += 1

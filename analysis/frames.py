@@ -8,7 +8,7 @@ import fnmatch
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ HISTOGRAM_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "name", "edges"
 RUN_COLUMNS: tuple[str, ...] = (
     *IDENTITY_COLUMNS, "state", "status_step", "error", "wall_time_s", "git_commit", "config_hash", "start_time",
     "end_time", "environment", "warm_start", "warm_start_design", "warm_start_seed", "path", "metrics_source",
-    "included", "exclusion_reason",
+    "included", "exclusion_reason", "nonfinite",
 )
 
 
@@ -56,11 +56,14 @@ class SweepData:
 
 @dataclass(frozen=True)
 class RunMetrics:
-    """One run's metrics in wide form: ``steps`` ``(n,)`` int64 sorted unique, ``values`` ``(m, n)`` float64."""
+    """One run's metrics in wide form: ``steps`` ``(n,)`` int64 sorted unique, ``values`` ``(m, n)`` float64 (NaN
+    where not logged); ``nonfinite``: the metrics logged as NaN or infinite, with those steps (their values are
+    left out whole: a broken metric gives no final value from its earlier ones)."""
 
     steps: np.ndarray
     names: tuple[str, ...]
     values: np.ndarray
+    nonfinite: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "config.") -> dict[str, Any]:

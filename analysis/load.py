@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from analysis.environment import abbreviated, environment_label
 from analysis.frames import (
@@ -93,13 +94,27 @@ def _first_line(text: Any) -> str | None:
 
 def read_run_metrics(run_dir: str | os.PathLike[str], metrics: Sequence[str] | None = None,
                      source: str | None = None, skip_bad: bool = True) -> RunMetrics:
-    """A run's numeric metrics through :func:`run_store.read_metrics` (``metrics``: keys or globs)."""
-    frame = run_store.read_metrics(run_dir, metrics, source=source, skip_bad=skip_bad)
-    names = tuple(c for c in frame.columns if c != "step" and pd.api.types.is_numeric_dtype(frame[c]))
-    values = frame[list(names)].to_numpy(dtype=np.float64, na_value=np.nan).T
-    steps = frame["step"].to_numpy(dtype=np.int64)
-    keep = np.diff(steps, append=steps[-1:] + 1) > 0  # read_metrics sorts by step; keep a repeated step's last row
-    return RunMetrics(steps[keep], names, values[:, keep])
+    """A run's numeric metrics through :func:`run_store.read_metrics_table` (``metrics``: keys or globs); a metric
+    logged as NaN or infinite at any step is kept out whole and named in ``nonfinite``."""
+    table = run_store.read_metrics_table(run_dir, metrics, source=source, skip_bad=skip_bad)
+    steps = table.column("step").to_numpy().astype(np.int64)
+    order = np.argsort(steps, kind="stable")
+    keep = np.append(np.diff(steps[order]) > 0, True)  # a repeated step keeps its last row
+    names, rows, nonfinite = [], [], {}
+    for name in table.column_names:
+        column = table.column(name)
+        if name == "step" or not pa.types.is_floating(column.type):
+            continue
+        values = column.to_numpy(zero_copy_only=False).astype(np.float64)[order][keep]
+        logged = column.is_valid().to_numpy(zero_copy_only=False)[order][keep]
+        broken = logged & ~np.isfinite(values)
+        if broken.any():
+            nonfinite[name] = tuple(int(step) for step in steps[order][keep][broken])
+            values = np.full_like(values, np.nan)
+        names.append(name)
+        rows.append(values)
+    values = np.vstack(rows) if rows else np.empty((0, int(keep.sum())))
+    return RunMetrics(steps[order][keep], tuple(names), values, nonfinite)
 
 
 def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
@@ -131,11 +146,13 @@ def _read_part(read: Any, run_dir: Path, name: str, level: int = logging.DEBUG) 
 
 
 def describe_run(
-    run_dir: str | os.PathLike[str], manifest_entries: Mapping[str, Mapping[str, Any]] | None = None
+    run_dir: str | os.PathLike[str], manifest_entries: Mapping[str, Mapping[str, Any]] | None = None,
+    sweep: str | None = None,
 ) -> dict[str, Any]:
     """One run-table row of a run folder, never raising for a damaged one (``exclusion_reason`` names the problem).
 
-    ``loadable``: the record passes :func:`run_store.verify_run` and its files can be read, whatever the state."""
+    ``loadable``: the record passes :func:`run_store.verify_run` and its files can be read, whatever the state.
+    ``sweep``: the name in the folder's ``sweep.json``; a run it does not list, or of another sweep, is excluded."""
     run_dir = Path(run_dir)
     entries = manifest_entries or {}
     problems = run_store.verify_run(run_dir)
@@ -144,6 +161,9 @@ def describe_run(
     status = {} if linked else _read_part(run_store.read_status, run_dir, "status.json")
     config = {} if linked else _read_part(run_store.read_config, run_dir, "config.yaml", logging.WARNING)
     entry = dict(entries.get(str(meta.get("run")), entries.get(run_dir.name, {})))
+    if sweep is not None and meta and (not entry or meta.get("sweep") != sweep):
+        problems.append(f"not a run of sweep {sweep}: its sweep.json does not list {run_dir.name}"
+                        if not entry else f"a run of sweep {meta.get('sweep')!r}, not of {sweep}")
     state = status.get("state") or entry.get("state") or "unknown"
     source = "none" if linked else run_store.metrics_source(run_dir) or "none"
     warm_start = meta.get("warm_start") if isinstance(meta.get("warm_start"), Mapping) else {}
@@ -233,6 +253,10 @@ def _load_run_metrics(
                 continue
             except Exception as exc:  # noqa: BLE001 - one damaged file must never stop a whole sweep
                 errors.append(f"unreadable metrics.{attempt} ({type(exc).__name__}: {exc})")
+        if position in loaded and loaded[position].nonfinite:
+            runs.iat[position, runs.columns.get_loc("nonfinite")] = "; ".join(
+                f"{name} at step(s) {', '.join(map(str, steps[:5]))}{' ...' if len(steps) > 5 else ''}"
+                for name, steps in loaded[position].nonfinite.items())
         reason = row["exclusion_reason"]
         runs.iat[position, runs.columns.get_loc("included")] = position in loaded
         runs.iat[position, runs.columns.get_loc("exclusion_reason")] = None if position in loaded else "; ".join(
@@ -252,7 +276,8 @@ def load_runs(
     listed_runs = (manifest or {}).get("runs")
     entries = {str(e["run"]): dict(e) for e in (listed_runs if isinstance(listed_runs, list) else [])
                if isinstance(e, Mapping) and "run" in e}
-    rows = [describe_run(run_dir, entries) for run_dir in run_dirs]
+    owner = (manifest or {}).get("sweep") if isinstance(listed_runs, list) else None
+    rows = [describe_run(run_dir, entries, owner) for run_dir in run_dirs]
     counts = Counter((row["sweep"], row["run"]) for row in rows)
     duplicates = sorted(f"{sweep}/{run}" for (sweep, run), count in counts.items() if count > 1)
     if duplicates:

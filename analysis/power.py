@@ -141,6 +141,8 @@ def judge(comparison: Mapping[str, Any], target_mde: float, max_seeds: int) -> t
     n, mean, std = int(comparison["n_pairs"]), float(comparison["mean_difference"]), float(comparison["std_difference"])
     if not math.isfinite(std):
         raise ValueError(f"a comparison has no spread (std = {std!r}): a look needs >= 2 paired seeds")
+    if std == 0:  # identical differences: no spread to plan from, and more seeds of the same kind add none
+        return "no spread", n
     if minimum_detectable_effect(std, n) <= target_mde:
         return "precise", n
     if abs(mean) > stats.t.ppf(1.0 - INTERIM_LEVEL / 2.0, n - 1) * std / math.sqrt(n):

@@ -257,6 +257,9 @@ def _warning_section(document: Document, data: SweepData) -> None:
         if missing:
             lines.append(f"- {len(missing)} included run(s) logged no finite `{metric}`, so they are left out of its "
                          f"n: {', '.join(missing)}.")
+    for run, text in data.included_runs.dropna(subset=["nonfinite"])[["run", "nonfinite"]].itertuples(index=False):
+        lines.append(f"- Run {run} logged NaN or infinite values of {text}: each such metric is left out of its n "
+                     "for this run (no final value is taken from its earlier values).")
     environments = mixed_environment_warning(data.runs)
     if environments:
         lines.append(f"- {environments}")

@@ -138,8 +138,10 @@ def describe_look(plan: Mapping[str, Any]) -> str:
              f"{plan['max_seeds']} seeds per cell"]
     for cell in plan["looks"][-1]:
         where = ", ".join(f"{key}={value}" for key, value in cell["cell"].items()) or "the grid"
-        judged = "; ".join(f"{comparison['decision']} (MDE {comparison['mde']:.4f})"
-                           for comparison in cell["comparisons"])
+        judged = "; ".join(f"{comparison['decision']} (" + (
+            "no spread: every paired difference is the same, so an MDE cannot be judged" if
+            comparison["std_difference"] == 0 else f"MDE {comparison['mde']:.4g}") + ")"
+            for comparison in cell["comparisons"])
         after = f"grows to {cell['seeds_next']} seeds" if cell["seeds_next"] > cell["seeds"] else "done"
         lines.append(f"  {where}: {cell['seeds']} seeds: {judged}; {after}")
     return "\n".join(lines)

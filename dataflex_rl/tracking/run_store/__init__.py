@@ -12,6 +12,7 @@ from dataflex_rl.tracking.run_store.lock import RunLock, RunLockedError
 from dataflex_rl.tracking.run_store.meta import numeric_environment
 from dataflex_rl.tracking.run_store.reader import (final_value, is_run_store, is_sweep_folder, load_histograms,
                                                   metrics_source, read_config, read_curve, read_meta, read_metrics,
+                                                  read_metrics_table,
                                                   read_status, read_sweep_record, run_record_files)
 from dataflex_rl.tracking.run_store.status import (CLOSE_STATES, COMPLETED, FAILED, INTERRUPTED, PENDING, RESERVE_BYTES,
                                                   RUNNING, STATES, check_state)

@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
 from dataflex_rl.tracking.run_store.files import (CONFIG_FILE, HISTOGRAMS_JSONL, HISTOGRAMS_PARQUET, META_FILE,
                                                  METRICS_JSONL, METRICS_PARQUET, STATUS_FILE, SWEEP_FILE,
                                                  RunStoreError, read_json_object)
+from dataflex_rl.tracking.run_store import schema
 from dataflex_rl.tracking.run_store.jsonl import read_jsonl
 from dataflex_rl.tracking.run_store.tables import histograms_table, metrics_table
 
@@ -40,17 +42,22 @@ def run_record_files(path: str | os.PathLike[str]) -> list[str]:
 
 def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``status.json`` of a run: ``{"state", "step", "updated", "error", "traceback"}``; None before the run started."""
-    return read_json_object(pathlib.Path(run_dir) / STATUS_FILE)
+    return _checked(pathlib.Path(run_dir) / STATUS_FILE, schema.STATUS)
 
 
 def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``meta.json`` of a run (identity, fingerprint, versions, host, times); None when absent."""
-    return read_json_object(pathlib.Path(run_dir) / META_FILE)
+    return _checked(pathlib.Path(run_dir) / META_FILE, schema.META)
 
 
 def read_sweep_record(sweep_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``sweep.json`` of a sweep folder (its grid, runs and invocations); None when absent."""
-    return read_json_object(pathlib.Path(sweep_dir) / SWEEP_FILE)
+    return _checked(pathlib.Path(sweep_dir) / SWEEP_FILE, schema.SWEEP)
+
+
+def _checked(path: pathlib.Path, file_schema: Any) -> dict[str, Any] | None:
+    payload = read_json_object(path)
+    return None if payload is None else schema.check_schema(path, payload, file_schema)
 
 
 def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -81,6 +88,18 @@ def metrics_source(run_dir: str | os.PathLike[str]) -> str | None:
 
 def read_metrics(run_dir: str | os.PathLike[str], keys: Sequence[str] | None = None, *, source: str | None = None,
                  skip_bad: bool = False) -> pd.DataFrame:
+    """The metrics as a frame sorted by step (a key not logged at a step reads NaN: :func:`read_metrics_table` keeps
+    "not logged" and "logged as NaN" apart)."""
+    frame = read_metrics_table(run_dir, keys, source=source, skip_bad=skip_bad).to_pandas()
+    if len(frame) > 1 and not frame["step"].is_monotonic_increasing:
+        frame = frame.sort_values("step", kind="stable").drop_duplicates("step", keep="last")
+    return frame.reset_index(drop=True)
+
+
+def read_metrics_table(run_dir: str | os.PathLike[str], keys: Sequence[str] | None = None, *,
+                       source: str | None = None, skip_bad: bool = False) -> pa.Table:
+    """The metrics as an arrow table, a key not logged at a step null (``keys``: names or globs; ``source``:
+    ``parquet``, ``jsonl`` or None for :func:`metrics_source`'s)."""
     run_dir = pathlib.Path(run_dir)
     source = source or metrics_source(run_dir)
     path = run_dir / (METRICS_PARQUET if source == "parquet" else METRICS_JSONL)
@@ -88,21 +107,16 @@ def read_metrics(run_dir: str | os.PathLike[str], keys: Sequence[str] | None = N
         raise FileNotFoundError(f"{path} does not exist")
     if source == "parquet":
         names = [name for name in pq.read_schema(path).names if name != "step"]
-        frame = pq.read_table(path, columns=["step", *_select_keys(names, keys)]).to_pandas()
-    elif source == "jsonl":
+        return pq.read_table(path, columns=["step", *_select_keys(names, keys)])
+    if source == "jsonl":
         records = read_jsonl(path, skip_bad=skip_bad)
         names = sorted({key for record in records for key in record if key != "step"})
         wanted = set(_select_keys(names, keys))
-        records = [{"step": record["step"], **{k: _number_or_none(v) for k, v in record.items() if k in wanted}}
-                   for record in records]
-        frame = metrics_table(records, source=str(path)).to_pandas()
-    elif source is None:
-        return pd.DataFrame({"step": pd.Series(dtype="int64")})
-    else:
-        raise ValueError(f"source = {source!r} is not allowed: use 'parquet', 'jsonl' or None")
-    if len(frame) > 1 and not frame["step"].is_monotonic_increasing:
-        frame = frame.sort_values("step", kind="stable").drop_duplicates("step", keep="last")
-    return frame.reset_index(drop=True)
+        return metrics_table([{"step": record["step"], **{k: _number_or_none(v) for k, v in record.items()
+                                                           if k in wanted}} for record in records], source=str(path))
+    if source is None:
+        return pa.table({"step": pa.array([], type=pa.int64())})
+    raise ValueError(f"source = {source!r} is not allowed: use 'parquet', 'jsonl' or None")
 
 
 def _select_keys(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:

@@ -10,11 +10,14 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from dataflex_rl.config_keys import ALPHA_KEY
 from dataflex_rl.tracking.identity import AXIS_NAMES, SEED_AXIS, axis_values, config_hash
-from dataflex_rl.tracking.run_store.files import CONFIG_FILE, META_FILE, STATUS_FILE
+from dataflex_rl.tracking.run_store.files import CONFIG_FILE, META_FILE, METRICS_JSONL, METRICS_PARQUET, STATUS_FILE
 from dataflex_rl.tracking.run_store.fingerprint import config_fingerprint
 from dataflex_rl.tracking.run_store.reader import read_config, read_meta, read_status
+from dataflex_rl.tracking.run_store.status import COMPLETED
 
 # The config key of each short factor name (the inverse of identity.AXIS_NAMES).
 _AXIS_KEYS = {name: key for key, name in AXIS_NAMES.items()}
@@ -86,7 +89,10 @@ def identity_differences(meta: Mapping[str, Any], config: Mapping[str, Any]) -> 
     """How ``meta.json`` disagrees with ``config.yaml``."""
     differences = []
     fingerprint = config_fingerprint(config)
-    if meta.get("config_fingerprint") != fingerprint:
+    if meta.get("config_fingerprint") is None:
+        differences.append("meta.json records no config_fingerprint, so config.yaml cannot be checked against the "
+                           "config the run recorded")
+    elif meta.get("config_fingerprint") != fingerprint:
         differences.append(f"config.yaml is not the config the run recorded (its fingerprint is {fingerprint}, "
                            f"meta.json records {meta.get('config_fingerprint')!r})")
     expected = config_identity(config)
@@ -117,5 +123,26 @@ def verify_run(run_dir: str | os.PathLike[str]) -> list[str]:
     config = _read(read_config, run_dir, CONFIG_FILE, reasons)
     if meta is not None and config is not None:
         reasons += identity_differences(meta, config)
+    reasons += metrics_problems(run_dir)
     return reasons
+
+
+def metrics_problems(run_dir: pathlib.Path) -> list[str]:
+    """``metrics.parquet`` whose footer cannot be read (a cut or overwritten file) with no ``metrics.jsonl`` left to
+    read instead, or a completed run with no metrics file at all."""
+    parquet = run_dir / METRICS_PARQUET
+    if parquet.is_file() and not (run_dir / METRICS_JSONL).is_file():
+        try:
+            pq.ParquetFile(parquet).close()
+        except Exception as error:  # noqa: BLE001  (pyarrow raises ArrowInvalid, OSError, ...: all mean unreadable)
+            return [f"unreadable {METRICS_PARQUET} ({type(error).__name__}: {error})"]
+        return []
+    if not parquet.is_file() and not (run_dir / METRICS_JSONL).is_file():
+        try:
+            completed = (read_status(run_dir) or {}).get("state") == COMPLETED
+        except (OSError, ValueError):
+            completed = False
+        if completed:
+            return [f"status.json says completed, but there is no {METRICS_PARQUET} or {METRICS_JSONL}"]
+    return []
 

@@ -19,7 +19,8 @@ STEP_SEPARATOR = ","
 ANSWER_MARK = ">"
 MAX_DIGITS_LIMIT = 9
 _STEP = r"[0-9]\+[0-9]\+[01]=[01][0-9]"
-_ANSWER = re.compile(r"0|[1-9][0-9]*")
+# A sum has at most MAX_DIGITS_LIMIT + 1 digits; a longer text is wrong, and int() of one could exceed 4,300 digits.
+_ANSWER = re.compile(rf"0|[1-9][0-9]{{0,{MAX_DIGITS_LIMIT}}}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from dataflex_rl.tasks import build_task
-from dataflex_rl.tasks.long_addition import parse_answer, solve
+from dataflex_rl.tasks.long_addition import LongAdditionTask, parse_answer, solve
 from dataflex_rl.validation import ConfigError
 
 
@@ -70,6 +70,14 @@ def test_reward_and_verl_score_read_the_final_answer():
     answer = json.loads(json.dumps(problem.answer))  # as verl's ground_truth column holds it
     assert task.verl_score(problem.completion, answer) == {"score": 1.0, "acc": 1.0}
     assert task.verl_score(problem.completion.replace(">", ""), answer) == {"score": 0.0, "acc": 0.0}
+
+
+def test_an_answer_longer_than_any_sum_scores_0_never_raising():
+    """5,000 digits exceed Python's 4,300-digit int() limit: the response is wrong, not an error."""
+    answer = {"left": 7, "right": 5}
+    assert LongAdditionTask.verl_score("7+5+0=12>" + "9" * 5000 + ";", answer) == {"score": 0.0, "acc": 0.0}
+    assert LongAdditionTask.verl_score("7+5+0=12>12;", answer) == {"score": 1.0, "acc": 1.0}
+    assert parse_answer(solve(10**9 - 1, 10**9 - 1), 9) == 2 * (10**9 - 1)  # the longest sum is read
 
 
 def test_responses_reason_for_at_least_30_tokens_at_the_defaults():

@@ -104,6 +104,9 @@ def test_the_warm_start_sees_only_the_short_problems_and_never_the_test_pool():
     ({"sft_max_digits": 2}, "sft_max_digits = 2 is not allowed"),
     ({"max_digits": 10}, "max_digits = 10 is not allowed: it must be an integer in [1, 9]"),
     ({"min_digits": 1, "max_digits": 1, "test_size": 60}, "test_size=60 is too large"),
+    # the warm start draws from the one-digit sums alone: a pool holding them all left it nothing (it gave up later)
+    ({"min_digits": 1, "max_digits": 2, "sft_max_digits": 1, "test_size": 5000},
+     "test_size=5000 is too large: min_digits=1, sft_max_digits=1 give 100 distinct problems; allowed: test_size <= 50"),
 ])
 def test_bad_params_are_refused_naming_key_value_and_what_is_allowed(params, message):
     with pytest.raises((ConfigError, ValueError), match=re.escape(message)):

@@ -123,9 +123,17 @@ def embedded_blocks(text: str, where: str = "") -> Iterator[tuple[str, str]]:
         yield name, text[start:end]
 
 
+def read_doc(path: Path, root: Path = REPO) -> str:
+    """A doc's text; ValueError naming it when it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path.relative_to(root)}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
 def doc_texts(root: Path = REPO) -> dict[Path, str]:
     """Each doc's text, all read (and their blocks checked, ValueError naming the first bad one) before any write."""
-    texts = {path: path.read_text(encoding="utf-8") for path in doc_files(root)}
+    texts = {path: read_doc(path, root) for path in doc_files(root)}
     for path, text in texts.items():
         block_spans(text, str(path.relative_to(root)))
     return texts
@@ -152,7 +160,7 @@ def stale_blocks(root: Path = REPO) -> list[str]:
     problems = []
     for path in doc_files(root):
         try:
-            blocks = list(embedded_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(root))))
+            blocks = list(embedded_blocks(read_doc(path, root), str(path.relative_to(root))))
         except ValueError as error:
             problems.append(str(error))
             continue
@@ -160,7 +168,7 @@ def stale_blocks(root: Path = REPO) -> list[str]:
             results = root / "docs" / "results" / f"{name}.md"
             if not results.is_file():
                 problems.append(f"{path.relative_to(root)}: {name} (no {results.relative_to(root)})")
-            elif results.read_text(encoding="utf-8") != body:
+            elif results.read_bytes() != body.encode("utf-8"):
                 problems.append(f"{path.relative_to(root)}: {name} (differs from {results.relative_to(root)}; "
                                 f"run make docs-results or copy the file into the block)")
     return problems

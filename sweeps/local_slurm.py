@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataflex_rl.validation import ConfigError, check_int_at_least
+from dataflex_rl.validation import ConfigError, check_int_in_range
 from sweeps.local_ray import check_cluster_dir, free_port, process_argv  # one implementation for both local clusters
 
 PACKAGES = ("slurm-wlm", "munge")
@@ -88,10 +89,16 @@ def running_daemons(folder: Path) -> dict[int, str]:
 def start(folder: Path, cpus: int | None = None, memory_mb: int | None = None, timeout_s: float = 30.0) -> Path:
     """Returns the slurm.conf path (what ``SLURM_CONF`` takes). Refused (ConfigError) before anything starts for bad
     arguments or while this folder's cluster runs; a start that fails stops what it started."""
-    for key, value in (("--cpus", cpus), ("--memory-mb", memory_mb)):
+    # slurmd drains a node said to have more than this machine has: the cluster never came up
+    machine_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    for key, value, most in (("--cpus", cpus, os.cpu_count() or 1), ("--memory-mb", memory_mb, machine_mb)):
         if value is not None:
-            check_int_at_least(key, value, 1)
+            check_int_in_range(key, value, 1, most)
     folder = check_cluster_dir(folder).resolve()
+    if re.search(r"[\s#=]", str(folder)):  # slurm.conf's values end at whitespace; '#' starts a comment
+        raise ConfigError(f"--dir {str(folder)!r} is not allowed: slurm.conf names paths inside it, and cannot hold "
+                          f"whitespace, '#' or '='; give a folder whose path has none")
+    cpus, memory_mb = cpus or os.cpu_count() or 1, memory_mb or int(machine_mb * 0.8)
     running = running_daemons(folder)
     if running:
         raise ConfigError(f"--dir {folder} is not allowed: its local SLURM runs ("
@@ -108,15 +115,13 @@ def start(folder: Path, cpus: int | None = None, memory_mb: int | None = None, t
         raise
 
 
-def _start(folder: Path, cpus: int | None, memory_mb: int | None, timeout_s: float) -> Path:
+def _start(folder: Path, cpus: int, memory_mb: int, timeout_s: float) -> Path:
     for sub in ("munge", "state", "spool", "log"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     key = folder / "munge" / "munge.key"
     if not key.exists():
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
-    cpus = cpus or os.cpu_count() or 1
-    memory_mb = memory_mb or int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
     conf = folder / "slurm.conf"
     conf.write_text(slurm_conf(folder, cpus, memory_mb))
     for command in daemon_commands(folder).values():

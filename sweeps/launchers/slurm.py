@@ -44,8 +44,9 @@ class SlurmSettings:
         check_int_at_least("slurm.timeout_min", self.timeout_min, 1)
         check_int_at_least("slurm.cpus_per_task", self.cpus_per_task, 1)
         check_int_at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
-        if self.mem_gb is not None:
-            check_number("slurm.mem_gb", self.mem_gb, minimum=0.0, exclusive=True)
+        if self.mem_gb is not None and check_number("slurm.mem_gb", self.mem_gb) * 1024 < 1:
+            raise ConfigError(f"slurm.mem_gb = {self.mem_gb!r} is not allowed: it must be at least 1 MB (1/1024 GB): "
+                              f"a smaller request reaches sbatch as --mem=0MB, which SLURM reads as a whole node")
         if not isinstance(self.additional_parameters, Mapping):
             raise ConfigError(f"slurm.additional_parameters = {self.additional_parameters!r} is not allowed: it must "
                               f"be a mapping of sbatch options, e.g. {{constraint: a100}}")

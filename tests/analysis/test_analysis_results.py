@@ -109,3 +109,13 @@ def test_check_reports_every_marker_that_is_not_well_formed(tmp_path: Path, doc:
     (root / "docs" / "results" / "demo.md").write_text("body\n")
     stale = results.stale_blocks(root)
     assert len(stale) == 1 and stale[0].startswith(problem), stale
+
+
+def test_a_doc_that_is_not_utf8_is_named_by_check_and_refused_by_the_writer(tmp_path: Path, capsys):
+    sweep = write_fake_sweep(tmp_path / "runs" / "sweep-r", alphas=(0.0, 0.5), seeds=(1, 2), n_steps=4)
+    root = _repo_with(tmp_path, "intro\n")
+    (root / "docs" / "latin1.md").write_bytes("caf\xe9\n".encode("latin-1"))
+    assert results.stale_blocks(root) == ["docs/latin1.md: not UTF-8 text (invalid continuation byte at byte 3)"]
+    with pytest.raises(ValueError, match=r"docs/latin1\.md: not UTF-8 text"):
+        results.write_results(sweep, "demo", root)
+    assert not (root / "docs" / "results").exists()

@@ -262,3 +262,32 @@ def test_a_second_start_leaves_the_running_cluster_alone_and_stop_leaves_none_of
     assert local_ray.read_state(directory) == state
     assert local_ray.stop(directory) >= len(before)
     assert processes_with(marker) == set()
+
+
+def test_a_cluster_json_naming_a_folder_start_did_not_make_is_refused_and_the_folder_kept(tmp_path, capsys):
+    """stop deletes the cluster's temp folder: one edited to name the user's folder deleted that folder."""
+    directory, precious = tmp_path / "cluster", tmp_path / "results"
+    precious.mkdir()
+    (precious / "table.csv").write_text("kept\n")
+    state = write_state(directory)
+    shutil.rmtree(state["temp_dir"])
+    (directory / local_ray.STATE_FILE).write_text(json.dumps({**state, "temp_dir": str(precious)}))
+    assert local_ray.main(["stop", "--dir", str(directory)]) == 2
+    assert f"temp_dir '{precious}' is not a folder `sweeps.local_ray start` made" in capsys.readouterr().err
+    assert (precious / "table.csv").read_text() == "kept\n"
+
+
+def test_kill_never_signals_a_raylet_of_another_cluster(tmp_path, capsys):
+    """A stale cluster.json's node port, reused by another cluster's raylet: that raylet lives on."""
+    write_state(tmp_path / "cluster")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "raylet",
+                                  "--node_manager_port=1"])
+    try:
+        assert local_ray.main(["kill", "--dir", str(tmp_path / "cluster"), "--node", "head"]) == 2
+        assert "node head's raylet is not running" in capsys.readouterr().err
+        with pytest.raises(subprocess.TimeoutExpired):
+            bystander.wait(timeout=1)
+    finally:
+        bystander.kill()
+        bystander.wait()
+        local_ray.stop(tmp_path / "cluster")

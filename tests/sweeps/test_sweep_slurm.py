@@ -287,12 +287,19 @@ def test_start_with_bad_arguments_is_refused_before_anything_starts(tmp_path, ca
         assert local_slurm.main(["start", "--dir", str(folder), "--cpus", "-2"]) == 2
         assert "--cpus = -2 is not allowed: it must be an integer >= 1" in capsys.readouterr().err
         assert not folder.exists() and daemons_of(folder) == {}  # no munged left behind
+        cpus = os.cpu_count()  # slurmd drains a node said to have more: the start timed out after 30 s
+        assert local_slurm.main(["start", "--dir", str(folder), "--cpus", str(cpus + 1)]) == 2
+        assert f"--cpus = {cpus + 1} is not allowed: it must be an integer in [1, {cpus}]" in capsys.readouterr().err
+        assert not folder.exists()
     finally:
         local_slurm.stop(folder)
     a_file.write_text("kept\n")
     assert local_slurm.main(["start", "--dir", str(a_file)]) == 2
     assert f"--dir {a_file} is not allowed: it is not a folder" in capsys.readouterr().err
     assert a_file.read_text() == "kept\n"
+    spaced = tmp_path / "my cluster"  # slurm.conf cut its paths at the space: slurmctld failed to parse it
+    assert local_slurm.main(["start", "--dir", str(spaced)]) == 2
+    assert "cannot hold whitespace, '#' or '='" in capsys.readouterr().err and not spaced.exists()
 
 
 def test_start_twice_on_one_folder_is_refused_and_stop_leaves_none_of_its_daemons(tmp_path, capsys):
@@ -346,3 +353,16 @@ def test_a_job_sbatch_refuses_has_sbatchs_reason_in_its_log(slurm, tmp_path, rep
     assert main(argv(tmp_path, "slurm.mem_gb=100000")) == 1
     log = (tmp_path / "runs" / "hpc" / "logs" / "a0.5-s1.log").read_text()
     assert "the job was not submitted: " in log and "Memory specification can not be satisfied" in log
+
+
+def test_a_memory_request_that_would_reach_sbatch_as_0_mb_is_refused():
+    """submitit writes a fractional mem_gb as whole MB, and SLURM reads --mem=0 as all of a node's memory."""
+    from submitit.slurm.slurm import _convert_mem
+
+    from sweeps.launchers.slurm import SlurmSettings
+
+    assert (_convert_mem(0.0005), _convert_mem(1 / 1024)) == ("0MB", "1MB")
+    for value in (0.0005, 0, -1):
+        with pytest.raises(ConfigError, match=rf"slurm.mem_gb = {value!r} is not allowed: it must be at least 1 MB"):
+            SlurmSettings(mem_gb=value)
+    assert SlurmSettings(mem_gb=1 / 1024).mem_gb == 1 / 1024

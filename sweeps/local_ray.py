@@ -41,14 +41,6 @@ def check_cluster_dir(directory: Path) -> Path:
     return directory
 
 
-def process_argv(pid: int) -> list[str] | None:
-    """A process's command line as its argument list (None when it is gone or unreadable)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return None
-
-
 def _processes() -> dict[int, tuple[int | None, str]]:
     found = {}
     for entry in Path("/proc").iterdir():
@@ -128,10 +120,11 @@ def cluster_pids(state: Mapping[str, Any]) -> set[int]:
 
 
 def raylet_pid(directory: Path, node: str) -> int | None:
-    nodes = read_state(directory)["nodes"]
+    state = read_state(directory)
+    nodes = state["nodes"]
     if node not in nodes:
         raise RuntimeError(f"--node {node!r} is not allowed: this cluster's nodes are {', '.join(nodes)}")
-    marker, ours = f"--node_manager_port={nodes[node]['node_manager_port']}", cluster_pids(read_state(directory))
+    marker, ours = f"--node_manager_port={nodes[node]['node_manager_port']}", cluster_pids(state)
     return next((pid for pid, (_, line) in _processes().items()
                  if pid in ours and "raylet" in line and marker in line), None)
 

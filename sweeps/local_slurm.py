@@ -1,7 +1,7 @@
 """A one-node SLURM on this machine, to try ``launcher=slurm`` and to test against (needs root and Debian's
 ``slurm-wlm`` and ``munge``, installed when missing): ``python -m sweeps.local_slurm start|stop --dir DIR``, then
-``export SLURM_CONF=DIR/slurm.conf``. ``stop`` signals only the daemons this folder started: a pid file's pid is
-taken only while that process runs the very command ``start`` gave it. See docs/sweeps.md, "SLURM and Ray in
+``export SLURM_CONF=DIR/slurm.conf``. ``stop`` signals only the processes that run this folder's own daemon
+commands (a pid file may name anyone's process once its daemon is gone). See docs/sweeps.md, "SLURM and Ray in
 practice"."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from dataflex_rl.validation import ConfigError, check_int_in_range
-from sweeps.local_ray import check_cluster_dir, free_port, process_argv  # one implementation for both local clusters
+from sweeps.local_ray import check_cluster_dir, free_port  # one implementation for both local clusters
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -74,6 +74,14 @@ def daemon_commands(folder: Path) -> dict[str, list[str]]:
                        f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
                        f"--seed-file={munge / 'munged.seed'}"],
             "slurmctld": ["slurmctld", "-f", conf], "slurmd": ["slurmd", "-f", conf]}
+
+
+def process_argv(pid: int) -> list[str] | None:
+    """A process's command line as its argument list (None when it is gone or unreadable)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return None
 
 
 def running_daemons(folder: Path) -> dict[int, str]:

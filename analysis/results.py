@@ -1,6 +1,7 @@
 """Results files: ``python -m analysis.results runs/<sweep> --name <name>`` (``make docs-results``) writes
 ``docs/results/<name>.md`` from a sweep and rewrites every ``<!-- results: <name> -->`` block of the docs with it;
-``--check`` fails when a block differs from its file.
+``--check`` fails when a block differs from its file. A block is that line, its body and a line
+``<!-- /results -->``; a doc with any other text that starts like a marker is refused by both, naming the line.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from analysis.warm_starts import design_sentence
 from dataflex_rl import keys
 from dataflex_rl.tracking import run_store
 from dataflex_rl.tracking.run_store import atomic_write_bytes
+from dataflex_rl.validation import ConfigError, check_file_name
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "docs" / "results"
@@ -29,8 +31,10 @@ RESULTS_DIR = REPO / "docs" / "results"
 # (pi >= 0.75) with a negative advantage whose pi the update lowered (the paper's "why").
 MECHANISM_METRICS = (keys.GRAD_LOW_PROB_SHARE, keys.GRAD_NORM, keys.GRAD_CLIP_FRAC,
                      keys.prob_change("neg", keys.bucket_label(0.75, 1.0), "correct_share"))
-_BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.DOTALL)
-_NAME = re.compile(r"[\w.-]+")
+# Anything that starts like a marker must be a whole line, one of the two below.
+_MARKER_LIKE = re.compile(r"<!--\s*/?\s*results\b", re.IGNORECASE)
+_OPENING = re.compile(r"<!-- results: (?P<name>\S*) -->")
+_CLOSING = "<!-- /results -->"
 
 
 def machine_lines(data: SweepData) -> list[str]:
@@ -83,19 +87,67 @@ def doc_files(root: Path = REPO) -> list[Path]:
                                         if RESULTS_DIR not in path.parents)]
 
 
-def embedded_blocks(text: str) -> Iterator[tuple[str, str]]:
-    """``(name, body)`` of every results block of a Markdown text."""
-    for match in _BLOCK.finditer(text):
-        yield match["name"], match["body"]
+def block_spans(text: str, where: str = "") -> list[tuple[str, int, int]]:
+    """``(name, start, end)`` of every results block's body in a Markdown text (``text[start:end]``); ValueError
+    naming ``where`` and the line when a marker is not well formed: not a whole line, a name that is not a results
+    name, a block opened inside another, a closing line with no block open, a block never closed."""
+    spans, opened = [], None
+    for match in _MARKER_LIKE.finditer(text):
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.start())
+        end = len(text) if end < 0 else end
+        line, at = text[start:end], f"{where}:{text.count(chr(10), 0, start) + 1}"
+        opening = _OPENING.fullmatch(line)
+        if start != match.start() or not (opening or line == _CLOSING):
+            raise ValueError(f"{at}: {line[:80]!r} is not a results marker: a block is a line '<!-- results: <name> "
+                             f"-->', its body, then a line '{_CLOSING}'")
+        if opening:
+            name = check_results_name(opening["name"], f"{at}: the block's name")
+            if opened is not None:
+                raise ValueError(f"{at}: block {name!r} opens inside block {opened[0]!r} ({opened[2]}), which has no "
+                                 f"'{_CLOSING}' line before it")
+            opened = (name, min(end + 1, len(text)), at)
+        elif opened is None:
+            raise ValueError(f"{at}: '{_CLOSING}' closes no block")
+        else:
+            spans.append((opened[0], opened[1], start))
+            opened = None
+    if opened is not None:
+        raise ValueError(f"{opened[2]}: block {opened[0]!r} has no '{_CLOSING}' line")
+    return spans
 
 
-def sync_docs(name: str, body: str, root: Path = REPO) -> list[Path]:
-    """Replace every ``name`` block's body in the docs with ``body``; the files changed."""
+def embedded_blocks(text: str, where: str = "") -> Iterator[tuple[str, str]]:
+    """``(name, body)`` of every results block of a Markdown text (see :func:`block_spans`)."""
+    for name, start, end in block_spans(text, where):
+        yield name, text[start:end]
+
+
+def read_doc(path: Path, root: Path = REPO) -> str:
+    """A doc's text; ValueError naming it when it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path.relative_to(root)}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def doc_texts(root: Path = REPO) -> dict[Path, str]:
+    """Each doc's text, all read (and their blocks checked, ValueError naming the first bad one) before any write."""
+    texts = {path: read_doc(path, root) for path in doc_files(root)}
+    for path, text in texts.items():
+        block_spans(text, str(path.relative_to(root)))
+    return texts
+
+
+def sync_docs(name: str, body: str, texts: dict[Path, str]) -> list[Path]:
+    """Replace every ``name`` block's body in the docs (``texts``, from :func:`doc_texts`) with ``body``; the files
+    changed."""
     changed = []
-    for path in doc_files(root):
-        text = path.read_text(encoding="utf-8")
-        updated = _BLOCK.sub(lambda match: match.group(0) if match["name"] != name
-                             else f"{match.group(1)}{body}{match.group(4)}", text)
+    for path, text in texts.items():
+        updated = text
+        for block, start, end in reversed(block_spans(text)):
+            if block == name:
+                updated = updated[:start] + body + updated[end:]
         if updated != text:
             atomic_write_bytes(path, updated.encode("utf-8"))
             changed.append(path)
@@ -103,28 +155,44 @@ def sync_docs(name: str, body: str, root: Path = REPO) -> list[Path]:
 
 
 def stale_blocks(root: Path = REPO) -> list[str]:
-    """Every docs block that differs from its results file (or names none), as ``<doc>: <name> (<why>)``."""
+    """Every docs block that differs from its results file (or names none), as ``<doc>: <name> (<why>)``, and
+    every marker that is not well formed."""
     problems = []
     for path in doc_files(root):
-        for name, body in embedded_blocks(path.read_text(encoding="utf-8")):
+        try:
+            blocks = list(embedded_blocks(read_doc(path, root), str(path.relative_to(root))))
+        except ValueError as error:
+            problems.append(str(error))
+            continue
+        for name, body in blocks:
             results = root / "docs" / "results" / f"{name}.md"
             if not results.is_file():
                 problems.append(f"{path.relative_to(root)}: {name} (no {results.relative_to(root)})")
-            elif results.read_text(encoding="utf-8") != body:
+            elif results.read_bytes() != body.encode("utf-8"):
                 problems.append(f"{path.relative_to(root)}: {name} (differs from {results.relative_to(root)}; "
                                 f"run make docs-results or copy the file into the block)")
     return problems
 
 
+def check_results_name(name: str, key: str = "RESULTS") -> str:
+    check_file_name(key, name, "a results name (docs/results/<name>.md)")
+    if _MARKER_LIKE.match(f"<!-- {name}"):
+        raise ConfigError(f"{key} = {name!r} is not allowed: the file's first line, '<!-- {name}: written by ...', "
+                          f"would start like a block marker; choose another name")
+    return name
+
+
 def write_results(sweep_dir: Path, name: str, root: Path = REPO) -> tuple[Path, list[Path]]:
-    """Write ``docs/results/<name>.md`` from the sweep and sync the docs' blocks; (the file, the docs changed)."""
-    if not _NAME.fullmatch(name):
-        raise ValueError(f"RESULTS = {name!r} is not allowed: a results name is letters, digits, '.', '_', '-'")
+    """Write ``docs/results/<name>.md`` from the sweep and sync the docs' blocks; (the file, the docs changed).
+    Every doc's blocks are checked first: nothing is written when one is not well formed."""
+    check_results_name(name)
+    texts = doc_texts(root)
     text = results_text(load_sweep(sweep_dir, histograms=False), name, sweep_dir)
+    block_spans(text, f"the text for {name}")  # a block's body never holds a marker
     path = root / "docs" / "results" / f"{name}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, text.encode("utf-8"))
-    return path, sync_docs(name, text, root)
+    return path, sync_docs(name, text, texts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a sweep folder and --name (or --check)")
     try:
         path, changed = write_results(options.sweep_dir, options.name)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"results: {path}" + (f"; docs updated: {', '.join(str(p.relative_to(REPO)) for p in changed)}"

@@ -6,15 +6,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SEED_MODULUS", "ConfigError", "build_params", "check_choice", "check_int_at_least", "check_int_in_range",
-           "check_keys", "check_non_negative_int", "check_number", "check_seed", "check_unit_interval", "to_plain",
-           "unknown_keys"]
+__all__ = ["MAX_NAME_LENGTH", "SEED_MODULUS", "ConfigError", "build_params", "check_choice", "check_file_name",
+           "check_int_at_least", "check_int_in_range", "check_keys", "check_non_negative_int", "check_number",
+           "check_seed", "check_unit_interval", "to_plain", "unknown_keys"]
 
 # Per-step RNG seeds are taken modulo this prime, so a larger run seed would repeat ``seed % SEED_MODULUS``'s runs.
 SEED_MODULUS = 2**31 - 1
+# A name the user gives a file or folder: room for a suffix and a hidden temp file's within NAME_MAX (255 bytes).
+MAX_NAME_LENGTH = 128
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class ConfigError(ValueError):
@@ -76,6 +80,18 @@ def check_unit_interval(key: str, value: Any) -> float:
     if not 0.0 <= float(value) <= 1.0:
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be in [0, 1]")
     return float(value)
+
+
+def check_file_name(key: str, value: Any, what: str) -> str:
+    """``value`` if it is a file name of ASCII letters, digits, '.', '_', '-' that starts with a letter or digit (so
+    never hidden, never '.', '..' or an option) and has at most :data:`MAX_NAME_LENGTH` characters."""
+    if not isinstance(value, str) or not _FILE_NAME.fullmatch(value):
+        raise ConfigError(f"{key} = {value!r} is not allowed: {what} is a file name of letters, digits, '.', '_' and "
+                          f"'-', starting with a letter or digit")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ConfigError(f"{key} = {value[:20]!r}... ({len(value)} characters) is not allowed: {what} has at most "
+                          f"{MAX_NAME_LENGTH} characters")
+    return value
 
 
 def check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:

@@ -1,11 +1,15 @@
 """A one-node SLURM on this machine, to try ``launcher=slurm`` and to test against (needs root and Debian's
 ``slurm-wlm`` and ``munge``, installed when missing): ``python -m sweeps.local_slurm start|stop --dir DIR``, then
-``export SLURM_CONF=DIR/slurm.conf``. See docs/sweeps.md, "SLURM and Ray in practice"."""
+``export SLURM_CONF=DIR/slurm.conf``. ``stop`` signals only the processes that run this folder's own daemon
+commands (a pid file may name anyone's process once its daemon is gone). See docs/sweeps.md, "SLURM and Ray in
+practice"."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -15,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from sweeps.local_ray import free_port  # one implementation for both local clusters
+from dataflex_rl.validation import ConfigError, check_int_in_range
+from sweeps.local_ray import check_cluster_dir, free_port  # one implementation for both local clusters
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -62,29 +67,73 @@ def slurm_conf(folder: Path, cpus: int, memory_mb: int) -> str:
             f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP\n")
 
 
+def daemon_commands(folder: Path) -> dict[str, list[str]]:
+    """The command ``start`` runs each daemon with, in start order (``folder`` resolved)."""
+    munge, conf = folder / "munge", str(folder / "slurm.conf")
+    return {"munged": ["munged", "--force", f"--socket={munge / 'munge.socket'}", f"--key-file={munge / 'munge.key'}",
+                       f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
+                       f"--seed-file={munge / 'munged.seed'}"],
+            "slurmctld": ["slurmctld", "-f", conf], "slurmd": ["slurmd", "-f", conf]}
+
+
+def process_argv(pid: int) -> list[str] | None:
+    """A process's command line as its argument list (None when it is gone or unreadable)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return None
+
+
+def running_daemons(folder: Path) -> dict[int, str]:
+    """pid -> name of every process that runs one of this folder's daemon commands, slurmd's first. Pid files are
+    never read: a stale one may name any process by now."""
+    commands = {tuple(command): name for name, command in daemon_commands(folder.resolve()).items()}
+    found = {int(entry.name): commands.get(tuple(process_argv(int(entry.name)) or ()))
+             for entry in Path("/proc").iterdir() if entry.name.isdigit()}
+    order = list(reversed(commands.values()))
+    return dict(sorted(((pid, name) for pid, name in found.items() if name), key=lambda item: order.index(item[1])))
+
+
 def start(folder: Path, cpus: int | None = None, memory_mb: int | None = None, timeout_s: float = 30.0) -> Path:
-    """Returns the slurm.conf path (what ``SLURM_CONF`` takes)."""
+    """Returns the slurm.conf path (what ``SLURM_CONF`` takes). Refused (ConfigError) before anything starts for bad
+    arguments or while this folder's cluster runs; a start that fails stops what it started."""
+    # slurmd drains a node said to have more than this machine has: the cluster never came up
+    machine_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    for key, value, most in (("--cpus", cpus, os.cpu_count() or 1), ("--memory-mb", memory_mb, machine_mb)):
+        if value is not None:
+            check_int_in_range(key, value, 1, most)
+    folder = check_cluster_dir(folder).resolve()
+    if re.search(r"[\s#=]", str(folder)):  # slurm.conf's values end at whitespace; '#' starts a comment
+        raise ConfigError(f"--dir {str(folder)!r} is not allowed: slurm.conf names paths inside it, and cannot hold "
+                          f"whitespace, '#' or '='; give a folder whose path has none")
+    cpus, memory_mb = cpus or os.cpu_count() or 1, memory_mb or int(machine_mb * 0.8)
+    running = running_daemons(folder)
+    if running:
+        raise ConfigError(f"--dir {folder} is not allowed: its local SLURM runs ("
+                          f"{', '.join(f'{name} pid {pid}' for pid, name in running.items())}); stop it first: "
+                          f"python -m sweeps.local_slurm stop --dir {folder}")
     reason = missing_reason()
     if reason is not None:
         raise RuntimeError(f"cannot start a local SLURM: {reason}")
     install()
-    folder = folder.resolve()
+    try:
+        return _start(folder, cpus, memory_mb, timeout_s)
+    except BaseException:
+        stop(folder)
+        raise
+
+
+def _start(folder: Path, cpus: int, memory_mb: int, timeout_s: float) -> Path:
     for sub in ("munge", "state", "spool", "log"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     key = folder / "munge" / "munge.key"
     if not key.exists():
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
-    cpus = cpus or os.cpu_count() or 1
-    memory_mb = memory_mb or int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
     conf = folder / "slurm.conf"
     conf.write_text(slurm_conf(folder, cpus, memory_mb))
-    munge = folder / "munge"
-    subprocess.run(["munged", "--force", f"--socket={munge / 'munge.socket'}", f"--key-file={key}",
-                    f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
-                    f"--seed-file={munge / 'munged.seed'}"], check=True)
-    subprocess.run(["slurmctld", "-f", str(conf)], check=True)
-    subprocess.run(["slurmd", "-f", str(conf)], check=True)
+    for command in daemon_commands(folder).values():
+        subprocess.run(command, check=True)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -92,23 +141,19 @@ def start(folder: Path, cpus: int | None = None, memory_mb: int | None = None, t
         if state.stdout.strip() == "idle":
             return conf
         time.sleep(0.3)
-    stop(folder)
     raise RuntimeError(f"the local SLURM did not come up within {timeout_s:g} s; see {folder / 'log'}")
 
 
-def stop(folder: Path) -> None:
-    folder = folder.resolve()
-    stopped = []
-    for pid_file in (folder / "slurmd.pid", folder / "slurmctld.pid", folder / "munge" / "munged.pid"):
-        try:
-            pid = int(pid_file.read_text().split()[0])
+def stop(folder: Path) -> dict[int, str]:
+    """SIGTERM this folder's running daemons (:func:`running_daemons`), slurmd first; the ones signalled."""
+    stopped = running_daemons(folder)
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError, IndexError):
-            continue
-        stopped.append(pid)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in stopped):
+    while time.monotonic() < deadline and running_daemons(folder):
         time.sleep(0.1)
+    return stopped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,12 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, help="the node's memory (default: 80%% of this machine's)")
     args = parser.parse_args(argv)
     if args.action == "stop":
-        stop(args.dir)
+        stopped = stop(args.dir)
+        print(f"stopped {', '.join(f'{name} (pid {pid})' for pid, name in stopped.items())}" if stopped else
+              f"no daemon of a local SLURM in {args.dir} runs: nothing stopped")
         return 0
     try:
         conf = start(args.dir, args.cpus, args.memory_mb)
-    except (RuntimeError, subprocess.CalledProcessError) as error:
-        print(error, file=sys.stderr)
+    except ConfigError as error:
+        print(f"error: start refused, nothing was started: {error}", file=sys.stderr)
+        return 2
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+        print(f"error: {error}; what had started is stopped", file=sys.stderr)
         return 1
     print(f"local SLURM up; partition {PARTITION!r}. Use it with:\n  export SLURM_CONF={conf}")
     return 0

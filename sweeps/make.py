@@ -112,7 +112,10 @@ def command(target: str, values: Mapping[str, str]) -> list[str]:
         if not values["SWEEP"] or not values["RESULTS"]:
             raise ConfigError(f"SWEEP = {values['SWEEP']!r}, RESULTS = {values['RESULTS']!r} are not allowed: "
                               f"make docs-results needs both, e.g. make docs-results SWEEP=<name> RESULTS=default")
-        return [python, "-m", "analysis.results", sweep_folder(values), "--name", values["RESULTS"]]
+        from analysis.results import check_results_name
+
+        name = check_results_name(values["RESULTS"])
+        return [python, "-m", "analysis.results", sweep_folder(values), f"--name={name}"]  # never read as an option
     if target == "train":
         return [python, "-m", "dataflex_rl.train", *split_words("ARGS", values["ARGS"])]
     raise ConfigError(f"target = {target!r} is not allowed; allowed targets: {', '.join(TARGETS)}")

@@ -16,7 +16,9 @@ TASK_NAME = "arithmetic"
 TERMINATOR = ";"
 OPERATIONS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 MAX_DIGITS_LIMIT = 12
-_INTEGER = re.compile(r"-?[0-9]+")
+# An integer with at most a product's digits after its leading zeros: no answer is longer, and int() of a longer
+# text could exceed Python's 4,300-digit limit.
+_INTEGER = re.compile(rf"(-?)0*([0-9]{{1,{2 * MAX_DIGITS_LIMIT}}})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +80,10 @@ def make_problem(left: int, op: str, right: int) -> Problem:
 
 
 def parse_answer(completion: str) -> int | None:
-    """The integer before the first terminator, or None when that text is not ``-?[0-9]+`` (after stripping)."""
-    text = completion.split(TERMINATOR, 1)[0].strip()
-    return int(text) if _INTEGER.fullmatch(text) else None
+    """The integer before the first terminator, or None when that text (stripped) is not ``-?[0-9]+`` with at most
+    ``2 * MAX_DIGITS_LIMIT`` digits after its leading zeros."""
+    match = _INTEGER.fullmatch(completion.split(TERMINATOR, 1)[0].strip())
+    return int(match[1] + match[2]) if match else None
 
 
 @TASKS.register(TASK_NAME)

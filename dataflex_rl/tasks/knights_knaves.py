@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
 import random
 import re
@@ -242,6 +243,70 @@ def generate_puzzles(count: int, num_people: int, seed: int, *, max_depth: int =
     return puzzles
 
 
+# Puzzles are counted up to this many people (a statement's truth table is one of 2^(2^3) masks); 4 people at depth
+# 2 and width 2 already give 269,329,613 distinct puzzles, more than any test pool.
+MAX_COUNTED_PEOPLE = 3
+
+
+def _subset_sums(values: list[int], up: bool, inverse: bool = False) -> list[int]:
+    """Each mask's sum over its supersets (``up``) or subsets; ``inverse``: the Moebius inversion of that."""
+    values = list(values)
+    for bit in (1 << index for index in range(len(values).bit_length() - 1)):
+        for low in (mask for mask in range(len(values)) if not mask & bit):
+            target, source = (low, low | bit) if up else (low | bit, low)
+            values[target] += -values[source] if inverse else values[source]
+    return values
+
+
+def _hadamard(values: list[int]) -> list[int]:
+    """The Walsh-Hadamard transform: a product of two transforms is the transform of the XOR convolution."""
+    values, step = list(values), 1
+    while step < len(values):
+        for low in (mask for mask in range(len(values)) if not mask & step):
+            values[low], values[low | step] = values[low] + values[low | step], values[low] - values[low | step]
+        step *= 2
+    return values
+
+
+@functools.lru_cache(maxsize=None)
+def puzzle_space_size(num_people: int, max_depth: int, max_width: int) -> int | None:
+    """How many distinct puzzles :func:`sample_puzzle` can draw (None above :data:`MAX_COUNTED_PEOPLE` people):
+    each speaker's statements (children distinct, as :func:`random_statement` draws them) counted by truth table,
+    then the tuples of them with exactly one consistent assignment. Subset sums turn and/or/implies of truth tables
+    into products, the Hadamard transform iff."""
+    if num_people > MAX_COUNTED_PEOPLE:
+        return None
+    all_ones, knights = _knight_masks(num_people)
+    size = all_ones + 1
+    negated = [all_ones ^ mask for mask in range(size)]
+    consistent = _subset_sums([int(mask == all_ones) for mask in range(size)], up=True)
+    for speaker in range(num_people):
+        leaves = [0] * size
+        for kind, who in ((kind, who) for kind in LEAF_KINDS for who in range(num_people)):
+            if (kind, who) != ("knave", speaker):
+                leaves[knights[who] if kind == "knight" else all_ones ^ knights[who]] += 1
+        level = leaves
+        for _ in range(max_depth - 1):
+            ups, downs = _subset_sums(level, up=True), _subset_sums(level, up=False)
+            spectrum = _hadamard(level)
+            xors = _hadamard([value * value for value in spectrum])  # size * pairs by x xor y
+            parts = [leaves, [level[mask] for mask in negated],  # a leaf, not
+                     [xors[mask] // size for mask in negated],  # iff: not (x xor y)
+                     _subset_sums([a * b for a, b in zip(_subset_sums([level[m] for m in negated], up=False), downs)],
+                                  up=False, inverse=True)]  # implies: not x or y
+            for arity in range(2, max_width + 1):  # and, or of `arity` distinct statements, in order
+                parts.append(_subset_sums([math.perm(count, arity) for count in ups], up=True, inverse=True))
+                parts.append(_subset_sums([math.perm(count, arity) for count in downs], up=False, inverse=True))
+            level = [sum(column) for column in zip(*parts)]
+            level[all_ones] -= 2 * spectrum[0]  # iff, implies of a statement with itself: never drawn (spectrum[0]: N)
+        level[0] = level[all_ones] = 0  # tautologies and contradictions are redrawn
+        # the assignments consistent with the speaker's statement: those where its truth equals the speaker's
+        sums = _subset_sums([level[all_ones ^ knights[speaker] ^ mask] for mask in range(size)], up=True)
+        consistent = [a * b for a, b in zip(consistent, sums)]
+    exact = _subset_sums(consistent, up=True, inverse=True)
+    return sum(exact[1 << index] for index in range(1 << num_people))
+
+
 # --- rendering helpers --------------------------------------------------------------------------------------------
 def _render(statement: Statement, leaf: Callable[[str, int], str], combine: Callable[[str, list[str]], str]) -> str:
     kind = statement[0]
@@ -445,6 +510,18 @@ class KnightsKnavesConfig:
         check_int_in_range("max_width", self.max_width, 2, MAX_WIDTH_LIMIT)
         check_non_negative_int("test_size", self.test_size)
         check_non_negative_int("test_seed", self.test_seed)
+        # Each count's share of the pool (see KnightsKnavesTask._puzzles) at most half its puzzles, so training has
+        # puzzles left to draw: a share of h allows test_size h * len(counts) + position.
+        spaces = {count: space for count in counts
+                  if (space := puzzle_space_size(count, self.max_depth, self.max_width)) is not None}
+        allowed = min((spaces[count] // 2 * len(counts) + position for position, count in enumerate(counts)
+                       if count in spaces), default=self.test_size)
+        if self.test_size > allowed:
+            raise ValueError(f"test_size = {self.test_size} is not allowed: each people count's share of the test pool "
+                             f"may be at most half of its distinct puzzles, so training has puzzles left, and at "
+                             f"max_depth={self.max_depth}, max_width={self.max_width} there are "
+                             f"{', '.join(f'{space} for num_people={count}' for count, space in spaces.items())}; "
+                             f"allowed: test_size <= {allowed}")
 
 
 @TASKS.register(TASK_NAME)

@@ -19,7 +19,8 @@ STEP_SEPARATOR = ","
 ANSWER_MARK = ">"
 MAX_DIGITS_LIMIT = 9
 _STEP = r"[0-9]\+[0-9]\+[01]=[01][0-9]"
-_ANSWER = re.compile(r"0|[1-9][0-9]*")
+# A sum has at most MAX_DIGITS_LIMIT + 1 digits; a longer text is wrong, and int() of one could exceed 4,300 digits.
+_ANSWER = re.compile(rf"0|[1-9][0-9]{{0,{MAX_DIGITS_LIMIT}}}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +42,13 @@ class LongAdditionConfig:
             check_int_in_range("sft_max_digits", self.sft_max_digits, self.min_digits, self.max_digits)
         check_non_negative_int("test_size", self.test_size)
         check_non_negative_int("test_seed", self.test_seed)
-        space = problem_space_size(self.min_digits, self.max_digits, 1)
-        if self.test_size > space // 2:  # half the space at most, so sampling train problems never stalls
+        # Half the space at most (the warm start's, when smaller), so sampling train problems never stalls.
+        largest = self.max_digits if self.sft_max_digits is None else self.sft_max_digits
+        space = problem_space_size(self.min_digits, largest, 1)
+        if self.test_size > space // 2:
             raise ValueError(f"{TASK_NAME} task param test_size={self.test_size} is too large: min_digits="
-                             f"{self.min_digits}, max_digits={self.max_digits} give {space} distinct problems; "
-                             f"allowed: test_size <= {space // 2}")
+                             f"{self.min_digits}, {'sft_' if self.sft_max_digits is not None else ''}max_digits="
+                             f"{largest} give {space} distinct problems; allowed: test_size <= {space // 2}")
 
 
 def columns(left: int, right: int) -> int:

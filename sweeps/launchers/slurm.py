@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from sweeps.launchers.base import (LAUNCHERS, Job, Launcher, Outcome, RunToLaunc
 SUBMITIT_CLUSTERS = {"slurm": "slurm", "submitit_local": "local", "debug": "debug"}
 PARTITION_PATTERN = r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*"  # sbatch --partition: names, comma-separated
 OPTION_PATTERN = r"[A-Za-z][A-Za-z0-9_-]*"  # an sbatch long option's name (submitit writes #SBATCH --<name>=...)
+GPU_GRES = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")  # the count of each gpu entry of sinfo's gres
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +44,9 @@ class SlurmSettings:
         check_int_at_least("slurm.timeout_min", self.timeout_min, 1)
         check_int_at_least("slurm.cpus_per_task", self.cpus_per_task, 1)
         check_int_at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
-        if self.mem_gb is not None:
-            check_number("slurm.mem_gb", self.mem_gb, minimum=0.0, exclusive=True)
+        if self.mem_gb is not None and check_number("slurm.mem_gb", self.mem_gb) * 1024 < 1:
+            raise ConfigError(f"slurm.mem_gb = {self.mem_gb!r} is not allowed: it must be at least 1 MB (1/1024 GB): "
+                              f"a smaller request reaches sbatch as --mem=0MB, which SLURM reads as a whole node")
         if not isinstance(self.additional_parameters, Mapping):
             raise ConfigError(f"slurm.additional_parameters = {self.additional_parameters!r} is not allowed: it must "
                               f"be a mapping of sbatch options, e.g. {{constraint: a100}}")
@@ -129,6 +132,40 @@ class SlurmQueue:
             self.jobs[job_id.strip()] = (state.strip().split()[0] if state.strip() else "", reason.strip())
 
 
+def check_request(settings: SlurmSettings) -> None:
+    """Refuse jobs no node of their partition could ever run, before any is submitted: sbatch refuses an unknown
+    partition, GPUs or memory beyond a node's; more CPUs than a node has wait forever (PENDING: PartitionConfig).
+    Unchecked where sinfo cannot tell."""
+    try:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%P %c %m %G"], capture_output=True, text=True, timeout=60,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    rows = [row for row in (line.split() for line in done.stdout.splitlines()) if len(row) == 4] \
+        if done.returncode == 0 else []
+    # one row per node and partition ("*": the default one); GPUs from its gres, e.g. gpu:a100:4(S:0-1)
+    nodes = [(name.rstrip("*"), name.endswith("*"), (int(cpus), sum(map(int, GPU_GRES.findall(gres))), int(memory)))
+             for name, cpus, memory, gres in rows if cpus.isdigit() and memory.isdigit()]
+    partitions = sorted({name for name, *_ in nodes})
+    wanted = settings.partition.split(",") if settings.partition else [name for name, default, _ in nodes if default]
+    if nodes and not set(wanted) <= set(partitions):
+        raise ConfigError(f"slurm.partition = {settings.partition!r} is not allowed: this cluster's partitions: "
+                          f"{', '.join(partitions)}")
+    sizes = [size for name, _, size in nodes if name in wanted]
+    where = f"partition {','.join(sorted(set(wanted)))}"
+    for index, (key, value, what) in enumerate((("slurm.cpus_per_task", settings.cpus_per_task, "CPUs"),
+                                                ("slurm.gpus_per_node", settings.gpus_per_node, "GPUs"))):
+        if sizes and value > max(size[index] for size in sizes):
+            raise ConfigError(f"{key} = {value} is not allowed: no node of {where} has that many {what}; allowed: "
+                              f"at most {max(size[index] for size in sizes)}")
+    fits = [memory for cpus, gpus, memory in sizes if cpus >= settings.cpus_per_task and gpus >= settings.gpus_per_node]
+    if fits and settings.mem_gb is not None and int(settings.mem_gb * 1024) > max(fits):  # submitit's GB: 1024 MB
+        raise ConfigError(f"slurm.mem_gb = {settings.mem_gb:g} is not allowed: no node of {where} has that much "
+                          f"memory, so SLURM would refuse every job; allowed: at most "
+                          f"{int(max(fits) / 1024 * 100) / 100:g} (a node's {max(fits)} MB), or null for SLURM's "
+                          f"default")
+
+
 def _executor_parameters(settings: SlurmSettings, sweep: str, parallelism: int) -> dict[str, Any]:
     optional = {"mem_gb": settings.mem_gb, "slurm_partition": settings.partition or None,
                 "slurm_additional_parameters": dict(settings.additional_parameters) or None,
@@ -160,6 +197,8 @@ class SlurmLauncher(Launcher):
             raise ConfigError("launcher = 'slurm' is not allowed here: no sbatch on PATH. Run on a SLURM login "
                               "node, or give slurm.cluster=submitit_local to run the jobs through submitit's local "
                               "executor")
+        if settings.cluster == "slurm":
+            check_request(settings)
         self.folder = sweep_dir / "submitit" / "%j"
         self.executor = submitit.AutoExecutor(folder=self.folder, cluster=SUBMITIT_CLUSTERS[settings.cluster])
         self.executor.update_parameters(**_executor_parameters(settings, sweep, parallelism))
@@ -168,9 +207,15 @@ class SlurmLauncher(Launcher):
         self.cwd = os.getcwd()
 
     def launch(self, runs: Sequence[RunToLaunch]) -> list[Job]:
-        with self.executor.batch():
-            handles = [self.executor.submit(run_command, list(run.command), dict(run.env), self.cwd,
-                                            str(run.log_path)) for run in runs]
+        try:
+            with self.executor.batch():
+                handles = [self.executor.submit(run_command, list(run.command), dict(run.env), self.cwd,
+                                                str(run.log_path)) for run in runs]
+        except Exception as error:  # sbatch refused: the reason goes where the driver sends the reader, the log
+            for run in runs:
+                with open(run.log_path, "a", encoding="utf-8") as log:
+                    log.write(f"the job was not submitted: {error}\n")
+            raise
         return [Job(run=run, handle=handle, info={"job_id": str(handle.job_id)})
                 for run, handle in zip(runs, handles, strict=True)]
 

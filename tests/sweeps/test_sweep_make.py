@@ -56,6 +56,20 @@ def test_report_and_notebook_folders_come_from_sweep():
         make.sweep_folder(values(SWEEP="../x"))
 
 
+@pytest.mark.parametrize(("name", "message"), [
+    ("a" * 300, r"RESULTS = 'a{20}'\.\.\. \(300 characters\) is not allowed: .* at most 128 characters"),
+    ("..", r"RESULTS = '\.\.' is not allowed: a results name .* starting with a letter or digit"),
+    (".", r"RESULTS = '\.' is not allowed: a results name"),
+    ("-rf", r"RESULTS = '-rf' is not allowed: a results name"),  # was read by argparse as an option
+    ("Results", r"RESULTS = 'Results' is not allowed: the file's first line, .* would start like a block marker"),
+])
+def test_make_docs_results_refuses_a_results_name_that_is_not_a_plain_file_name(name, message):
+    with pytest.raises(make.ConfigError, match=message):
+        make.command("docs-results", values(SWEEP="demo", RESULTS=name))
+    assert make.command("docs-results", values(SWEEP="demo", RESULTS="v2.1_final"))[1:] == [
+        "-m", "analysis.results", os.path.join("runs", "demo"), "--name=v2.1_final"]
+
+
 def _make(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess:
     if shutil.which("make") is None:
         pytest.fail("make is not installed")

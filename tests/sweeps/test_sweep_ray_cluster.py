@@ -8,7 +8,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,103 @@ def test_a_ray_address_with_spaces_or_newlines_is_refused():
             RaySettings(address=address)
     for address in ("http://127.0.0.1:8265", "https://ray.example.org/dash", "ray://head:10001", "head:8265"):
         assert RaySettings(address=address).address == address
+
+
+def processes_with(marker: bytes) -> set[int]:
+    """The pids whose environment holds ``marker`` (e.g. a cluster's ``RAY_TMPDIR=...``)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def write_state(directory: Path, port: int = 6379) -> dict:
+    """A cluster.json as start writes it, of a cluster whose processes are gone (its temp folder made as start
+    makes it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {"address": "http://127.0.0.1:8265", "gcs_address": f"127.0.0.1:{port}",
+             "temp_dir": tempfile.mkdtemp(prefix="ray", dir="/tmp"), "nodes": {"head": {"node_manager_port": 1}}}
+    (directory / local_ray.STATE_FILE).write_text(json.dumps(state))
+    return state
+
+
+def test_stop_never_signals_a_process_outside_its_cluster(tmp_path):
+    """A process that only mentions the cluster's GCS port in its command line is someone else's: it lives on."""
+    state = write_state(tmp_path / "cluster", port=47123)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--to", "127.0.0.1:47123", "x",
+                                  state["temp_dir"], "y"])
+    try:
+        assert local_ray.main(["stop", "--dir", str(tmp_path / "cluster")]) == 0
+        with pytest.raises(subprocess.TimeoutExpired):
+            bystander.wait(timeout=1)
+        assert not Path(state["temp_dir"]).exists() and not (tmp_path / "cluster" / local_ray.STATE_FILE).exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_start_on_a_folder_that_holds_a_cluster_or_is_a_file_is_refused_and_starts_nothing(tmp_path, capsys):
+    """A second start on one folder wrote a new cluster.json: stop then stopped the second cluster, never the first."""
+    directory, a_file = tmp_path / "cluster", tmp_path / "a-file"
+    state = write_state(directory)
+    try:
+        assert local_ray.main(["start", "--dir", str(directory), "--workers", "0"]) == 2
+        assert f"--dir {directory} is not allowed: it holds a cluster already (cluster.json); stop it first" in \
+            capsys.readouterr().err
+        assert json.loads((directory / local_ray.STATE_FILE).read_text()) == state
+    finally:
+        local_ray.stop(directory)
+    a_file.write_text("kept\n")
+    assert local_ray.main(["start", "--dir", str(a_file), "--workers", "0"]) == 2
+    assert f"--dir {a_file} is not allowed: it is not a folder" in capsys.readouterr().err
+    assert a_file.read_text() == "kept\n"
+    for option, value, refusal in (("--workers", "-1", "--workers = -1 is not allowed: it must be an integer >= 0"),
+                                   ("--cpus-per-node", "0", "--cpus-per-node = 0.0 is not allowed: it must be > 0")):
+        assert local_ray.main(["start", "--dir", str(tmp_path / "other"), option, value]) == 2
+        assert refusal in capsys.readouterr().err and not (tmp_path / "other").exists()
+
+
+@pytest.mark.slow
+def test_a_second_start_leaves_the_running_cluster_alone_and_stop_leaves_none_of_its_processes(ray_cluster):
+    directory, state = ray_cluster
+    marker = f"RAY_TMPDIR={state['temp_dir']}".encode()
+    before = processes_with(marker)
+    assert before
+    with pytest.raises(ConfigError, match="holds a cluster already"):
+        local_ray.start(directory, workers=0)
+    assert local_ray.read_state(directory) == state
+    assert local_ray.stop(directory) >= len(before)
+    assert processes_with(marker) == set()
+
+
+def test_a_cluster_json_naming_a_folder_start_did_not_make_is_refused_and_the_folder_kept(tmp_path, capsys):
+    """stop deletes the cluster's temp folder: one edited to name the user's folder deleted that folder."""
+    directory, precious = tmp_path / "cluster", tmp_path / "results"
+    precious.mkdir()
+    (precious / "table.csv").write_text("kept\n")
+    state = write_state(directory)
+    shutil.rmtree(state["temp_dir"])
+    (directory / local_ray.STATE_FILE).write_text(json.dumps({**state, "temp_dir": str(precious)}))
+    assert local_ray.main(["stop", "--dir", str(directory)]) == 2
+    assert f"temp_dir '{precious}' is not a folder `sweeps.local_ray start` made" in capsys.readouterr().err
+    assert (precious / "table.csv").read_text() == "kept\n"
+
+
+def test_kill_never_signals_a_raylet_of_another_cluster(tmp_path, capsys):
+    """A stale cluster.json's node port, reused by another cluster's raylet: that raylet lives on."""
+    write_state(tmp_path / "cluster")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "raylet",
+                                  "--node_manager_port=1"])
+    try:
+        assert local_ray.main(["kill", "--dir", str(tmp_path / "cluster"), "--node", "head"]) == 2
+        assert "node head's raylet is not running" in capsys.readouterr().err
+        with pytest.raises(subprocess.TimeoutExpired):
+            bystander.wait(timeout=1)
+    finally:
+        bystander.kill()
+        bystander.wait()
+        local_ray.stop(tmp_path / "cluster")

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from dataflex_rl.validation import ConfigError
 from sweeps import local_slurm
 from sweeps.cli import main
 
 from .conftest import SCRIPTED_TRAIN, runs_by_name, start_driver, tiny_extra, wait_for
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory):
-    """A one-node SLURM for this module; ``SLURM_CONF`` points every client (and the driver's children) at it."""
+def require_slurm() -> None:
+    """Skip unless SLURM's daemons are here (installed from Debian's packages when missing, as root)."""
     reason = local_slurm.missing_reason()
     if reason is not None:
         pytest.skip(f"no local SLURM: {reason}")
@@ -30,6 +30,12 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         local_slurm.install()
     except RuntimeError as error:  # no package registry here
         pytest.skip(f"no local SLURM: {error}")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A one-node SLURM for this module; ``SLURM_CONF`` points every client (and the driver's children) at it."""
+    require_slurm()
     folder = tmp_path_factory.mktemp("slurm")
     conf = local_slurm.start(folder, cpus=2)
     previous = os.environ.get("SLURM_CONF")
@@ -245,3 +251,118 @@ def test_squeue_lines_are_read_per_array_task(monkeypatch):
         command, 1, stdout="", stderr="slurm_load_jobs error: Unable to contact slurm controller"))
     queue.refresh()
     assert queue.problem.startswith("slurm_load_jobs error") and queue.get("12_0") == ("RUNNING", "None")
+
+
+def daemons_of(folder: Path) -> dict[int, str]:
+    """pid -> name of the SLURM and munge daemons whose command line names ``folder``, found from /proc alone."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            continue
+        if argv[0] in local_slurm.DAEMONS and any(str(folder.resolve()) in arg for arg in argv):
+            found[int(entry.name)] = argv[0]
+    return found
+
+
+def test_stop_never_signals_the_process_a_stale_pid_file_names(tmp_path):
+    """The pid files of a cluster long gone name a process of someone else by now: it lives on."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "munge").mkdir()
+        for pid_file in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
+            (tmp_path / pid_file).write_text(f"{bystander.pid}\n")
+        assert local_slurm.main(["stop", "--dir", str(tmp_path)]) == 0
+        with pytest.raises(subprocess.TimeoutExpired):
+            bystander.wait(timeout=1)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_start_with_bad_arguments_is_refused_before_anything_starts(tmp_path, capsys):
+    folder, a_file = tmp_path / "cluster", tmp_path / "a-file"
+    try:
+        assert local_slurm.main(["start", "--dir", str(folder), "--cpus", "-2"]) == 2
+        assert "--cpus = -2 is not allowed: it must be an integer >= 1" in capsys.readouterr().err
+        assert not folder.exists() and daemons_of(folder) == {}  # no munged left behind
+        cpus = os.cpu_count()  # slurmd drains a node said to have more: the start timed out after 30 s
+        assert local_slurm.main(["start", "--dir", str(folder), "--cpus", str(cpus + 1)]) == 2
+        assert f"--cpus = {cpus + 1} is not allowed: it must be an integer in [1, {cpus}]" in capsys.readouterr().err
+        assert not folder.exists()
+    finally:
+        local_slurm.stop(folder)
+    a_file.write_text("kept\n")
+    assert local_slurm.main(["start", "--dir", str(a_file)]) == 2
+    assert f"--dir {a_file} is not allowed: it is not a folder" in capsys.readouterr().err
+    assert a_file.read_text() == "kept\n"
+    spaced = tmp_path / "my cluster"  # slurm.conf cut its paths at the space: slurmctld failed to parse it
+    assert local_slurm.main(["start", "--dir", str(spaced)]) == 2
+    assert "cannot hold whitespace, '#' or '='" in capsys.readouterr().err and not spaced.exists()
+
+
+def test_start_twice_on_one_folder_is_refused_and_stop_leaves_none_of_its_daemons(tmp_path, capsys):
+    require_slurm()
+    folder = tmp_path / "cluster"
+    try:
+        local_slurm.start(folder, cpus=1)
+        first, conf = daemons_of(folder), (folder / "slurm.conf").read_text()
+        assert sorted(first.values()) == ["munged", "slurmctld", "slurmd"]
+        assert local_slurm.main(["start", "--dir", str(folder), "--cpus", "1"]) == 2
+        assert "its local SLURM runs (slurmd pid" in capsys.readouterr().err
+        assert daemons_of(folder) == first and (folder / "slurm.conf").read_text() == conf  # not restarted
+    finally:
+        local_slurm.stop(folder)
+    assert daemons_of(folder) == {}
+
+
+def test_a_start_that_fails_stops_the_daemons_it_started(tmp_path, monkeypatch):
+    require_slurm()
+    folder = tmp_path / "cluster"
+    written = local_slurm.slurm_conf
+    monkeypatch.setattr(local_slurm, "slurm_conf", lambda *args: written(*args) + "NoSuchKey=1\n")  # slurmctld fails
+    try:
+        with pytest.raises(subprocess.CalledProcessError, match="slurmctld"):
+            local_slurm.start(folder, cpus=1)
+        assert daemons_of(folder) == {}  # munged, started first, is stopped again
+    finally:
+        local_slurm.stop(folder)
+
+
+def test_a_job_request_no_node_can_hold_is_refused_naming_the_key(slurm, tmp_path, repo_on_path, capsys):
+    """More memory than the node has: sbatch refused every job and the driver sent the reader to a log holding only
+    its header. Now the driver refuses before anything starts, naming the key and the most it may be."""
+    assert main(argv(tmp_path, "slurm.mem_gb=100000")) == 2
+    error = capsys.readouterr().err
+    assert "slurm.mem_gb = 100000 is not allowed: no node of partition debug has that much memory" in error
+    assert "nothing was started" in error and "allowed: at most " in error
+    assert not (tmp_path / "runs" / "hpc" / "logs").exists()
+    for setting, refusal in (("slurm.cpus_per_task=3", "slurm.cpus_per_task = 3 is not allowed: no node of "
+                                                       "partition debug has that many CPUs; allowed: at most 2"),
+                             ("slurm.partition=gpu", "slurm.partition = 'gpu' is not allowed: this cluster's "
+                                                     "partitions: debug")):
+        assert main(argv(tmp_path, setting)) == 2
+        assert refusal in capsys.readouterr().err
+
+
+def test_a_job_sbatch_refuses_has_sbatchs_reason_in_its_log(slurm, tmp_path, repo_on_path, monkeypatch):
+    from sweeps.launchers import slurm as launcher
+
+    monkeypatch.setattr(launcher, "check_request", lambda settings: None, raising=False)  # a refusal not foreseen
+    assert main(argv(tmp_path, "slurm.mem_gb=100000")) == 1
+    log = (tmp_path / "runs" / "hpc" / "logs" / "a0.5-s1.log").read_text()
+    assert "the job was not submitted: " in log and "Memory specification can not be satisfied" in log
+
+
+def test_a_memory_request_that_would_reach_sbatch_as_0_mb_is_refused():
+    """submitit writes a fractional mem_gb as whole MB, and SLURM reads --mem=0 as all of a node's memory."""
+    from submitit.slurm.slurm import _convert_mem
+
+    from sweeps.launchers.slurm import SlurmSettings
+
+    assert (_convert_mem(0.0005), _convert_mem(1 / 1024)) == ("0MB", "1MB")
+    for value in (0.0005, 0, -1):
+        with pytest.raises(ConfigError, match=rf"slurm.mem_gb = {value!r} is not allowed: it must be at least 1 MB"):
+            SlurmSettings(mem_gb=value)
+    assert SlurmSettings(mem_gb=1 / 1024).mem_gb == 1 / 1024

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataflex_rl.tasks import build_task
-from dataflex_rl.tasks.arithmetic import make_problem, parse_answer, problem_space_size
+from dataflex_rl.tasks.arithmetic import ArithmeticTask, make_problem, parse_answer, problem_space_size
 
 
 @pytest.mark.parametrize(
@@ -65,6 +65,14 @@ def test_reward_and_is_correct() -> None:
     for completion, reward in cases.items():
         assert task.reward(problem, completion) == reward, completion
         assert task.is_correct(problem, completion) is (reward == 1.0)
+
+
+def test_an_answer_longer_than_any_result_scores_0_never_raising() -> None:
+    """A response of 5,000 digits exceeds Python's 4,300-digit int() limit: it is wrong, not an error."""
+    for response in ("9" * 5000 + ";", "-" + "9" * 25 + ";", "0" * 5000 + "4;"):
+        assert ArithmeticTask.verl_score(response, 5) == {"score": 0.0, "acc": 0.0}
+    assert ArithmeticTask.verl_score("0" * 5000 + "5;", 5) == {"score": 1.0, "acc": 1.0}  # leading zeros, as ever
+    assert parse_answer("-" + "9" * 24 + ";") == -(10**24 - 1)  # the longest product of 12-digit operands
 
 
 def test_problem_space_size() -> None:

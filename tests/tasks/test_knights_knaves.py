@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import json
+import math
+import operator
 import random
 import string
 from collections.abc import Callable, Sequence
@@ -12,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataflex_rl.compose import compose_train_config
 from dataflex_rl.tasks import build_task
+from dataflex_rl.tasks import knights_knaves as kk
 from dataflex_rl.tasks.knights_knaves import (
     CHAT_SYSTEM_PROMPT,
     LEAF_KINDS,
@@ -28,11 +34,13 @@ from dataflex_rl.tasks.knights_knaves import (
     render_chat_quiz,
     render_compact_completion,
     render_compact_prompt,
+    render_compact_statement,
     _chat_combine,
     _chat_quiz,
     _compact_combine,
     solve,
 )
+from dataflex_rl.validation import ConfigError
 
 
 def evaluate(statement: tuple, assignment: Sequence[bool]) -> bool:
@@ -244,10 +252,56 @@ def test_generation_excludes_keys() -> None:
 
 
 def test_two_person_space_is_small() -> None:
-    # About 220 distinct two-person puzzles at depth 2: asking for 300 exhausts the space.
+    # 219 distinct two-person puzzles at depth 2: asking for 300 exhausts the space.
     assert len(generate_puzzles(150, 2, seed=0)) == 150
-    with pytest.raises(ValueError, match=r"only 2[0-9][0-9] of count=300 distinct puzzles.*num_people=2"):
+    with pytest.raises(ValueError, match=r"only 219 of count=300 distinct puzzles.*num_people=2"):
         generate_puzzles(300, 2, seed=0)
+
+
+def _every_statement(speaker: int, num_people: int, depth: int, width: int) -> list:
+    """Every statement random_statement can draw, enumerated (children distinct)."""
+    leaves = [(kind, who) for kind in LEAF_KINDS for who in range(num_people) if (kind, who) != ("knave", speaker)]
+    if depth == 1:
+        return leaves
+    below = _every_statement(speaker, num_people, depth - 1, width)
+    return [*leaves, *(("not", child) for child in below),
+            *((kind, children) for kind in ("and", "or") for arity in range(2, width + 1)
+              for children in itertools.permutations(below, arity)),
+            *((kind, children) for kind in ("iff", "implies") for children in itertools.permutations(below, 2))]
+
+
+@pytest.mark.parametrize(("num_people", "max_depth", "max_width"), [(2, 2, 2), (2, 3, 2), (3, 2, 3)])
+def test_the_puzzle_space_size_equals_an_enumeration_of_every_puzzle(num_people, max_depth, max_width) -> None:
+    all_ones, knights = kk._knight_masks(num_people)
+    by_truth = []
+    for speaker in range(num_people):
+        statements = _every_statement(speaker, num_people, max_depth, max_width)
+        assert len({render_compact_statement(statement) for statement in statements}) == len(statements)  # distinct
+        truths = collections.Counter(kk._truth_mask(statement, all_ones, knights) for statement in statements)
+        by_truth.append([(truth, count) for truth, count in truths.items() if truth not in (0, all_ones)])
+    unique = 0
+    for choice in itertools.product(*by_truth):
+        consistent = functools.reduce(operator.and_, (all_ones ^ knights[speaker] ^ truth
+                                                      for speaker, (truth, _) in enumerate(choice)), all_ones)
+        if consistent and not consistent & (consistent - 1):
+            unique += math.prod(count for _, count in choice)
+    assert kk.puzzle_space_size(num_people, max_depth, max_width) == unique
+    assert kk.puzzle_space_size(2, 2, 2) == 219  # what generate_puzzles exhausts above
+
+
+def test_a_test_pool_training_could_not_draw_around_is_refused_at_config_validation() -> None:
+    """A pool of all 219 two-person puzzles left training nothing: the warm start gave up after 100,000 draws."""
+    from dataflex_rl.local.config import parse_train_config
+
+    raw = compose_train_config(["run_dir=x", "task=knights_knaves", "task.num_people=2", "task.test_size=219"])
+    with pytest.raises(ConfigError, match=r"task\.test_size = 219 is not allowed: .* 219 for num_people=2; "
+                                          r"allowed: test_size <= 109"):
+        parse_train_config(raw)
+    mixed = {"num_people": [3, 2], "test_size": 220}  # shares 110 and 110: the two-person one is too large
+    with pytest.raises(ValueError, match=r"allowed: test_size <= 219"):
+        build_task("knights_knaves", mixed)
+    task = build_task("knights_knaves", {**mixed, "test_size": 219})
+    assert len(task.train_problems(500, seed=1)) == 500
 
 
 # --- from_dict validation -----------------------------------------------------------------------------------------

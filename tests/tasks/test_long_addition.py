@@ -9,7 +9,7 @@ import re
 import pytest
 
 from dataflex_rl.tasks import build_task
-from dataflex_rl.tasks.long_addition import parse_answer, solve
+from dataflex_rl.tasks.long_addition import LongAdditionTask, parse_answer, solve
 from dataflex_rl.validation import ConfigError
 
 
@@ -72,6 +72,14 @@ def test_reward_and_verl_score_read_the_final_answer():
     assert task.verl_score(problem.completion.replace(">", ""), answer) == {"score": 0.0, "acc": 0.0}
 
 
+def test_an_answer_longer_than_any_sum_scores_0_never_raising():
+    """5,000 digits exceed Python's 4,300-digit int() limit: the response is wrong, not an error."""
+    answer = {"left": 7, "right": 5}
+    assert LongAdditionTask.verl_score("7+5+0=12>" + "9" * 5000 + ";", answer) == {"score": 0.0, "acc": 0.0}
+    assert LongAdditionTask.verl_score("7+5+0=12>12;", answer) == {"score": 1.0, "acc": 1.0}
+    assert parse_answer(solve(10**9 - 1, 10**9 - 1), 9) == 2 * (10**9 - 1)  # the longest sum is read
+
+
 def test_responses_reason_for_at_least_30_tokens_at_the_defaults():
     task = build_task("long_addition", {})
     lengths = [len(problem.completion) for problem in task.train_problems(2000, seed=1)]
@@ -96,6 +104,9 @@ def test_the_warm_start_sees_only_the_short_problems_and_never_the_test_pool():
     ({"sft_max_digits": 2}, "sft_max_digits = 2 is not allowed"),
     ({"max_digits": 10}, "max_digits = 10 is not allowed: it must be an integer in [1, 9]"),
     ({"min_digits": 1, "max_digits": 1, "test_size": 60}, "test_size=60 is too large"),
+    # the warm start draws from the one-digit sums alone: a pool holding them all left it nothing (it gave up later)
+    ({"min_digits": 1, "max_digits": 2, "sft_max_digits": 1, "test_size": 5000},
+     "test_size=5000 is too large: min_digits=1, sft_max_digits=1 give 100 distinct problems; allowed: test_size <= 50"),
 ])
 def test_bad_params_are_refused_naming_key_value_and_what_is_allowed(params, message):
     with pytest.raises((ConfigError, ValueError), match=re.escape(message)):

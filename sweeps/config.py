@@ -17,8 +17,8 @@ from hydra.core.config_store import ConfigStore
 from dataflex_rl.config_keys import ALPHA_KEY, BASELINE_ALPHA, BASELINE_PRESET, WARM_START_DESIGNS, WARM_START_SEED_KEY
 from dataflex_rl.compose import EXPERIMENT_GROUP, run_experiments
 from dataflex_rl.overrides import Override, hydra_value, parse_override
-from dataflex_rl.validation import (ConfigError, build_params, check_choice, check_int_at_least, check_number, check_seed,
-                                    to_plain)
+from dataflex_rl.validation import (ConfigError, build_params, check_choice, check_file_name, check_int_at_least,
+                                    check_number, check_seed, to_plain)
 from sweeps.backends import backend_settings_blocks, get_backend
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY, launcher_class, parse_settings
 
@@ -31,9 +31,6 @@ LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
 DEFAULT_ALPHA = (0.0, 0.5)
 # A seed plan (target_mde) never runs more seeds than this unless max_seeds says otherwise.
 DEFAULT_MAX_SEEDS = 20
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# A sweep name is a folder (255 bytes at most, its runs' folders and lock files inside) and W&B's run group.
-MAX_NAME_LENGTH = 128
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0", "")
 
@@ -43,14 +40,8 @@ SINGLE_RUN_THREADS = 1
 
 
 def check_sweep_name(name: str, key: str = "name") -> str:
-    """``name`` if it is a folder name of letters, digits, '.', '_', '-' (at most MAX_NAME_LENGTH)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(f"{key} = {name!r} is not allowed: a sweep name is a folder name of letters, digits, '.', "
-                          f"'_' and '-', starting with a letter or digit")
-    if len(name) > MAX_NAME_LENGTH:
-        raise ConfigError(f"{key} = {name[:20]!r}... ({len(name)} characters) is not allowed: a sweep name has at "
-                          f"most {MAX_NAME_LENGTH} characters")
-    return name
+    """``name`` if it is a folder name (:func:`~dataflex_rl.validation.check_file_name`)."""
+    return check_file_name(key, name, "a sweep name")
 
 
 def available_cores() -> int:

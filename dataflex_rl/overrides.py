@@ -44,6 +44,12 @@ def parse_override(text: str, where: str | None = None) -> Override:
     from hydra.errors import HydraException
 
     try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:  # bytes the environment could not decode (surrogate escapes)
+        raise ConfigError(f"{where or repr(text)} is not allowed: it is not valid UTF-8 (byte "
+                          f"{ord(text[error.start]) - 0xDC00:#04x} at character {error.start}); every value is "
+                          f"recorded as UTF-8 text") from None
+    try:
         parsed = OverridesParser.create().parse_override(text)
     except HydraException as error:
         reason = str(error).strip().splitlines()[0]

@@ -130,7 +130,12 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
     # parse_train_config built the task while validating it; build it here only for a hand-made config
     task = config.task.built or build_task(config.task.name, config.task.params)
     if config.mode == "sft":
-        _, _, directory = warm_start(config.model, config.task, config.sft, task)
+        from dataflex_rl.lm.sft import SFTCacheError
+
+        try:
+            _, _, directory = warm_start(config.model, config.task, config.sft, task)
+        except SFTCacheError as error:
+            return _refuse(str(error))
         print(f"SFT warm start ready: {directory}")
         return 0
 

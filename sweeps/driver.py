@@ -13,7 +13,7 @@ from sweeps.config import SweepConfig
 from sweeps.grid import RunSpec, default_name, expand_grid
 from sweeps.plan import plan_sweep
 from sweeps.report import report_sweep
-from sweeps.runner import EXIT_REFUSED, SessionRefused, SweepSession
+from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SessionRefused, SweepSession
 
 
 def run_sweep(config: SweepConfig, argv: Sequence[str] = (), keep: Callable[[RunSpec], bool] | None = None) -> int:
@@ -45,4 +45,7 @@ def run_sweep(config: SweepConfig, argv: Sequence[str] = (), keep: Callable[[Run
     except (SessionRefused, ConfigError) as error:  # ConfigError: a run still alive from an earlier driver
         print(f"error: {error}", file=sys.stderr)
         return EXIT_REFUSED
+    except OSError as error:  # the record was closed as failed (SweepSession.__exit__)
+        print(f"error: the sweep stopped: {error}; sweep.json records this invocation as failed", file=sys.stderr)
+        return EXIT_FAILED
     return report_sweep(plan, session.manifest, session.exit_code, note)

@@ -16,7 +16,8 @@ from dataflex_rl.tracking.identity import check_distinct_arms, factor_labels, ru
 from dataflex_rl.validation import ConfigError
 from sweeps.config import PRESET_DIR, Axis, SweepConfig
 
-MAX_RUN_NAME_BYTES = 255  # a run's folder name (NAME_MAX of the usual file systems)
+# A run's name makes its folder and its longest file name, launch/<name>.yaml: NAME_MAX (255) less ".yaml".
+MAX_RUN_NAME_BYTES = 255 - len(".yaml")
 PRESET_FACTOR = "mechanism_label"  # the preset axis's factor name (and the run config key that records it)
 STANDARD_FACTORS = (PRESET_FACTOR, "alpha", "eta", "seed")  # the grid's own axes; the others come from ``extra``
 
@@ -128,8 +129,8 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
     too_long = [name for name in names if len(name.encode()) > MAX_RUN_NAME_BYTES]
     if too_long:
         raise ConfigError(f"extra = {list(config.extra)!r} is not allowed: the run name {too_long[0][:40]!r}... has "
-                          f"{len(too_long[0].encode())} bytes, a folder name at most {MAX_RUN_NAME_BYTES}; use "
-                          f"shorter axis values")
+                          f"{len(too_long[0].encode())} bytes, a run name at most {MAX_RUN_NAME_BYTES} (its longest "
+                          f"file, launch/<name>.yaml, fits a file name's 255); use shorter axis values")
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ConfigError(f"extra = {list(config.extra)!r} is not allowed: two grid cells get the run name "

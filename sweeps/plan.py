@@ -33,6 +33,7 @@ class PlannedRun:
     config: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
     config_file: Path | None = None
     total_steps: int | None = None  # the run's RL steps, when the plan knows them (the live view's bar)
+    serves: tuple[str, ...] = ()  # a warm start: the runs that start from it (it runs only when one of them does)
 
     @property
     def name(self) -> str:

@@ -23,7 +23,7 @@ from sweeps.backends import get_backend
 from sweeps.launchers import Job, Launcher, Outcome, build_launcher, write_log_header
 from sweeps.live_view import SweepView
 from sweeps.manifest import Manifest
-from sweeps.plan import PlannedRun, SweepPlan
+from sweeps.plan import LOG_FOLDER, PlannedRun, SweepPlan
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
@@ -92,6 +92,16 @@ def record_state(run_dir: Path, run_store_optional: bool, previous: dict[str, An
     unreadable = status is None and run_store.STATUS_FILE in run_store.run_record_files(run_dir)
     claims = unreadable or (status or {}).get("state") == COMPLETED or previous.get("state") == COMPLETED
     return False, reasons if claims else []
+
+
+def last_error(log: Path) -> str:
+    """``: <the log's last "error: ..." line>`` (what the process said when it stopped), or ``""``."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = [line.split("error: ", 1)[1] for line in lines if "error: " in line]
+    return f": {said[-1]}" if said else ""
 
 
 class SweepRunner:
@@ -287,6 +297,14 @@ class SessionRefused(Exception):
     pass
 
 
+def remove_if_only_lock(sweep_dir: Path) -> None:
+    """Remove a sweep folder a refused session made, when it holds nothing but the driver's lock file."""
+    if sweep_dir.is_dir() and {path.name for path in sweep_dir.iterdir()} <= {LOCK_FILE}:
+        with contextlib.suppress(OSError):
+            (sweep_dir / LOCK_FILE).unlink(missing_ok=True)
+            sweep_dir.rmdir()
+
+
 class SweepSession:
     """Lock, manifest, invocation record, warm starts and exit code; nothing written when refused."""
 
@@ -314,6 +332,8 @@ class SweepSession:
             try:
                 self.launcher = build_launcher(plan.config, plan.sweep_dir, plan.name, plan.jobs)
                 refused.callback(self.launcher.close)
+                if not plan.sweep_dir.is_dir():
+                    refused.callback(remove_if_only_lock, plan.sweep_dir)
                 plan.sweep_dir.mkdir(parents=True, exist_ok=True)
                 self._lock = FileLock(plan.sweep_dir / LOCK_FILE)
                 self._lock.acquire(timeout=0)
@@ -324,6 +344,10 @@ class SweepSession:
                                      f"{self._lock.lock_file})") from None
             except ConfigError as error:
                 raise SessionRefused(f"{kind} refused, nothing was started: {error}") from None
+            except (OSError, UnicodeError) as error:
+                raise SessionRefused(f"{kind} refused, nothing was started: its folder {plan.sweep_dir} cannot be "
+                                     f"written ({error.strerror or error}); give a writable root=<folder> "
+                                     f"(make sweep SWEEP_ARGS=\"root=<folder>\")") from None
             refused.pop_all()
         self.manifest.begin_invocation(self.argv)
         self.runner = SweepRunner(plan, self.launcher, self.manifest).__enter__()
@@ -332,7 +356,9 @@ class SweepSession:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         try:
             self.runner.__exit__(exc_type, exc, tb)
-            if exc_type is None:
+            if exc_type is None or not issubclass(exc_type, ConfigError):  # a refusal writes nothing
+                if exc_type is not None:  # a crash: the record never stays "running"
+                    self.exit_code = self.exit_code or EXIT_FAILED
                 self.manifest.end_invocation(self.exit_code)
         finally:
             self._lock.release()
@@ -347,19 +373,23 @@ class SweepSession:
             self.exit_code = code
         return self.exit_code
 
-    def warm_start(self) -> bool:
-        """False (error printed, exit code EXIT_FAILED) when a warm start failed."""
-        if not self.plan.warm_starts:
+    def warm_start(self, launching: Sequence[PlannedRun] | None = None) -> bool:
+        """The warm starts of the runs ``launching`` (default: of every run; a completed run's is never rebuilt);
+        False (error printed, exit code EXIT_FAILED) when one failed."""
+        names = None if launching is None else {run.name for run in launching}
+        warm_starts = [run for run in self.plan.warm_starts
+                       if names is None or not run.serves or names & set(run.serves)]
+        if not warm_starts:
             return True
-        names = ", ".join(run.name for run in self.plan.warm_starts)
+        names = ", ".join(run.name for run in warm_starts)
         shared_by = "every run of its seed" if self.plan.config.warm_start == "per_seed" else "every run"
         print(f"warm start {names} (once each, shared by {shared_by}; warm_start={self.plan.config.warm_start})",
               flush=True)
-        states = self.runner.run_all(self.plan.warm_starts, warm_start=True)
+        states = self.runner.run_all(warm_starts, warm_start=True)
         failed = [name for name, state in states.items() if state != COMPLETED]
         if failed:
-            print(f"error: the warm start {failed[0]} failed; see {self.plan.sweep_dir / 'logs' / failed[0]}.log",
-                  file=sys.stderr)
+            log = self.plan.sweep_dir / LOG_FOLDER / f"{failed[0]}.log"
+            print(f"error: the warm start {failed[0]} failed{last_error(log)}; see {log}", file=sys.stderr)
             self.exit_code = self.exit_code or EXIT_FAILED
             return False
         return True
@@ -372,7 +402,7 @@ class SweepSession:
               f"folder {plan.sweep_dir}", flush=True)
 
         def body(runner: SweepRunner) -> int:
-            if to_launch and not self.warm_start():
+            if to_launch and not self.warm_start(to_launch):
                 return EXIT_FAILED
             return EXIT_FAILED if any(state != COMPLETED for state in runner.run_all(to_launch).values()) else 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -23,20 +24,42 @@ from dataflex_rl.lm.sequences import SequenceBatch, encode_prompts, pad_rows, re
 from dataflex_rl.lm.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
 from dataflex_rl.tracking.run_store import file_mode, numeric_environment
+from dataflex_rl.tracking.run_store.files import read_json_object
+from dataflex_rl.tracking.run_store.schema import SFT_DONE, check_schema
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # bump when the SFT recipe changes, so stale checkpoints are not reused
+DONE_FILE = "done.json"  # written last into a warm start's folder: the files it holds and their hashes
 
 
 def sft_cache_key(model: Any, task: Any, sft: Any) -> str:
-    """Stable hash of the model, task and sft blocks (not ``cache_dir``), the cache version and torch's CPU kernels."""
+    """Stable hash of the model, task and sft blocks (not ``cache_dir``), the cache version, torch's CPU kernels and,
+    for a model loaded from ``model.path``, the checkpoint's content (its files' hashes), not the path's text."""
     return stable_hash({
         "version": CACHE_VERSION,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "model": dataclasses.asdict(model),
+        "model_files": None if model.path is None else files_digest(Path(model.path)),
         "task": {"name": task.name, "params": dict(task.params)},
         "sft": {key: value for key, value in dataclasses.asdict(sft).items() if key != "cache_dir"},
     })
+
+
+def files_digest(folder: Path) -> dict[str, str]:
+    """``{file name: sha256}`` of the files directly in ``folder`` (a checkpoint: config, weights, tokenizer)."""
+    return {path.name: hashlib.file_digest(path.open("rb"), "sha256").hexdigest()
+            for path in sorted(folder.iterdir()) if path.is_file() and path.name != DONE_FILE}
+
+
+def cached_entry(directory: Path) -> bool:
+    """Whether ``directory`` holds a whole warm start: ``done.json`` read by its schema, and every file it lists
+    holding the content it recorded (a cut or replaced file makes the entry not cached, so it is built again)."""
+    try:
+        done = check_schema(directory / DONE_FILE, read_json_object(directory / DONE_FILE) or {}, SFT_DONE)
+    except (OSError, ValueError):
+        return False
+    recorded = done.get("files")
+    return isinstance(recorded, dict) and bool(recorded) and files_digest(directory) == recorded
 
 
 def warm_start(model_config: Any, task_config: Any, sft: Any,
@@ -44,11 +67,25 @@ def warm_start(model_config: Any, task_config: Any, sft: Any,
     if sft.steps == 0:
         return (*build_model(model_config, task.alphabet, seed=sft.seed), None)
     directory = Path(sft.cache_dir) / sft_cache_key(model_config, task_config, sft)
-    with filelock.UnixFileLock(directory.with_suffix(".lock"), preserve_lock_file=True, fallback_to_soft=False):
-        if not (directory / "done.json").exists():
-            _train_and_save(model_config, sft, task, directory)
-        else:
-            log.info("SFT warm start from cache %s", directory)
+    if not cached_entry(directory):  # a whole entry is read without its lock (a read-only cache serves too)
+        try:
+            lock = filelock.UnixFileLock(directory.with_suffix(".lock"), preserve_lock_file=True,
+                                         fallback_to_soft=False)
+            lock.acquire()
+        except OSError as error:
+            reason = error.strerror or error
+            raise SFTCacheError(f"sft.cache_dir = {sft.cache_dir!r} cannot hold a new warm start ({reason}): give a "
+                                f"writable sft.cache_dir") from None
+        try:
+            if not cached_entry(directory):
+                if directory.exists():
+                    log.warning("SFT warm-start cache %s is not whole (a file is missing, cut or changed): "
+                                "building it again", directory)
+                _train_and_save(model_config, sft, task, directory)
+        finally:
+            lock.release()
+    else:
+        log.info("SFT warm start from cache %s", directory)
     try:
         model, tokenizer = load_model(directory)
     except Exception as error:  # noqa: BLE001  (any reader error means the same: the cached files are damaged)
@@ -63,21 +100,30 @@ class SFTCacheError(RuntimeError):
 
 
 def _train_and_save(model_config: Any, sft: Any, task: Task, directory: Path) -> None:
+    """Build the warm start, write it beside ``directory`` and rename it in: a reader sees a whole entry or none.
+    Called under the entry's lock, so any ``<key>.tmp*`` folder beside it is a dead writer's, removed first."""
+    for stale in directory.parent.glob(f"{directory.name}.tmp*"):
+        shutil.rmtree(stale, ignore_errors=True)
     model, tokenizer = build_model(model_config, task.alphabet, seed=sft.seed)
     start = time.perf_counter()
     final_loss = run_sft(model, tokenizer, task, sft)
     temporary = directory.with_name(directory.name + f".tmp{os.getpid()}")
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    model.save_pretrained(str(temporary))
-    tokenizer.save_pretrained(temporary)
-    summary = {"final_loss": final_loss, "steps": sft.steps, "seconds": time.perf_counter() - start,
-               "environment": numeric_environment()}
-    (temporary / "done.json").write_text(json.dumps(summary))
-    for path in temporary.iterdir():  # safetensors writes 0600 files: make the shared cache readable as umask allows
-        os.chmod(path, file_mode())
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(temporary, directory)
+    try:
+        temporary.mkdir(parents=True)
+        model.save_pretrained(str(temporary))
+        tokenizer.save_pretrained(temporary)
+        summary = {"final_loss": final_loss, "steps": sft.steps, "seconds": time.perf_counter() - start,
+                   "environment": numeric_environment(), "files": files_digest(temporary)}
+        (temporary / DONE_FILE).write_text(json.dumps(summary))
+        for path in temporary.iterdir():  # safetensors writes 0600 files: the shared cache readable as umask allows
+            os.chmod(path, file_mode())
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(temporary, directory)
+    except Exception as error:  # noqa: BLE001  (safetensors, tokenizers and the OS each raise their own kind)
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise SFTCacheError(f"the SFT warm start could not be written to {directory} ({type(error).__name__}: "
+                            f"{error}); is the disk of sft.cache_dir = {sft.cache_dir!r} full? Nothing was left "
+                            f"behind") from error
     log.info("SFT done in %.1f s (final loss %.4f), cached at %s", summary["seconds"], final_loss, directory)
 
 

@@ -112,10 +112,12 @@ class LocalBackend(Backend):
         if not config.backend_settings.sft_warm_start:
             return []
         sweep_dir = sweep_dir.resolve()
-        variants = list(dict.fromkeys(
-            (tuple(str(override) for axis, override in spec.settings()
-                   if axis.name not in STANDARD_FACTORS and override.group in SFT_CACHE_GROUPS), spec.warm_start_seed)
-            for spec in specs))
+        served: dict[tuple[tuple[str, ...], int | None], list[str]] = {}  # each warm start -> the runs starting from it
+        for spec in specs:
+            served.setdefault((tuple(str(override) for axis, override in spec.settings() if axis.name not in
+                                     STANDARD_FACTORS and override.group in SFT_CACHE_GROUPS), spec.warm_start_seed),
+                              []).append(spec.name)
+        variants = list(served)
         axis_variants = list(dict.fromkeys(axis_overrides for axis_overrides, _ in variants))
         entries = []
         for axis_overrides, seed in variants:
@@ -127,9 +129,13 @@ class LocalBackend(Backend):
                 overrides.append(f"threads={threads}")
             entries.append((RunSpec(name=name), overrides, sweep_dir / SFT_FOLDER))
         planned, train_configs = self.runs(config, entries, sweep_dir, thread_environment(threads))
+        planned = [dataclasses.replace(run, serves=tuple(served[variant]))
+                   for run, variant in zip(planned, variants, strict=True)]
         if config.validate:
+            from dataflex_rl.lm.sft import cached_entry
+
             planned = [run for run, train_config in zip(planned, train_configs, strict=True)
-                       if not warm_start_cached(train_config)]
+                       if train_config.sft.steps and not cached_entry(Path(warm_start_key(train_config)))]
         return planned
 
     def common_config(self, config: SweepConfig) -> dict | None:
@@ -149,9 +155,9 @@ def common_train_config(config: SweepConfig) -> dict[str, Any]:
             if not any(key == prefix or key.startswith(prefix + ".") for prefix in dropped)}
 
 
-def warm_start_cached(train_config: Any) -> bool:
+def warm_start_key(train_config: Any) -> str:
+    """The run's SFT warm start's cache folder."""
     from dataflex_rl.lm.sft import sft_cache_key
 
     sft = train_config.sft
-    return sft.steps == 0 or (Path(sft.cache_dir) / sft_cache_key(train_config.model, train_config.task, sft)
-                              / "done.json").exists()
+    return str(Path(sft.cache_dir) / sft_cache_key(train_config.model, train_config.task, sft))

@@ -55,5 +55,5 @@ class ProcessLauncher(Launcher):
         self._signal(job, signal.SIGKILL)
 
     def still_running(self, info: Mapping[str, Any], run: RunToLaunch) -> bool:
-        pid = info.get("pid")
-        return isinstance(pid, int) and process_matches(pid, str(run.run_dir))
+        pid = info.get("pid")  # the same pid running the run's own command (a stopped process too)
+        return isinstance(pid, int) and process_matches(pid, " ".join(run.command))

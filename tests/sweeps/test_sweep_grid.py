@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import astuple
 import time
@@ -231,8 +233,11 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
     from sweeps.launchers.process import ProcessLauncher
 
     plan, manifest = planned(tmp_path)
-    run = plan.runs[0]
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"run_dir={run.run_dir}"])
+    # the run's own command (a sleeper here): the launcher knows its process by that command line
+    run = dataclasses.replace(plan.runs[0], command=(sys.executable, "-c", "import time; time.sleep(60)",
+                                                     f"run_dir={plan.runs[0].run_dir}"))
+    plan.runs[0] = run
+    orphan = subprocess.Popen(list(run.command))
     try:
         # Between fork and exec the child still shows the parent's command line: wait for its own.
         cmdline = Path(f"/proc/{orphan.pid}/cmdline")

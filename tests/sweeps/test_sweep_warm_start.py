@@ -147,3 +147,15 @@ def test_a_verl_sweep_records_its_experiment_file_and_refuses_a_rerun_from_an_ed
     with pytest.raises(SweepMismatchError, match=r"backend_settings: recorded \{'experiment': .*'experiment_hash'"):
         check_sweep_settings(tmp_path / "v", recorded, header())
     assert "backend_settings" not in plan_of(config_of("alpha=0.5", "seeds=1", f"root={tmp_path}")).header()
+
+
+def test_growing_a_sweep_builds_only_the_warm_starts_of_runs_left_to_run(tmp_path, repo_on_path) -> None:
+    """A warm start serves the runs of its seed; a seed whose runs are all complete gets none built again (a grown
+    sweep on another CPU kernel set, whose cache keys all differ, used to rebuild them all)."""
+    calls = tmp_path / "cache" / "sft_calls"
+    argv = ["alpha=0.5", "steps=1", f"root={tmp_path / 'runs'}", "name=grown", "train_module=tests.sweeps.scripted_train",
+            "validate=false", "poll_s=0.05", f"extra=[sft.cache_dir={tmp_path / 'cache'}]"]
+    assert main([*argv, "seeds=1,2"]) == 0
+    assert sorted(line.split("sft.seed=")[1].split()[0] for line in calls.read_text().splitlines()) == ["1", "2"]
+    assert main([*argv, "seeds=1,2,3"]) == 0
+    assert sorted(line.split("sft.seed=")[1].split()[0] for line in calls.read_text().splitlines()) == ["1", "2", "3"]

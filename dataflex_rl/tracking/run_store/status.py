@@ -103,7 +103,7 @@ def shortened(status: Mapping[str, Any], limit: int) -> dict[str, Any]:
 
 def _overwrite_in_place(path: pathlib.Path, obj: Mapping[str, Any]) -> None:
     data = pretty_json(obj)
-    descriptor = os.open(path, os.O_WRONLY)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, file_mode())
     try:
         os.pwrite(descriptor, data, 0)
         os.ftruncate(descriptor, len(data))

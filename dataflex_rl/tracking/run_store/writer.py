@@ -107,6 +107,7 @@ class RunStore:
         """``meta.json`` at the start of a (possibly resumed) session (:func:`.meta.session_meta`)."""
         extra = dict(extra or {})
         check_extra(extra)
+        self._reserve.keep()  # the first write of a session: from here a full disk still leaves a status.json
         now = now or utc_now()
         previous = read_meta(self.run_dir) or {}
         fingerprint = self._fingerprint or previous.get("config_fingerprint")

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # Sweep variables (all optional): make sweep ALPHA=0.0,0.25,0.5 SEEDS=1,2 JOBS=2 STEPS=200 SWEEP=name
-# `make help` lists the "#>" lines below; a default they state is checked against the sweep schema (sweeps/config.py).
+# `make help` lists the "#>" lines below; a default they state is checked against the sweep schema (sweeps/sweep_config.py).
 #> EXPERIMENT a named experiment, e.g. kk (Knights and Knaves: GRPO, AR 0.2/0.5, Lopti x 8 seeds; docs/knights_knaves.md), long_addition (docs/long_addition.md)
 #> ALPHA     alpha values, e.g. 0.0,0.25,0.5; 0 is always added; with MECH each preset's own alpha (default 0.0,0.5)
 #> SEEDS     seeds (default 1,2,3,4,5,6,7,8)

@@ -31,7 +31,7 @@ from analysis.statistics import (
     t_tests,
 )
 from dataflex_rl import keys
-from dataflex_rl.config_keys import BASELINE_ALPHA, BASELINE_PRESET
+from dataflex_rl.keys import BASELINE_ALPHA, BASELINE_PRESET
 
 DEFAULT_FINAL_WINDOW = 5
 SUMMARY_STATISTICS: tuple[str, ...] = ("final", "final_window", "auc", "best", "steps_to_threshold")

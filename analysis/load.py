@@ -314,7 +314,7 @@ def load_sweep(
     if require_runs and not run_dirs:
         raise NoRunStoreError(
             f"{sweep_dir} holds no run store: expected a sweep folder (runs/<sweep>/ with one <run>/meta.json per run, "
-            f"as python -m sweeps writes it) or a run folder (holding meta.json, as python -m dataflex_rl.train "
+            f"as python -m sweeps writes it) or a run folder (holding meta.json, as python -m dataflex_rl.local.train "
             f"writes it)"
         )
     return dataclasses.replace(load_runs(run_dirs, metrics=metrics, include_incomplete=include_incomplete,

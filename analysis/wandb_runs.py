@@ -1,5 +1,6 @@
-"""W&B runs -> :class:`analysis.frames.SweepData`: a W&B run's identity and factors, and the online loader
-:func:`load_wandb` with its parquet cache."""
+"""W&B runs -> :class:`analysis.frames.SweepData`: a W&B run's identity and factors, the online loader
+:func:`load_wandb` with its parquet cache, and offline runs (``<run>/wandb/offline-run-*/run-*.wandb``) through
+:func:`load_wandb_offline`, identity and factors as for online runs."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dataflex_rl.config_keys import ALPHA_KEY
+from dataflex_rl.keys import ALPHA_KEY
 from dataflex_rl.hashing import stable_hash
 from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, PENDING, RUNNING
+from dataflex_rl.tracking.wandb_file import history, read_run, run_files
 
 from analysis.frames import (
     IDENTITY_COLUMNS,
@@ -225,3 +228,55 @@ def load_wandb(
     for name, table in zip(_CACHE_FILES, (parquet_safe(data.runs), data.metrics, data.histograms), strict=True):
         write_parquet_atomic(table, folder / name)
     return data
+
+
+INTERRUPTED_EXIT_CODES = (130, 143)
+
+
+def offline_state(exit_code: int | None) -> str:
+    """Run-store state of an offline run from its exit code (None: no exit record)."""
+    if exit_code is None:
+        return RUNNING
+    if exit_code == 0:
+        return COMPLETED
+    return INTERRUPTED if exit_code in INTERRUPTED_EXIT_CODES else FAILED
+
+
+def history_tables(rows: Mapping[int, Mapping[str, Any]], metrics: Sequence[str] | None = None
+                   ) -> tuple[RunMetrics, list[dict[str, Any]]]:
+    """``{step: {key: value}}`` history -> (scalar metrics, histogram records ``{step, name, edges, counts}``)."""
+    histograms = []
+    for step in sorted(rows):
+        row = rows[step]
+        for key, value in row.items():
+            if key.endswith("/_type") and value == "histogram":
+                name = key[: -len("/_type")]
+                histograms.append({"step": int(step), "name": name,
+                                   "edges": np.asarray(row.get(f"{name}/bins", []), dtype=np.float64),
+                                   "counts": np.asarray(row.get(f"{name}/values", []), dtype=np.float64)})
+    return wide_metrics(rows, metrics), histograms
+
+
+def load_wandb_offline(
+    root: str | os.PathLike[str],
+    *,
+    metrics: Sequence[str] | None = None,
+    include_incomplete: bool = False,
+) -> SweepData:
+    """Every offline W&B run file under ``root`` -> :class:`SweepData`, arguments as in ``load_sweep``."""
+    tables = WandbTables()
+    for path in run_files(root):
+        run = read_run(path)
+        state = offline_state(run.exit_code)
+        # the attributes wandb_identity reads from a W&B API run
+        view = SimpleNamespace(name=run.name, id=run.run_id, group=run.group, tags=list(run.tags))
+        row = wandb_run_row(view, run.config)
+        row.update({
+            "state": state, "path": str(path), "metrics_source": "wandb",
+            "included": state == COMPLETED or include_incomplete,
+            "exclusion_reason": None if state == COMPLETED else f"state {state} (exit code {run.exit_code})",
+        })
+        position = tables.add(row)
+        if row["included"]:
+            tables.add_metrics(position, *history_tables(history(path), metrics))
+    return tables.sweep_data(f"wandb-offline:{Path(root)}")

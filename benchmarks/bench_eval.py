@@ -3,7 +3,9 @@ share of a run's wall time that evaluation takes at the old (256 items every 25 
 
 from __future__ import annotations
 
+
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -12,11 +14,10 @@ import torch
 
 from benchmarks.bench_local import build_trainer
 from benchmarks.common import Row, format_table, min_median
-from sweeps.seed_plan import evaluations_in
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
-    from dataflex_rl.local.config import TrainerConfig
+    from dataflex_rl.run_config import TrainerConfig
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="256,1024,2048,4096")
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     total = defaults.total_steps
     for label, size, every in (("old", 256, 25), ("default", defaults.val_size, defaults.val_every)):
         if str(size) in timings:  # evaluation / (training + evaluation) of a total_steps run
-            count = evaluations_in(total, every)
+            count = dataclasses.replace(defaults, val_every=every).evaluations
             shares = [count * evaluation / (total * training + count * evaluation)
                       for training, evaluation in zip(step, min_median(timings[str(size)]), strict=True)]
             rows.append(Row("eval", f"evaluation share of a {total}-step run, {label} schedule ({size} items every "

@@ -12,18 +12,17 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import Row, format_table, interleaved, min_median
-from sweeps.seed_plan import evaluations_in
 
 BEFORE = ("hf", False)  # HF generate, HF forward over the padded batch: the trainer before its own decoder
 AFTER = ("cached", True)  # the defaults: KV-cached sampler, packed forward
 
 
 def build_trainer(run_dir: Path, overrides: list[str]):
-    """The default run's trainer, built as ``dataflex_rl.train`` builds it (loggers entered by the caller)."""
+    """The default run's trainer, built as ``dataflex_rl.local.train`` builds it (loggers entered by the caller)."""
     from dataflex_rl import build_mechanism
     from dataflex_rl.compose import compose_train_config
-    from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.lm.sft import warm_start
+    from dataflex_rl.run_config import parse_train_config
+    from dataflex_rl.tinylm.sft import warm_start
     from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tasks import build_task
     from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
@@ -48,7 +47,7 @@ def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
 
 def step_flops(batch, shapes: list[tuple[int, int]], vocab: int, hidden: int) -> dict[str, float]:
     """FLOPs one step needs with each distinct prompt run once and no padding."""
-    from dataflex_rl.lm.decoder import distinct_prompts
+    from dataflex_rl.tinylm.decoder import distinct_prompts
 
     per_token = 2 * sum(i * o for i, o in shapes)
     prompt_mask = batch.attention_mask[:, : batch.prompt_length]
@@ -175,7 +174,7 @@ def amortised(config) -> dict[str, float]:
     """Validations and exact-gradient passes per step of a ``total_steps`` run at the config's schedule."""
     total = max(config.trainer.total_steps, 1)
     exact = total // config.stats.exact_every if config.stats.exact_every else 0
-    return {"validate": evaluations_in(total, config.trainer.val_every) / total, "exact": exact / total}
+    return {"validate": config.trainer.evaluations / total, "exact": exact / total}
 
 
 def default_steps(measured: dict, name: str, sampler: str) -> list[float]:

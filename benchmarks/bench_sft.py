@@ -12,9 +12,9 @@ from benchmarks.common import Row, interleaved, min_median
 
 def _task_rows(label: str, overrides: list[str], rounds: int) -> list[Row]:
     from dataflex_rl.compose import compose_train_config
-    from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.lm.model import build_model
-    from dataflex_rl.lm.sft import sft_batch, sft_step, sft_step_seed
+    from dataflex_rl.run_config import parse_train_config
+    from dataflex_rl.tinylm.model import build_model
+    from dataflex_rl.tinylm.sft import sft_batch, sft_step, sft_step_seed
 
     config = parse_train_config(compose_train_config([*overrides, "run_dir=unused", "mode=sft"]))
     task = config.task.built

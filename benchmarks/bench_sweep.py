@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchmarks.common import Row, format_table, min_median
 from sweeps.cli import main as sweep_main
-from sweeps.config import available_cores
+from sweeps.sweep_config import available_cores
 
 DEFAULT_RUN_STEPS = 400
 

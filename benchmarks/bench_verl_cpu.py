@@ -78,7 +78,7 @@ def verl_side(root: Path, prepared: Path, index: int) -> tuple[float, float, flo
 
 def local_side(root: Path, prepare_overrides: list[str], index: int) -> tuple[float, float, float]:
     run_dir = root / f"local-{index}"
-    command = [sys.executable, "-m", "dataflex_rl.train", f"run_dir={run_dir}", *prepare_overrides,
+    command = [sys.executable, "-m", "dataflex_rl.local.train", f"run_dir={run_dir}", *prepare_overrides,
                f"trainer.total_steps={STEPS}", "trainer.prompts_per_step=16", "trainer.rollouts_per_prompt=8",
                "trainer.lr=1e-4", "trainer.val_every=0", "trainer.val_size=64", "trainer.save_every=0",
                "logger.wandb.mode=disabled", "dataflex.actuator.params.alpha=0.5", "threads=1"]

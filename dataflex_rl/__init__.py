@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {"ACTUATORS": "dataflex_rl.actuators",
-            "ConfigError": "dataflex_rl.validation", "DataflexConfig": "dataflex_rl.config",
+            "ConfigError": "dataflex_rl.validation", "DataflexConfig": "dataflex_rl.dataflex_block",
             "Mechanism": "dataflex_rl.mechanism", "MechanismOutput": "dataflex_rl.mechanism",
-            "SCORERS": "dataflex_rl.scorers", "build_mechanism": "dataflex_rl.config",
-            "parse_dataflex_config": "dataflex_rl.config"}
+            "SCORERS": "dataflex_rl.scorers", "build_mechanism": "dataflex_rl.dataflex_block",
+            "parse_dataflex_config": "dataflex_rl.dataflex_block"}
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from dataflex_rl.actuators import ACTUATORS
-    from dataflex_rl.config import DataflexConfig, build_mechanism, parse_dataflex_config
+    from dataflex_rl.dataflex_block import DataflexConfig, build_mechanism, parse_dataflex_config
     from dataflex_rl.mechanism import Mechanism, MechanismOutput
     from dataflex_rl.scorers import SCORERS
     from dataflex_rl.validation import ConfigError

@@ -19,7 +19,7 @@ EXPERIMENT_GROUP = "experiment"
 
 def group_choices(group: str) -> list[str] | None:
     """The choices of config group ``group`` (YAML files and stored defaults), or None for no such group."""
-    from dataflex_rl.local.config import store_defaults
+    from dataflex_rl.run_config import store_defaults
 
     if not group or not group.isidentifier():  # a dotted key, a path, a package: not a group of conf/
         return None
@@ -77,7 +77,7 @@ class TrainComposer:
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from dataflex_rl.local.config import store_defaults
+        from dataflex_rl.run_config import store_defaults
 
         store_defaults()
         self.hydra = initialize_config_dir(config_dir=CONF_DIR, version_base=VERSION_BASE)
@@ -106,7 +106,7 @@ class TrainComposer:
         from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
-        from dataflex_rl.config import with_param_defaults
+        from dataflex_rl.dataflex_block import with_param_defaults
 
         overrides = list(overrides)
         for text in overrides:
@@ -135,7 +135,7 @@ class TrainComposer:
         from hydra import compose
         from omegaconf import OmegaConf, open_dict
 
-        from dataflex_rl.config import with_param_defaults
+        from dataflex_rl.dataflex_block import with_param_defaults
 
         config = compose(config_name="train", overrides=list(overrides))
         with open_dict(config):

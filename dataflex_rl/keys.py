@@ -1,5 +1,6 @@
-"""Every metric key the project logs: verl's names where verl has one, ``dataflex/...`` for the mechanism,
-``grad_norm/by_prob/...``, ``prob_change/...``, ``val/...``. Config keys: :mod:`dataflex_rl.config_keys`."""
+"""Every key the project names: the metric keys it logs (verl's names where verl has one, ``dataflex/...`` for the
+mechanism, ``grad_norm/by_prob/...``, ``prob_change/...``, ``val/...``), then the config keys a sweep varies or
+records by name (sweep axes, run identity, W&B, analysis) and the baseline."""
 
 from __future__ import annotations
 
@@ -139,3 +140,15 @@ def check_metric_key(name: str, key: object) -> str:
         raise ConfigError(f"{name} = {key!r} is not allowed: not a metric the trainer logs{hint}; allowed: "
                           f"{', '.join(scalar_keys())}, or {', '.join(label for _, label in METRIC_PATTERNS)}")
     return key
+
+
+# --- config keys a sweep varies or records by name -------------------------------------------------------
+ACTUATOR_PARAMS_PREFIX = "dataflex.actuator.params."
+ALPHA_KEY = f"{ACTUATOR_PARAMS_PREFIX}alpha"
+ETA_KEY = f"{ACTUATOR_PARAMS_PREFIX}eta"
+# The baseline every comparison is against (conf/dataflex/baseline.yaml: AR's alpha = 0, GRPO bit for bit).
+BASELINE_ALPHA = 0.0
+BASELINE_PRESET = "baseline"
+# The sweep key ``warm_start``: ``per_seed`` (seed s warm-starts from ``sft.seed = s``) or ``shared`` (docs/sweeps.md).
+WARM_START_DESIGNS = ("per_seed", "shared")
+WARM_START_SEED_KEY = "sft.seed"

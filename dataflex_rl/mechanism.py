@@ -75,7 +75,7 @@ class Mechanism:
     """Scorer + actuator, active from ``warmup_step`` on."""
 
     def __init__(self, config: Any, *, compile: bool = False) -> None:
-        """``config``: a validated :class:`dataflex_rl.config.DataflexConfig` (its scorer, actuator, warmup_step)."""
+        """``config``: a validated :class:`dataflex_rl.dataflex_block.DataflexConfig` (its scorer, actuator, warmup_step)."""
         self.config = config
         scorer_cls = SCORERS.get(config.scorer.name)
         actuator_cls = ACTUATORS.get(config.actuator.name)

@@ -14,7 +14,7 @@ from dataflex_rl.compose import EXPERIMENT_GROUP, check_group_choice, compose_co
 from dataflex_rl.overrides import Override, bare_assignment, hydra_value, parse_override, split_assignment
 from dataflex_rl.validation import ConfigError
 from sweeps.backends import get_backend, store_backend_options
-from sweeps.config import (DEFAULT_BACKEND, DEFAULT_LAUNCHER, LIST_KEYS, SWEEP_CONF_DIR, available_experiments,
+from sweeps.sweep_config import (DEFAULT_BACKEND, DEFAULT_LAUNCHER, LIST_KEYS, SWEEP_CONF_DIR, available_experiments,
                            check_no_env_interpolation, check_no_underflow, check_sweep_name, foreign_settings_message,
                            parse_sweep_config, settings_blocks)
 from sweeps.launchers import launcher_class
@@ -78,7 +78,7 @@ def check_override_syntax(given: str, item: str) -> Override | None:
     check_no_env_interpolation(f"{bare} = {value!r}", given)  # before Hydra or OmegaConf resolve it
     if value is None:
         return None  # Hydra's own message for a deletion (~key) or a bare word
-    if bare != "extra":  # extra's overrides are checked one by one (sweeps.config.parse_extra)
+    if bare != "extra":  # extra's overrides are checked one by one (sweeps.sweep_config.parse_extra)
         check_no_underflow(f"{bare} = {value!r}", value)
     try:
         override = parse_override(item, where=f"{bare} = {value!r}")

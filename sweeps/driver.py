@@ -1,5 +1,5 @@
 """One sweep invocation (``python -m sweeps``) as one pass: plan the grid's runs (:mod:`sweeps.plan`), launch them
-in a session (:mod:`sweeps.runner`), then print the closing tables and write the report (:mod:`sweeps.report`).
+in a session (:mod:`sweeps.runner`), then print the closing tables and write the report (:mod:`sweeps.closing`).
 With ``target_mde`` the seeds are planned cell by cell from a pilot and looks (:mod:`sweeps.seed_plan`)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dataflex_rl.validation import ConfigError
-from sweeps.config import SweepConfig
+from sweeps.sweep_config import SweepConfig
 from sweeps.grid import RunSpec, default_name, expand_grid
 from sweeps.plan import plan_sweep
-from sweeps.report import report_sweep
+from sweeps.closing import report_sweep
 from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SessionRefused, SweepSession
 
 

@@ -1,6 +1,6 @@
 """The sweep grid: preset x alpha x eta x extra axes x seed, one :class:`RunSpec` per cell, named from its factors
 (``a0.25-s1``, then one tag per other axis: ``ar``, ``eta0.1``, ``lr0.001``; docs/sweeps.md). An ``extra`` override
-in Hydra's sweep syntax is an axis (:func:`sweeps.config.parse_extra`); a spec carries typed factor values."""
+in Hydra's sweep syntax is an axis (:func:`sweeps.sweep_config.parse_extra`); a spec carries typed factor values."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from dataflex_rl.config_keys import ACTUATOR_PARAMS_PREFIX, ALPHA_KEY, ETA_KEY, WARM_START_SEED_KEY
+from dataflex_rl.keys import ACTUATOR_PARAMS_PREFIX, ALPHA_KEY, ETA_KEY, WARM_START_SEED_KEY
 from dataflex_rl.hashing import stable_hash
 from dataflex_rl.overrides import Override
 from dataflex_rl.tracking.identity import check_distinct_arms, factor_labels, run_label
 from dataflex_rl.validation import ConfigError
-from sweeps.config import PRESET_DIR, Axis, SweepConfig
+from sweeps.sweep_config import PRESET_DIR, Axis, SweepConfig
 
 # A run's name makes its folder and its longest file name, launch/<name>.yaml: NAME_MAX (255) less ".yaml".
 MAX_RUN_NAME_BYTES = 255 - len(".yaml")

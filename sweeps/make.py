@@ -16,7 +16,7 @@ ENV_PREFIX = "DATAFLEX_MAKE_"
 VARIABLES = ("ALPHA", "SEEDS", "MECH", "ETA", "STEPS", "JOBS", "SWEEP", "BACKEND", "LAUNCHER", "SWEEP_ARGS",
              "DRY_RUN", "EXTRA", "TARGET_MDE", "MAX_SEEDS", "LR", "ARGS", "VERL_EXPERIMENT", "EXPERIMENT", "WARM_START",
              "RESULTS")
-# make sweep: variable -> driver key (sweeps/config.py SweepConfig), in the order they are passed.
+# make sweep: variable -> driver key (sweeps/sweep_config.py SweepConfig), in the order they are passed.
 SWEEP_KEYS = (("EXPERIMENT", "experiment"), ("ALPHA", "alpha"), ("SEEDS", "seeds"), ("BACKEND", "backend"),
               ("LAUNCHER", "launcher"), ("JOBS", "jobs"), ("STEPS", "steps"), ("SWEEP", "name"), ("MECH", "mechanisms"),
               ("ETA", "eta"), ("TARGET_MDE", "target_mde"), ("MAX_SEEDS", "max_seeds"),
@@ -88,7 +88,7 @@ def tune_argv(values: Mapping[str, str]) -> list[str]:
 def sweep_folder(values: Mapping[str, str]) -> str:
     name = values["SWEEP"]
     if name:
-        from sweeps.config import check_sweep_name
+        from sweeps.sweep_config import check_sweep_name
 
         return os.path.join("runs", check_sweep_name(name, "SWEEP"))
     from analysis.load import resolve_sweep_dir
@@ -117,7 +117,7 @@ def command(target: str, values: Mapping[str, str]) -> list[str]:
         name = check_results_name(values["RESULTS"])
         return [python, "-m", "analysis.results", sweep_folder(values), f"--name={name}"]  # never read as an option
     if target == "train":
-        return [python, "-m", "dataflex_rl.train", *split_words("ARGS", values["ARGS"])]
+        return [python, "-m", "dataflex_rl.local.train", *split_words("ARGS", values["ARGS"])]
     raise ConfigError(f"target = {target!r} is not allowed; allowed targets: {', '.join(TARGETS)}")
 
 

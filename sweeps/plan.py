@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.train import write_config_file
+from dataflex_rl.run_config import write_config_file
 from dataflex_rl.validation import ConfigError
 from sweeps.backends import get_backend
-from sweeps.config import SINGLE_RUN_THREADS, SweepConfig, available_cores
+from sweeps.sweep_config import SINGLE_RUN_THREADS, SweepConfig, available_cores
 from sweeps.grid import RunSpec
 from sweeps.launchers import launcher_class
 
@@ -52,7 +52,7 @@ class PlannedRun:
         write_config_file(self.config_file, self.config, comment=[
             f"{self.name}: conf/train.yaml composed with these overrides and validated by the sweep driver:",
             f"  {shlex.join(self.overrides)}",
-            "(python -m dataflex_rl.train <these overrides> composes the same config; the run reads this file)",
+            "(python -m dataflex_rl.local.train <these overrides> composes the same config; the run reads this file)",
         ])
 
 

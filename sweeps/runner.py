@@ -325,7 +325,7 @@ class SweepSession:
         if found:
             raise SessionRefused(
                 f"{kind} refused, nothing was started: {plan.sweep_dir} holds a run store ({', '.join(found)}: one "
-                f"run's folder, as python -m dataflex_rl.train writes it), not a {kind} folder; a {kind} keeps one run "
+                f"run's folder, as python -m dataflex_rl.local.train writes it), not a {kind} folder; a {kind} keeps one run "
                 f"folder per run inside its own folder: give the {kind} another name ("
                 f"{'make sweep SWEEP=<new name>, ' if kind == 'sweep' else ''}name=<new name>), or move the run away")
         with contextlib.ExitStack() as refused:  # undoes what was done when the session is refused

@@ -1,6 +1,6 @@
 """Seeds planned for a target precision (``target_mde``), cell by cell: a pilot, then looks at which each cell of the
 grid's other factors still undecided gets more seeds in the same folder, up to ``max_seeds`` (docs/sweeps.md, "How
-many seeds"); and wall-time estimates printed before long jobs start."""
+many seeds")."""
 
 from __future__ import annotations
 
@@ -19,13 +19,8 @@ from analysis.groups import baseline_strata
 from analysis.power import GROWTH, INTERIM_LEVEL, judge, seed_order
 from analysis.statistics import DEFAULT_LEVEL, DEFAULT_POWER
 from dataflex_rl.tracking.identity import same_arm
-from dataflex_rl.tracking.run_store import final_value
 from sweeps.manifest import save_plan
 
-# Measured by benchmarks/bench_eval.py on an idle machine, one thread per run, the default experiment.
-STEP_SECONDS = 0.66
-VALIDATION_ITEM_SECONDS = 0.0008
-RUN_OVERHEAD_SECONDS = 10.0  # process start, imports, model build, final write
 
 
 def look(sweep_dir: Path, metric: str, seeds_of: Callable[[Mapping[str, Any]], Sequence[int]],
@@ -145,33 +140,3 @@ def describe_look(plan: Mapping[str, Any]) -> str:
         after = f"grows to {cell['seeds_next']} seeds" if cell["seeds_next"] > cell["seeds"] else "done"
         lines.append(f"  {where}: {cell['seeds']} seeds: {judged}; {after}")
     return "\n".join(lines)
-
-
-def evaluations_in(steps: int, val_every: int) -> int:
-    """Validations in a run: step 0, every ``val_every`` steps, and the last step."""
-    return len({0, steps, *(range(val_every, steps + 1, val_every) if val_every > 0 else ())})
-
-
-def estimate_seconds(config: Any, runs: int, jobs: int) -> tuple[float, int]:
-    """(wall seconds of ``runs`` local runs of ``config``, ``jobs`` at once, one thread each; their RL steps)."""
-    from dataflex_rl.local.sweep_backend import common_train_config
-
-    values = common_train_config(config)
-    steps = int(values["trainer.total_steps"])
-    val_items = min(int(values["trainer.val_size"]), int(values["task.test_size"]))
-    validation = evaluations_in(steps, int(values["trainer.val_every"])) * val_items * VALIDATION_ITEM_SECONDS
-    return math.ceil(runs / max(1, jobs)) * (steps * STEP_SECONDS + validation + RUN_OVERHEAD_SECONDS), steps
-
-
-def final_window_mean(run_dir: Path, key: str, window: int = DEFAULT_FINAL_WINDOW) -> float | None:
-    """None when the run logged no ``key`` or its store cannot be read."""
-    try:
-        return final_value(run_dir, key, window=window)
-    except (OSError, ValueError):
-        return None
-
-
-def describe_estimate(seconds: float, what: str) -> str:
-    return (f"estimate: about {seconds / 60:.0f} min for {what} on an idle machine ({STEP_SECONDS:g} s per RL step "
-            f"and {VALIDATION_ITEM_SECONDS * 1e3:g} ms per validation item per run, one thread each, measured by "
-            "benchmarks/bench_eval.py); a shared machine is slower")

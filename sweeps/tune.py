@@ -12,24 +12,24 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from analysis.aggregate import DEFAULT_FINAL_WINDOW
 from dataflex_rl import keys
-from dataflex_rl.config_keys import ALPHA_KEY
+from dataflex_rl.keys import ALPHA_KEY
 from dataflex_rl.overrides import hydra_value
-from dataflex_rl.tracking.run_store import COMPLETED, read_curve
+from dataflex_rl.tracking.run_store import COMPLETED, final_value, read_curve
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number, to_plain, unknown_keys
 from sweeps.backends import get_backend
-from sweeps.config import Axis, SweepConfig, parse_sweep_config
+from sweeps.sweep_config import Axis, SweepConfig, parse_sweep_config
 from sweeps.grid import RunSpec, default_name, warm_start_seed
 from sweeps.launchers import Job
 from sweeps.plan import PlannedRun, SweepPlan, concurrency
 from sweeps.runner import EXIT_FAILED, EXIT_REFUSED, SessionRefused, SweepRunner, SweepSession
-from sweeps.seed_plan import describe_estimate, estimate_seconds, final_window_mean
 
 # The study's own keys and their defaults (the ConfigStore node tune_schema, which conf/sweeps/optuna.yaml composes).
 TUNE_DEFAULTS: dict[str, Any] = {
     "n_trials": 8,  # trials to finish (completed or pruned): about 13 minutes on 2 cores with 2 seeds x 120 steps
     "metric": keys.VAL_ACCURACY,  # its final-window mean, averaged over the trial's seeds, is the objective
-    "final_window": 5,
+    "final_window": DEFAULT_FINAL_WINDOW,
     "direction": "maximize",
     "retries": 1,  # a failed trial is queued again (same parameters, same run folders) this many times
     "search": [{"name": "alpha", "type": "float", "low": 0.0, "high": 1.0}],
@@ -116,10 +116,9 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
     items = list(raw.get("search") or [])
     enqueue_items = [dict(item) for item in raw.get("enqueue") or []]
     if raw.get("tune_lr") and not any(isinstance(i, Mapping) and i.get("name") == LR_SEARCH["name"] for i in items):
-        from dataflex_rl.local.config import TrainerConfig
-
         items.append(dict(LR_SEARCH))  # opt-in: lr with alpha (every enqueued trial starts at the trainer's lr)
-        enqueue_items = [{**item, LR_SEARCH["name"]: TrainerConfig.lr} for item in enqueue_items]
+        start = get_backend(sweep.backend).starting_lr()
+        enqueue_items = [{**item, LR_SEARCH["name"]: start} for item in enqueue_items]
     allowed = [field.name for field in dataclasses.fields(SearchParam)]
     for index, item in enumerate(items):
         if not isinstance(item, Mapping) or "name" not in item:
@@ -223,8 +222,20 @@ def _format_param(value: Any) -> str:
 
 
 def study_estimate(tune: TuneConfig, trials: int, jobs: int) -> str:
-    per_trial, steps = estimate_seconds(tune.sweep, len(tune.sweep.seeds), jobs)
-    return describe_estimate(trials * per_trial, f"{trials} trial(s) x {len(tune.sweep.seeds)} seed(s) x {steps} steps")
+    estimate = get_backend(tune.sweep.backend).estimate_seconds(tune.sweep, len(tune.sweep.seeds), jobs)
+    if estimate is None:
+        return f"no estimate of the wall time on backend={tune.sweep.backend}"
+    seconds, assumed = estimate
+    return (f"estimate: about {trials * seconds / 60:.0f} min for {trials} trial(s) x {len(tune.sweep.seeds)} "
+            f"seed(s) on an idle machine ({assumed}); a shared machine is slower")
+
+
+def final_window_mean(run_dir: Path, key: str, window: int) -> float | None:
+    """None when the run logged no ``key`` or its store cannot be read."""
+    try:
+        return final_value(run_dir, key, window=window)
+    except (OSError, ValueError):
+        return None
 
 
 def first_trial_params(tune: TuneConfig) -> dict[str, Any]:

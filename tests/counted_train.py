@@ -1,4 +1,4 @@
-"""``python -m tests.counted_train <arguments>``: ``python -m dataflex_rl.train <arguments>`` with every composition
+"""``python -m tests.counted_train <arguments>``: ``python -m dataflex_rl.local.train <arguments>`` with every composition
 of ``conf/train.yaml`` counted.
 
 Each composition appends one line ``<pid> <overrides>`` to the file named by ``$COMPOSE_COUNT_FILE``. The count
@@ -43,6 +43,6 @@ if __name__ == "__main__":
     from hydra._internal.hydra import Hydra
 
     Hydra.compose_config = counting(Hydra.compose_config, Path(os.environ[COUNT_ENV]))
-    from dataflex_rl.train import main
+    from dataflex_rl.local.train import main
 
     sys.exit(main())

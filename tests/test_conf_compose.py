@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from dataflex_rl import build_mechanism
 from dataflex_rl.compose import compose_train_config, group_choices
-from dataflex_rl.local.config import parse_train_config
+from dataflex_rl.run_config import parse_train_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TRAIN_GROUPS = ("dataflex", "model", "task", "trainer", "logger", "experiment")

@@ -23,11 +23,11 @@ from verl.workers.config.actor import ActorConfig
 
 from dataflex_rl import keys, metrics as mechanism_metrics
 from dataflex_rl.interrupts import held_interrupts
-from dataflex_rl.local.config import TrainConfig
-from dataflex_rl.lm.decoder import supported as decoder_supported
-from dataflex_rl.lm.progress import progress_bar, show_latest
-from dataflex_rl.lm.sequences import SequenceBatch, decode_responses, generate, response_token_outputs
-from dataflex_rl.lm.tokenizer import Tokenizer
+from dataflex_rl.run_config import TrainConfig
+from dataflex_rl.tinylm.decoder import supported as decoder_supported
+from dataflex_rl.tinylm.progress import progress_bar, show_latest
+from dataflex_rl.tinylm.sequences import SequenceBatch, decode_responses, generate, response_token_outputs
+from dataflex_rl.tinylm.tokenizer import Tokenizer
 from dataflex_rl.mechanism import Mechanism, MechanismOutput
 from dataflex_rl.tasks import Problem, Task
 from dataflex_rl.tracking.run_store import atomic_path

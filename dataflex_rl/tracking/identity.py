@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dataflex_rl.hashing import stable_hash
-from dataflex_rl.config_keys import ALPHA_KEY, ETA_KEY
+from dataflex_rl.keys import ALPHA_KEY, ETA_KEY
 from dataflex_rl.overrides import override_key
 from dataflex_rl.validation import to_plain
 

@@ -15,17 +15,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dataflex_rl.actuators import ACTUATORS
-from dataflex_rl.config import parse_dataflex_config
+from dataflex_rl.dataflex_block import parse_dataflex_config
 from dataflex_rl.scorers import SCORERS
 from dataflex_rl.overrides import hydra_value, parse_override
 from dataflex_rl.validation import ConfigError, to_plain
-from dataflex_rl.verl.config import (
-    DEFAULT_TRAINER_MODE,
-    TRAINER_MODE_KEY,
-    check_trainer_mode,
-    quiet_verl_import,
-    validate_overrides,
-)
+from dataflex_rl.run_config import quiet_verl_import
+from dataflex_rl.verl.config import DEFAULT_TRAINER_MODE, TRAINER_MODE_KEY, check_trainer_mode, validate_overrides
 
 # The experiment variable that picks the trainer, and the experiment's per-mode block of verl overrides.
 TRAINER_MODE_VARIABLE = "trainer_mode"

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataflex_rl.config import build_mechanism
+from dataflex_rl.dataflex_block import build_mechanism
 from dataflex_rl.mechanism import Mechanism
 from dataflex_rl.validation import ConfigError, check_keys, check_non_negative_int, to_plain
 
@@ -35,29 +32,6 @@ def check_trainer_mode(mode: Any, where: str = TRAINER_MODE_KEY) -> str:
         raise ConfigError(f"{where} = {mode!r} is not allowed: the dataflex trainers are {list(TRAINER_MODES)} "
                           f"(verl's modes {list(TRAINER_MODES.values())} with the mechanism)")
     return mode
-
-
-@contextlib.contextmanager
-def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
-def quiet_verl_import() -> Iterator[None]:
-    level = {"VERL_LOGGING_LEVEL": os.environ.get("VERL_LOGGING_LEVEL") or "ERROR"}
-    with environment_set(level), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:

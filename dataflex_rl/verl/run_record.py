@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_rl import keys
-from dataflex_rl.config import DataflexConfig
-from dataflex_rl.config_keys import WARM_START_DESIGNS
+from dataflex_rl.dataflex_block import DataflexConfig
+from dataflex_rl.keys import WARM_START_DESIGNS
 from dataflex_rl.validation import ConfigError, check_choice, check_keys, to_plain
 from dataflex_rl.metrics import Histogram
 from dataflex_rl.tracking import RunIdentity, RunStore, config_hash

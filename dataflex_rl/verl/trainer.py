@@ -24,7 +24,8 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from dataflex_rl import keys
 from dataflex_rl.metrics import Histogram, prob_bucket_stats, prob_change_stats
-from dataflex_rl.verl.config import TRAINER_MODES, environment_set, mechanism_from_verl_config, prob_change_every
+from dataflex_rl.run_config import environment_set
+from dataflex_rl.verl.config import TRAINER_MODES, mechanism_from_verl_config, prob_change_every
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import analysis
-from analysis import curves, frames, load, plots, report, report_figures, statistics
+from analysis import curves, frames, load, plots, report_figures, statistics
 from analysis.frames import RunMetrics
 from tests.analysis.synthetic import simulate_band_coverage, simulate_curve_interval_coverage, write_fake_sweep
 from dataflex_rl import keys

@@ -12,13 +12,13 @@ import pytest
 from analysis import aggregate, tables
 from analysis.frames import factor_columns
 from analysis.load import load_sweep
-from analysis.wandb_offline import load_wandb_offline
+from analysis.wandb_runs import load_wandb_offline
 from analysis.wandb_runs import load_wandb
-from analysis.wandb_offline import history_tables, offline_state
+from analysis.wandb_runs import history_tables, offline_state
 from dataflex_rl import keys
 from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers, wandb_run_id
 from dataflex_rl.tracking.identity import config_hash
-from dataflex_rl.tracking.wandb_offline import read_run, records
+from dataflex_rl.tracking.wandb_file import read_run, records
 
 from tests.tracking import wandb_records
 

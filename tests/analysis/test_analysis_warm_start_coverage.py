@@ -1,6 +1,6 @@
 """What the group-mean and paired-delta intervals cover when every run starts from a random SFT warm start.
 
-A sweep's key ``warm_start`` (``config_keys.WARM_START_DESIGNS``) picks the warm start of each run: ``per_seed``
+A sweep's key ``warm_start`` (``keys.WARM_START_DESIGNS``) picks the warm start of each run: ``per_seed``
 gives seed s's runs, in every arm, warm start s; ``shared`` gives every run warm start 0. The analysis is the same for
 both (``aggregate.aggregate_runs``, ``aggregate.paired_differences``); this module measures what its intervals cover
 under each design, by simulation through those public functions (fixed seeds, many replicate sweeps at once as groups
@@ -36,7 +36,7 @@ import pandas as pd
 import pytest
 
 from analysis import aggregate
-from dataflex_rl.config_keys import BASELINE_ALPHA, WARM_START_DESIGNS
+from dataflex_rl.keys import BASELINE_ALPHA, WARM_START_DESIGNS
 
 REPLICATES = 2000
 SEED_COUNTS = (3, 5, 8)

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from dataflex_rl import ConfigError, build_mechanism, keys, parse_dataflex_config
 from dataflex_rl.actuators import ACTUATORS
 from dataflex_rl.compose import CONF_DIR, compose_train_config
-from dataflex_rl.config import dataflex_defaults
+from dataflex_rl.dataflex_block import dataflex_defaults
 from dataflex_rl.scorers import SCORERS
 from tests.core.devices import on, on_cpu, processed
 

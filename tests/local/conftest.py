@@ -44,7 +44,7 @@ def compose_train(overrides: list[str]) -> dict:
 
 def run_cli(overrides: list[str], **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "dataflex_rl.train", *overrides], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "dataflex_rl.local.train", *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600, **kwargs)
 
 

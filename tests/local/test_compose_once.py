@@ -1,4 +1,4 @@
-"""A run's config is composed once: ``python -m dataflex_rl.train <overrides>`` composes ``conf/train.yaml`` once,
+"""A run's config is composed once: ``python -m dataflex_rl.local.train <overrides>`` composes ``conf/train.yaml`` once,
 and ``--config-file`` composes nothing; either validates once, logs as Hydra did,
 and refuses what it refused before, touching nothing."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from dataflex_rl.compose import compose_train_config
 from dataflex_rl.tracking.run_store import read_config
-from dataflex_rl.train import CONFIG_FILE_FLAG, write_config_file
-from dataflex_rl.train import main as train_main
+from dataflex_rl.run_config import CONFIG_FILE_FLAG, write_config_file
+from dataflex_rl.local.train import main as train_main
 from tests.counted_train import COUNT_ENV, compositions
 
 from .conftest import REPO, tiny_overrides
@@ -24,7 +24,7 @@ HYDRA_LOG_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[[\w.]+\]
 
 
 def counted_cli(arguments: list[str], count_file) -> subprocess.CompletedProcess:
-    """``python -m dataflex_rl.train <arguments>`` with every composition of conf/train.yaml counted in count_file."""
+    """``python -m dataflex_rl.local.train <arguments>`` with every composition of conf/train.yaml counted in count_file."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1",
            COUNT_ENV: str(count_file)}
     return subprocess.run([sys.executable, "-m", "tests.counted_train", *arguments], cwd=REPO, env=env,
@@ -66,13 +66,13 @@ def test_overrides_are_composed_once_and_a_config_file_never(tmp_path, sft_cache
 
 
 def run_main(arguments: list[str]) -> tuple[int, str]:
-    """``python -m dataflex_rl.train <arguments>`` in this process: (exit code, stderr)."""
+    """``python -m dataflex_rl.local.train <arguments>`` in this process: (exit code, stderr)."""
     import contextlib
     import io
 
     stderr = io.StringIO()
     saved = sys.argv
-    sys.argv = ["dataflex_rl.train", *arguments]
+    sys.argv = ["dataflex_rl.local.train", *arguments]
     try:
         with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exited:
             train_main()
@@ -108,7 +108,7 @@ def test_a_config_file_with_a_bad_value_or_no_mapping_is_refused_before_run_dir_
 
 def test_cfg_prints_the_composed_config_and_runs_nothing(capsys):
     saved = sys.argv
-    sys.argv = ["dataflex_rl.train", "--cfg", "job", "run_dir=x", "trainer.lr=0.003"]
+    sys.argv = ["dataflex_rl.local.train", "--cfg", "job", "run_dir=x", "trainer.lr=0.003"]
     try:
         train_main()
     finally:

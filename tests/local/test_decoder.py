@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from dataflex_rl.local.config import ModelConfig, TrainerConfig
-from dataflex_rl.lm.decoder import supported
-from dataflex_rl.lm.model import build_model
-from dataflex_rl.lm.sequences import generate, response_token_outputs
+from dataflex_rl.run_config import ModelConfig, TrainerConfig
+from dataflex_rl.tinylm.decoder import supported
+from dataflex_rl.tinylm.model import build_model
+from dataflex_rl.tinylm.sequences import generate, response_token_outputs
 from dataflex_rl.local.trainer import fast_paths
 from dataflex_rl.tasks import build_task
 from dataflex_rl.validation import ConfigError
@@ -121,8 +121,8 @@ def test_compiled_packed_forward_matches_eager(tmp_path, monkeypatch):
 
 def build_trainer(overrides: list[str]):
     from dataflex_rl import build_mechanism
-    from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.lm.sft import warm_start
+    from dataflex_rl.run_config import parse_train_config
+    from dataflex_rl.tinylm.sft import warm_start
     from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
 

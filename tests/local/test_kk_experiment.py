@@ -25,7 +25,7 @@ CONSTANT_ANSWER_ACCURACY = 171 / 1024
 @pytest.mark.parametrize("seed", [1, 2])
 def test_kk_experiment_rl_raises_greedy_accuracy_above_the_warm_start(tmp_path, seed):
     run_dir = tmp_path / f"kk-s{seed}"
-    command = [sys.executable, "-m", "dataflex_rl.train", "experiment=kk", "dataflex=baseline", f"seed={seed}",
+    command = [sys.executable, "-m", "dataflex_rl.local.train", "experiment=kk", "dataflex=baseline", f"seed={seed}",
                f"run_dir={run_dir}", "trainer.total_steps=200", "logger.wandb.mode=disabled", "threads=1",
                "stats.prob_change_every=0", "stats.exact_every=0"]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=1800)

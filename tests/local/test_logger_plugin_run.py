@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataflex_rl import keys
 from dataflex_rl.tracking import LOGGERS
 from dataflex_rl.tracking.run_store import read_metrics
-from dataflex_rl.train import run
+from dataflex_rl.local.train import run
 from tests import registry_snapshot
 from tests.tracking.test_tracking_logger_registry import ThrowawayLogger
 

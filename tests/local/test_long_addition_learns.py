@@ -8,7 +8,7 @@ import pytest
 from dataflex_rl import keys
 from dataflex_rl.compose import compose_train_config
 from dataflex_rl.tracking.run_store import read_metrics
-from dataflex_rl.train import run
+from dataflex_rl.local.train import run
 
 
 @pytest.mark.slow

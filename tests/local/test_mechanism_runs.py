@@ -14,7 +14,7 @@ import torch
 
 from dataflex_rl import keys
 from dataflex_rl.tracking.run_store import load_histograms, read_metrics
-from dataflex_rl.train import run
+from dataflex_rl.local.train import run
 
 from .conftest import compose_train, tiny_overrides
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dataflex_rl.lm.progress import progress_bar, show_latest
+from dataflex_rl.tinylm.progress import progress_bar, show_latest
 
 
 def test_postfix_keeps_the_last_finite_value_between_evaluations():
@@ -51,7 +51,7 @@ def test_log_lines_go_through_the_bar_in_a_terminal(monkeypatch, stream):
 
 
 def test_verl_cpu_only_actor_warning_is_dropped_on_the_local_backend(caplog):
-    import dataflex_rl.train  # noqa: F401  (installs the filter)
+    import dataflex_rl.local.train  # noqa: F401  (installs the filter)
 
     platform = logging.getLogger("verl.plugin.platform.platform_manager")
     with caplog.at_level(logging.WARNING, logger=platform.name):

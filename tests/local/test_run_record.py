@@ -16,8 +16,8 @@ import pytest
 from dataflex_rl import keys
 from dataflex_rl.local import trainer as trainer_module
 from dataflex_rl.tracking.run_store import RunStore, read_metrics, read_status
-from dataflex_rl.train import main as train_main
-from dataflex_rl.train import run
+from dataflex_rl.local.train import main as train_main
+from dataflex_rl.local.train import run
 
 from .conftest import REPO, compose_train, run_cli, tiny_overrides
 
@@ -64,7 +64,7 @@ def test_two_trainers_on_one_run_dir_one_is_refused_and_steps_stay_unique(tmp_pa
     overrides = tiny_overrides(run_dir, sft_cache, steps=2000)
     assert run(compose_train(tiny_overrides(tmp_path / "warm", sft_cache, steps=1))) == 0  # SFT cache ready
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    first = subprocess.Popen([sys.executable, "-m", "dataflex_rl.train", *overrides], cwd=REPO, env=env,
+    first = subprocess.Popen([sys.executable, "-m", "dataflex_rl.local.train", *overrides], cwd=REPO, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
@@ -174,7 +174,7 @@ def test_a_corrupt_checkpoint_is_named(tmp_path, sft_cache):
 def test_hydra_level_refusals_exit_2_and_create_nothing(tmp_path, sft_cache, override, message, monkeypatch, capsys):
     run_dir = tmp_path / "run"
     # The command-line entry point in this process (the CLI itself is run by the resume test above).
-    monkeypatch.setattr(sys, "argv", ["dataflex_rl.train", *tiny_overrides(run_dir, sft_cache), override])
+    monkeypatch.setattr(sys, "argv", ["dataflex_rl.local.train", *tiny_overrides(run_dir, sft_cache), override])
     with pytest.raises(SystemExit) as exited:
         train_main()
     assert exited.value.code == 2
@@ -221,8 +221,8 @@ def test_a_damaged_sft_cache_is_built_again_before_the_run_uses_it(tmp_path, sft
     import shutil
 
     assert run(compose_train(tiny_overrides(tmp_path / "first", sft_cache, steps=1))) == 0
-    from dataflex_rl.local.config import parse_train_config
-    from dataflex_rl.lm.sft import sft_cache_key
+    from dataflex_rl.run_config import parse_train_config
+    from dataflex_rl.tinylm.sft import sft_cache_key
 
     cache = tmp_path / "cache"
     shutil.copytree(sft_cache, cache)  # the session's cache may hold other tests' warm starts too

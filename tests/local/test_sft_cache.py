@@ -10,8 +10,8 @@ from pathlib import Path
 import filelock
 import pytest
 
-from dataflex_rl.lm import sft
-from dataflex_rl.local.config import ModelConfig, SFTConfig, TaskConfig
+from dataflex_rl.tinylm import sft
+from dataflex_rl.run_config import ModelConfig, SFTConfig, TaskConfig
 from dataflex_rl.tasks import build_task
 
 TASK = TaskConfig(name="arithmetic", params={})

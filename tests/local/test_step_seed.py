@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataflex_rl.local.config import parse_train_config
+from dataflex_rl.run_config import parse_train_config
 from dataflex_rl.local.trainer import step_seed
 from dataflex_rl.validation import SEED_MODULUS, ConfigError, check_seed
 

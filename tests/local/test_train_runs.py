@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from dataflex_rl import keys
-from dataflex_rl.train import run
+from dataflex_rl.local.train import run
 from dataflex_rl.tracking.run_store import load_histograms, read_metrics
 
 from .conftest import REPO, compose_train, run_cli, tiny_overrides
@@ -95,7 +95,7 @@ def test_resume_after_kill_keeps_metric_rows_unique_and_contiguous(tmp_path, sft
     reference_dir = tmp_path / "reference"
     assert run(compose_train(tiny_overrides(reference_dir, sft_cache, steps=20))) == 0  # also warms the SFT cache
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "dataflex_rl.train", *overrides], cwd=REPO, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "dataflex_rl.local.train", *overrides], cwd=REPO, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     metrics_file = run_dir / "metrics.jsonl"

@@ -1,4 +1,4 @@
-"""A scripted stand-in for ``python -m dataflex_rl.train`` with the same command-line contract and run store.
+"""A scripted stand-in for ``python -m dataflex_rl.local.train`` with the same command-line contract and run store.
 
 Used where a test checks the driver's own logic (pruning, launchers) and needs known metric values and timing:
 ``val/accuracy = alpha + 0.01 * seed`` and ``critic/score/mean = step / total`` at every step,
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataflex_rl.train import CONFIG_FILE_FLAG, read_config_file
+from dataflex_rl.run_config import CONFIG_FILE_FLAG, read_config_file
 from dataflex_rl.tracking.identity import RunIdentity, axis_name
 from dataflex_rl.tracking.run_store import RunStore, flatten_config, read_status
 

@@ -12,7 +12,7 @@ from analysis.aggregate import paired_differences, run_summaries
 from analysis.load import ArmValueError, load_sweep
 from dataflex_rl.tracking.identity import same_arm
 from dataflex_rl.validation import ConfigError
-from sweeps.config import parse_sweep_config
+from sweeps.sweep_config import parse_sweep_config
 from sweeps.grid import expand_grid
 from sweeps.manifest import Manifest, SweepMismatchError
 from tests.analysis.synthetic import write_fake_run

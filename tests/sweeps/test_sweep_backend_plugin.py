@@ -17,7 +17,7 @@ from .test_sweep_session import config_of, standin_argv
 ECHO_BACKEND = '''
 import dataclasses
 
-from dataflex_rl.local.sweep_backend import LocalBackend, LocalSettings
+from sweeps.backends.local import LocalBackend, LocalSettings
 
 
 @dataclasses.dataclass(frozen=True)

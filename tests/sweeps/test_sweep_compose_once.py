@@ -10,7 +10,7 @@ import sys
 from hydra._internal.hydra import Hydra
 
 from dataflex_rl.compose import compose_train_config
-from dataflex_rl.train import read_config_file
+from dataflex_rl.run_config import read_config_file
 from dataflex_rl.tracking.run_store import read_config
 from sweeps.cli import main
 from tests.counted_train import COUNT_ENV, compositions, counting
@@ -30,7 +30,7 @@ def test_a_launched_run_and_its_warm_start_are_composed_once_by_the_driver_and_n
     composed = compositions(count)
     assert {pid for pid, _ in composed} == {os.getpid()}  # the trainers composed nothing
     # the runs' config groups and the warm starts' (each list's values applied to a copy:
-    # dataflex_rl.local.sweep_backend.TrainComposer), and the sweep's common settings (sweep.json)
+    # sweeps.backends.local.TrainComposer), and the sweep's common settings (sweep.json)
     assert len(composed) == 3
 
     launch = sweep_dir / "launch" / "a0.5-s1.yaml"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from dataflex_rl.compose import compose_train_config
-from dataflex_rl.local.config import parse_train_config
+from dataflex_rl.run_config import parse_train_config
 from dataflex_rl.validation import ConfigError
 from sweeps.backends import get_backend
 from sweeps.cli import load_config
-from sweeps.config import CONF_DIR, available_experiments
+from sweeps.sweep_config import CONF_DIR, available_experiments
 from sweeps.grid import default_name, expand_grid
 from sweeps.make import VARIABLES, sweep_argv
 

@@ -120,7 +120,7 @@ def test_deltas_pair_within_the_other_factors_only_where_the_baseline_varies():
 def test_real_alpha_by_lr_sweep_reports_four_rows_and_names_wandb_runs_after_the_axes(tmp_path, sft_cache):
     """A real 2 x 2 sweep (alpha x trainer.lr, one seed, 2 steps), W&B offline: the report has one row per
     (alpha, lr) with deltas against alpha = 0 at the same lr, and each offline W&B run carries its job type."""
-    from dataflex_rl.tracking.wandb_offline import read_run, run_files
+    from dataflex_rl.tracking.wandb_file import read_run, run_files
 
     from .conftest import tiny_extra
 

@@ -18,10 +18,10 @@ from sweeps.backends import get_backend
 from sweeps.cli import normalize_argv, split_extra
 from sweeps.grid import default_name
 from sweeps.plan import concurrency
-from sweeps.config import parse_extra
+from sweeps.sweep_config import parse_extra
 from sweeps.grid import expand_grid
 from sweeps.manifest import Manifest
-from sweeps.seed_plan import final_window_mean
+from sweeps.tune import final_window_mean
 from sweeps.runner import SweepRunner, mark_run_store
 
 from .conftest import REPO, plan_of
@@ -140,7 +140,7 @@ def test_commands_carry_threads_run_dir_and_identity(tmp_path):
                        "validate=false", "extra=[trainer.val_every=1]")
     runs = get_backend(config.backend).plan(config, expand_grid(config), "demo", tmp_path / "demo", threads=1)
     command = runs[1].command
-    assert command[1:3] == ("-m", "dataflex_rl.train")
+    assert command[1:3] == ("-m", "dataflex_rl.local.train")
     assert command[3:] == ("trainer.total_steps=7", "trainer.val_every=1", "++dataflex.actuator.params.alpha=0.5",
                            "seed=3", "sft.seed=3", "axes=[dataflex.actuator.params.alpha,seed]",
                            f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3",

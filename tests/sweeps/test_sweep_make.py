@@ -39,7 +39,7 @@ def test_sweep_variables_become_one_argument_each():
     assert make.tune_argv(values(SWEEP="t", LR="1", DRY_RUN="yes", LAUNCHER="process")) == [
         "name=t", "launcher=process", "tune_lr=true", "dry_run=true"]
     assert make.command("train", values(ARGS="seed=3 'run_dir=a b'"))[1:] == [
-        "-m", "dataflex_rl.train", "seed=3", "run_dir=a b"]
+        "-m", "dataflex_rl.local.train", "seed=3", "run_dir=a b"]
 
 
 def test_a_switch_that_is_not_on_or_off_is_refused():
@@ -144,7 +144,7 @@ def test_every_default_make_help_states_is_the_schemas():
     """The "(default X)" of each ``#>`` line: a value of the sweep schema (resolved, as a sweep with no arguments
     gets it) or of the launcher's settings, or a rule the driver applies (JOBS, SWEEP)."""
     from sweeps.backends import get_backend
-    from sweeps.config import SweepConfig
+    from sweeps.sweep_config import SweepConfig
     from sweeps.launchers import launcher_class
 
     lines = [line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("#> ")]

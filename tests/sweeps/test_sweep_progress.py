@@ -193,7 +193,7 @@ def test_interrupted_runs_are_counted_and_shown_as_interrupted(tmp_path):
     from tests.sweeps.conftest import plan_of
     from sweeps.cli import load_config
     from sweeps.manifest import Manifest
-    from sweeps.report import run_table
+    from sweeps.closing import run_table
 
     out = io.StringIO()
     view = SweepView(total=3, jobs=2, console=Console(file=out, width=200), clock=Clock())

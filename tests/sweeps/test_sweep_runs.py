@@ -179,6 +179,6 @@ def test_dry_run_prints_every_command_line_and_starts_nothing(tmp_path, capsys):
     output = capsys.readouterr().out
     for name in ("a0.0-s1", "a0.0-s2", "a0.25-s1", "a0.25-s2"):
         assert f"run_dir={tmp_path / 'runs' / 'dry' / name}" in output
-    assert output.count("-m dataflex_rl.train") == 6  # 4 runs + a warm start per seed
+    assert output.count("-m dataflex_rl.local.train") == 6  # 4 runs + a warm start per seed
     assert "OMP_NUM_THREADS=1" in output and "mode=sft" in output
     assert not (tmp_path / "runs").exists()

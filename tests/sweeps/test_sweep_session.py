@@ -15,7 +15,7 @@ from filelock import FileLock
 import sweeps.launchers
 from dataflex_rl.validation import ConfigError
 from sweeps import cli as sweep_cli
-from sweeps import config as sweep_config
+from sweeps import sweep_config
 from sweeps.cli import load_config
 from sweeps.cli import main as sweep_main
 from sweeps.launchers import LAUNCHERS, discover
@@ -78,8 +78,8 @@ def test_settings_are_checked_against_the_chosen_launcher_and_backend(argv, name
 
 
 def test_a_backend_brings_its_own_settings_block_with_the_dataclass_defaults():
-    from dataflex_rl.local.sweep_backend import LocalSettings
-    from dataflex_rl.verl.sweep_backend import VerlSettings
+    from sweeps.backends.local import LocalSettings
+    from sweeps.backends.verl import VerlSettings
 
     assert config_of().backend_settings == LocalSettings() == LocalSettings(steps=120, sft_warm_start=True)
     assert config_of("local.steps=7").steps == 7  # the local backend's default for steps

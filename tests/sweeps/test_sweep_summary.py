@@ -9,7 +9,7 @@ from rich.console import Console
 
 from analysis.report import build_report
 from tests.analysis.synthetic import write_fake_sweep
-from sweeps.report import print_group_summary
+from sweeps.closing import print_group_summary
 
 
 def markdown_section_rows(report: str, heading: str) -> list[list[str]]:

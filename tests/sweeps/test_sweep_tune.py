@@ -140,13 +140,13 @@ def test_dry_run_prints_commands_and_an_estimate_and_starts_nothing(tmp_path, ca
 
 def test_objective_is_the_final_window_mean(tmp_path) -> None:
     from tests.analysis.synthetic import write_fake_run
-    from sweeps.seed_plan import final_window_mean
+    from sweeps.tune import final_window_mean
 
     run = write_fake_run(tmp_path / "run", metrics={"val/accuracy": [0.1, 0.9, 0.2, 0.3, 0.4, 0.5, 0.6]},
                          steps=[0, 1, 2, 3, 4, 5, 6])
     assert final_window_mean(run, "val/accuracy", 5) == pytest.approx((0.2 + 0.3 + 0.4 + 0.5 + 0.6) / 5)
     assert final_window_mean(run, "val/accuracy", 1) == pytest.approx(0.6)
-    assert final_window_mean(run, "not/logged") is None
+    assert final_window_mean(run, "not/logged", 5) is None
 
 
 @pytest.mark.parametrize(("argv", "message"), [

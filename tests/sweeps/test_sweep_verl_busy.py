@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sweeps.cli import load_config, main
-from sweeps.config import available_cores
+from sweeps.sweep_config import available_cores
 from sweeps.plan import concurrency
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dataflex_rl.lm.sft import sft_cache_key
+from dataflex_rl.tinylm.sft import sft_cache_key
 from dataflex_rl.validation import ConfigError
 from sweeps.backends import get_backend
 from sweeps.cli import load_config, main

@@ -291,7 +291,7 @@ def test_the_puzzle_space_size_equals_an_enumeration_of_every_puzzle(num_people,
 
 def test_a_test_pool_training_could_not_draw_around_is_refused_at_config_validation() -> None:
     """A pool of all 219 two-person puzzles left training nothing: the warm start gave up after 100,000 draws."""
-    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.run_config import parse_train_config
 
     raw = compose_train_config(["run_dir=x", "task=knights_knaves", "task.num_people=2", "task.test_size=219"])
     with pytest.raises(ConfigError, match=r"task\.test_size = 219 is not allowed: .* 219 for num_people=2; "

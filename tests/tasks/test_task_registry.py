@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dataflex_rl.compose import compose_train_config, group_choices
-from dataflex_rl.local.config import TrainerConfig
+from dataflex_rl.run_config import TrainerConfig
 from dataflex_rl.registry import RegistryError
 from dataflex_rl.tasks import (TASKS, ArithmeticConfig, ArithmeticTask, KnightsKnavesConfig, KnightsKnavesTask,
                                LongAdditionTask, Problem, build_task)

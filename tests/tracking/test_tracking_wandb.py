@@ -15,7 +15,7 @@ from dataflex_rl import keys
 from dataflex_rl.tracking import RunIdentity, RunStore, WandbConfig, WandbLogger, build_loggers, run_store, wandb_run_id
 from dataflex_rl.tracking.run_store import read_metrics
 
-from dataflex_rl.tracking.wandb_offline import read_run
+from dataflex_rl.tracking.wandb_file import read_run
 from tests.tracking.identities import make_identity as shared_identity
 
 from . import wandb_records

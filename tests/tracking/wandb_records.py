@@ -1,11 +1,11 @@
-"""Test helpers over :mod:`dataflex_rl.tracking.wandb_offline`: wait for a run file's last records."""
+"""Test helpers over :mod:`dataflex_rl.tracking.wandb_file`: wait for a run file's last records."""
 
 from __future__ import annotations
 
 import pathlib
 import time
 
-from dataflex_rl.tracking.wandb_offline import history, records
+from dataflex_rl.tracking.wandb_file import history, records
 
 __all__ = ["history", "records", "run_file"]
 

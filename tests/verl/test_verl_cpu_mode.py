@@ -25,7 +25,7 @@ from dataflex_rl import keys
 from dataflex_rl.tracking.run_store import load_histograms, read_metrics, read_meta, read_status
 
 from cpu_mode import prepare_folder, run_verl, write_test_experiment  # noqa: E402  (sibling module; tests/verl is on sys.path)
-from dataflex_rl.verl.sweep_backend import preset_overrides
+from sweeps.backends.verl import preset_overrides
 
 AR = ["dataflex.actuator.params.alpha=0.5"]
 BASELINE = ["dataflex.actuator.params.alpha=0.0"]
@@ -151,7 +151,7 @@ def test_a_failure_inside_verl_ends_failed_with_its_traceback(prepared, tmp_path
 
 @pytest.mark.slow
 def test_wandb_offline_files_of_a_verl_run_carry_identity_and_histograms(prepared, tmp_path):
-    from dataflex_rl.tracking.wandb_offline import history, read_run, run_files
+    from dataflex_rl.tracking.wandb_file import history, read_run, run_files
 
     wandb_dir = tmp_path / "wandb"
     run = run_verl(prepared, tmp_path / "a0.5-s1", dataflex=AR,

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from dataflex_rl.local.config import ModelConfig
-from dataflex_rl.lm.decoder import DecoderWeights
-from dataflex_rl.lm.model import build_model
-from dataflex_rl.lm.sampler import sample
-from dataflex_rl.lm.sequences import encode_prompts
+from dataflex_rl.run_config import ModelConfig
+from dataflex_rl.tinylm.decoder import DecoderWeights
+from dataflex_rl.tinylm.model import build_model
+from dataflex_rl.tinylm.sampler import sample
+from dataflex_rl.tinylm.sequences import encode_prompts
 from dataflex_rl.verl.cpu import CPUModeError, check_platform_selected
 from dataflex_rl.verl.cpu.platform import CPU_DEVICE_MODULE, PlatformCPU
 from dataflex_rl.verl.cpu.prepare import hf_char_tokenizer

@@ -26,7 +26,7 @@ from analysis.report import main as report_main
 from dataflex_rl import ConfigError, keys
 from dataflex_rl.tracking import config_hash
 from dataflex_rl.tracking.run_store import load_histograms, read_metrics
-from dataflex_rl.tracking.wandb_offline import read_run
+from dataflex_rl.tracking.wandb_file import read_run
 from dataflex_rl.verl.run_record import numeric_metrics, run_place
 from dataflex_rl.verl.config import mechanism_from_verl_config
 from dataflex_rl.verl.trainer import DataflexSyncTrainer
@@ -216,7 +216,7 @@ def test_a_verl_run_of_a_grid_records_its_axes_and_names_its_wandb_run_from_them
     assert set(offline.tags) >= {"user-tag", "reweight", "verl"}
     assert offline.config["trainer"]["experiment_name"] == run_dir.name
     assert offline.config["run_identity"]["axes"] == meta["axes"]  # analysis reads seed and factors from W&B too
-    from analysis.wandb_offline import load_wandb_offline
+    from analysis.wandb_runs import load_wandb_offline
 
     runs = load_wandb_offline(pathlib.Path(os.environ["WANDB_DIR"])).runs
     assert len(runs) == 1 and runs.iloc[0]["seed"] == 2 and runs.iloc[0]["actor_rollout_ref.actor.optim.lr"] == 1e-6
@@ -225,7 +225,7 @@ def test_a_verl_run_of_a_grid_records_its_axes_and_names_its_wandb_run_from_them
 
 
 def test_a_run_outside_a_grid_gets_the_local_backends_wandb_name(verl_config, tmp_path):
-    from dataflex_rl.config import parse_dataflex_config
+    from dataflex_rl.dataflex_block import parse_dataflex_config
     from dataflex_rl.verl.run_record import VerlRunRecord
 
     OmegaConf.set_struct(verl_config, False)

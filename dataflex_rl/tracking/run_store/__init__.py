@@ -16,6 +16,6 @@ from dataflex_rl.tracking.run_store.reader import (final_value, is_run_store, is
                                                   read_status, read_sweep_record, run_record_files)
 from dataflex_rl.tracking.run_store.status import (CLOSE_STATES, COMPLETED, FAILED, INTERRUPTED, PENDING, RESERVE_BYTES,
                                                   RUNNING, STATES, check_state)
-from dataflex_rl.tracking.run_store.tables import HISTOGRAM_SCHEMA
+from dataflex_rl.tracking.run_store.arrow import HISTOGRAM_SCHEMA
 from dataflex_rl.tracking.run_store.verify import config_identity, verify_run
 from dataflex_rl.tracking.run_store.writer import RunStore

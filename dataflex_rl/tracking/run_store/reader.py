@@ -20,7 +20,7 @@ from dataflex_rl.tracking.run_store.files import (CONFIG_FILE, HISTOGRAMS_JSONL,
                                                  RunStoreError, read_json_object)
 from dataflex_rl.tracking.run_store import schema
 from dataflex_rl.tracking.run_store.jsonl import read_jsonl
-from dataflex_rl.tracking.run_store.tables import histograms_table, metrics_table
+from dataflex_rl.tracking.run_store.arrow import histograms_table, metrics_table
 
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader parses a config ~10x faster
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from dataflex_rl.config_keys import ALPHA_KEY
+from dataflex_rl.keys import ALPHA_KEY
 from dataflex_rl.tracking.identity import AXIS_NAMES, SEED_AXIS, axis_values, config_hash
 from dataflex_rl.tracking.run_store.files import CONFIG_FILE, META_FILE, METRICS_JSONL, METRICS_PARQUET, STATUS_FILE
 from dataflex_rl.tracking.run_store.fingerprint import config_fingerprint

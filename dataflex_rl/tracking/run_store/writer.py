@@ -24,7 +24,7 @@ from dataflex_rl.tracking.run_store.lock import RunLock
 from dataflex_rl.tracking.run_store.meta import check_extra, session_meta, with_end_time
 from dataflex_rl.tracking.run_store.reader import read_config, read_meta, read_status
 from dataflex_rl.tracking.run_store.status import COMPLETED, FAILED, SpaceReserve, check_state, write_status
-from dataflex_rl.tracking.run_store.tables import histograms_table, metrics_table, write_parquet
+from dataflex_rl.tracking.run_store.arrow import histograms_table, metrics_table, write_parquet
 from dataflex_rl.validation import to_plain
 
 LOG = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ def hf_char_tokenizer(char_tokenizer: Any) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from dataflex_rl.lm.tokenizer import SPECIAL_TOKENS
+    from dataflex_rl.tinylm.tokenizer import SPECIAL_TOKENS
 
     vocabulary = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
     vocabulary.update({char: char_tokenizer.encode(char)[0] for char in char_tokenizer.alphabet})
@@ -41,8 +41,8 @@ def prepare(out: Path, overrides: Sequence[str] = (), train_size: int = 4096, te
     import torch
 
     from dataflex_rl.compose import compose_train_config
-    from dataflex_rl.lm.sft import sft_cache_key, warm_start
-    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.tinylm.sft import sft_cache_key, warm_start
+    from dataflex_rl.run_config import parse_train_config
     from dataflex_rl.tracking.run_store.files import atomic_write_json
     from dataflex_rl.verl.data import build_rows, write_files
 

@@ -19,9 +19,9 @@ from verl.workers.rollout.schemas import AsyncRolloutRequestStateEnum
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from dataflex_rl.hashing import stable_hash
-from dataflex_rl.lm.decoder import DecoderWeights, supported
-from dataflex_rl.lm.sampler import sample
-from dataflex_rl.lm.sequences import hf_sample, pad_rows
+from dataflex_rl.tinylm.decoder import DecoderWeights, supported
+from dataflex_rl.tinylm.sampler import sample
+from dataflex_rl.tinylm.sequences import hf_sample, pad_rows
 
 # Requests of one step arrive within milliseconds: wait this long after the first so they share a batch.
 COLLECT_SECONDS = 0.05

@@ -1,15 +1,21 @@
-"""The run config of ``python -m dataflex_rl.train``: one frozen dataclass per block, the only place a default lives."""
+"""A run's config, every backend's: one frozen dataclass per block, the only place a default lives; and the
+resolved-config file the sweep driver hands a run (``--config-file``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Mapping
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dataflex_rl.config import DataflexConfig, dataflex_defaults, parse_dataflex_config
-from dataflex_rl.config_keys import WARM_START_DESIGNS
+import yaml
+
+from dataflex_rl.dataflex_block import DataflexConfig, dataflex_defaults, parse_dataflex_config
+from dataflex_rl.keys import WARM_START_DESIGNS
 from dataflex_rl.validation import (
     ConfigError,
     build_params,
@@ -144,6 +150,12 @@ class TrainerConfig:
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.rollouts_per_prompt
+
+    @property
+    def evaluations(self) -> int:
+        """Validations in a run: step 0, every ``val_every`` steps, and the last step."""
+        every = self.val_every
+        return len({0, self.total_steps, *(range(every, self.total_steps + 1, every) if every > 0 else ())})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,3 +309,58 @@ def store_defaults() -> dict[str, list[str]]:
     for name in in_tree_loggers():
         store.store(group=f"logger/{name}", name="default", node=defaults_of(logger_class(name).Config))
     return {"model": ["tiny"], "trainer": ["grpo"], "task": sorted(tasks), "logger": ["default"]}
+
+
+# The sweep driver writes each run's resolved config to a file the run reads back (``--config-file PATH``).
+CONFIG_FILE_FLAG = "--config-file"
+
+
+def write_config_file(path: Path, resolved: Mapping[str, Any], comment: Sequence[str] = ()) -> None:
+    """Write a resolved config for ``--config-file`` (atomically)."""
+    from dataflex_rl.tracking.run_store import atomic_write_bytes
+    from dataflex_rl.validation import to_plain
+
+    header = "".join("# " + line.replace("\r", "\\r").replace("\n", "\\n") + "\n" for line in comment)
+    text = yaml.safe_dump(to_plain(resolved), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (header + text).encode("utf-8"))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The resolved config in ``path`` (:func:`write_config_file`)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"config file {path} cannot be read: {error.strerror or error}") from None
+    try:
+        config = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"config file {path} holds a {type(config).__name__}, expected a resolved conf/train.yaml")
+    return config
+
+
+@contextlib.contextmanager
+def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def quiet_verl_import() -> Iterator[None]:
+    """verl imported without its optional-engine warnings and INFO logs (validation reads its registries)."""
+    level = {"VERL_LOGGING_LEVEL": os.environ.get("VERL_LOGGING_LEVEL") or "ERROR"}
+    with environment_set(level), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield

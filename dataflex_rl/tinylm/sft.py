@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from dataflex_rl.hashing import stable_hash
-from dataflex_rl.lm.decoder import supported
-from dataflex_rl.lm.model import build_model, load_model
-from dataflex_rl.lm.progress import progress_bar
-from dataflex_rl.lm.sequences import SequenceBatch, encode_prompts, pad_rows, response_token_outputs
-from dataflex_rl.lm.tokenizer import Tokenizer
+from dataflex_rl.tinylm.decoder import supported
+from dataflex_rl.tinylm.model import build_model, load_model
+from dataflex_rl.tinylm.progress import progress_bar
+from dataflex_rl.tinylm.sequences import SequenceBatch, encode_prompts, pad_rows, response_token_outputs
+from dataflex_rl.tinylm.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
 from dataflex_rl.tracking.run_store import file_mode, numeric_environment
 from dataflex_rl.tracking.run_store.files import read_json_object

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,14 +12,17 @@ from typing import Any
 from dataflex_rl.compose import EXPERIMENT_GROUP, TrainComposer, check_group_choice, compose_train_config
 from dataflex_rl.keys import check_metric_key
 from dataflex_rl.overrides import Override, hydra_value
-from dataflex_rl.train import CONFIG_FILE_FLAG
+from dataflex_rl.run_config import CONFIG_FILE_FLAG
 from dataflex_rl.validation import ConfigError, check_int_at_least
-from dataflex_rl.verl.config import quiet_verl_import
+from dataflex_rl.run_config import quiet_verl_import
 from sweeps.backends import Backend
-from sweeps.config import SweepConfig, parse_bool
+from sweeps.sweep_config import SweepConfig, parse_bool
 from sweeps.grid import STANDARD_FACTORS, RunSpec, warm_start_overrides
 from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
 
+# A run's cost on an idle machine, one thread (benchmarks/bench_eval.py, the default experiment): what the study's
+# wall-time estimate uses.
+STEP_S, VALIDATION_ITEM_S, RUN_OVERHEAD_S = 0.66, 0.0008, 10.0
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LAUNCH_FOLDER = "launch"  # <sweep>/launch/<run>.yaml: the resolved config a run's command reads
 # The SFT warm start is cached by model + task + sft config: only axes over these need a warm start of their own.
@@ -82,7 +86,7 @@ class LocalBackend(Backend):
     def runs(self, config: SweepConfig, entries: Sequence[tuple[RunSpec, Sequence[str], Path]], sweep_dir: Path,
              env: dict[str, str]) -> tuple[list[PlannedRun], list[Any]]:
         if config.validate:
-            from dataflex_rl.local.config import parse_train_config
+            from dataflex_rl.run_config import parse_train_config
 
             composed = []
             with quiet_verl_import(), TrainComposer() as compose:
@@ -132,7 +136,7 @@ class LocalBackend(Backend):
         planned = [dataclasses.replace(run, serves=tuple(served[variant]))
                    for run, variant in zip(planned, variants, strict=True)]
         if config.validate:
-            from dataflex_rl.lm.sft import cached_entry
+            from dataflex_rl.tinylm.sft import cached_entry
 
             planned = [run for run, train_config in zip(planned, train_configs, strict=True)
                        if train_config.sft.steps and not cached_entry(Path(warm_start_key(train_config)))]
@@ -140,6 +144,24 @@ class LocalBackend(Backend):
 
     def common_config(self, config: SweepConfig) -> dict | None:
         return common_train_config(config) if config.validate else None
+
+    def estimate_seconds(self, config: SweepConfig, runs: int, jobs: int) -> tuple[float, str]:
+        from dataflex_rl.run_config import parse_train_config
+
+        with quiet_verl_import():
+            trainer = parse_train_config(compose_train_config(
+                [*([f"{self.steps_key}={config.steps}"] if config.steps is not None else []),
+                 *map(str, config.common), "run_dir=."])).trainer
+        values = common_train_config(config)
+        validation = trainer.evaluations * min(trainer.val_size, int(values["task.test_size"])) * VALIDATION_ITEM_S
+        seconds = math.ceil(runs / max(1, jobs)) * (trainer.total_steps * STEP_S + validation + RUN_OVERHEAD_S)
+        return seconds, (f"{trainer.total_steps} steps a run, {STEP_S:g} s per RL step and {VALIDATION_ITEM_S * 1e3:g} "
+                         f"ms per validation item, one thread each (benchmarks/bench_eval.py)")
+
+    def starting_lr(self) -> float:
+        from dataflex_rl.run_config import TrainerConfig
+
+        return TrainerConfig.lr
 
 
 def common_train_config(config: SweepConfig) -> dict[str, Any]:
@@ -157,7 +179,7 @@ def common_train_config(config: SweepConfig) -> dict[str, Any]:
 
 def warm_start_key(train_config: Any) -> str:
     """The run's SFT warm start's cache folder."""
-    from dataflex_rl.lm.sft import sft_cache_key
+    from dataflex_rl.tinylm.sft import sft_cache_key
 
     sft = train_config.sft
     return str(Path(sft.cache_dir) / sft_cache_key(train_config.model, train_config.task, sft))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from dataflex_rl.lm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from dataflex_rl.tinylm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 _ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 

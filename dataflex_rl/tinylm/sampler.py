@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from dataflex_rl.lm.decoder import DecoderWeights, attention_bias, distinct_prompts, padded_length
+from dataflex_rl.tinylm.decoder import DecoderWeights, attention_bias, distinct_prompts, padded_length
 
 COMPACT_FRACTION = 0.75  # drop finished rows from the cache once at most this share of its rows is still active
 

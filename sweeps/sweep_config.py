@@ -14,7 +14,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from dataflex_rl.config_keys import ALPHA_KEY, BASELINE_ALPHA, BASELINE_PRESET, WARM_START_DESIGNS, WARM_START_SEED_KEY
+from dataflex_rl.keys import ALPHA_KEY, BASELINE_ALPHA, BASELINE_PRESET, WARM_START_DESIGNS, WARM_START_SEED_KEY
 from dataflex_rl.compose import EXPERIMENT_GROUP, run_experiments
 from dataflex_rl.overrides import Override, hydra_value, parse_override
 from dataflex_rl.validation import (ConfigError, build_params, check_choice, check_file_name, check_int_at_least,
@@ -143,7 +143,7 @@ class SweepConfig:
     report: bool = True
     warm_start: str = "per_seed"  # per_seed: seed s's runs start from the warm start of sft.seed = s; shared
     validate: bool = True  # compose and validate every run's config first (off only for stand-in trainers)
-    train_module: str = "dataflex_rl.train"
+    train_module: str = "dataflex_rl.local.train"
     grace_s: float = 30.0  # seconds between SIGTERM and SIGKILL when stopping runs
     poll_s: float = 0.25
     launcher_settings: Any = None  # the launcher's typed ``<launcher>:`` block (sweeps/launchers/), None if it has none

@@ -1,4 +1,4 @@
-"""``python -m dataflex_rl.train [overrides]``: one run on the local CPU backend (docs/run_store.md).
+"""``python -m dataflex_rl.local.train [overrides]``: one run on the local CPU backend (docs/run_store.md).
 ``--config-file PATH`` runs a resolved config the sweep driver wrote; ``--cfg`` prints the composed config;
 ``--help`` prints this text."""
 
@@ -10,19 +10,19 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from dataflex_rl.compose import compose_train_config
+from dataflex_rl.run_config import CONFIG_FILE_FLAG, read_config_file
 from dataflex_rl.validation import ConfigError
 
-log = logging.getLogger("dataflex_rl.train")  # not __name__: run as __main__, train.log keeps this name
+log = logging.getLogger("dataflex_rl.local.train")  # not __name__: run as __main__, train.log keeps this name
 # verl probes optional engines (megatron, mindspeed, ...) at import and warns for each one missing on a CPU box.
 warnings.filterwarnings("ignore", message=".*engine is not available", category=UserWarning)
-CONFIG_FILE_FLAG = "--config-file"
 # The console and train.log in the format of Hydra's job logging (hydra/job_logging/default.yaml).
 LOG_FILE = "train.log"
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -42,7 +42,7 @@ def run(resolved: Mapping[str, Any]) -> int:
 
 
 def _admit(resolved: dict[str, Any]) -> tuple[Any, Any]:
-    from dataflex_rl.local.config import parse_train_config
+    from dataflex_rl.run_config import parse_train_config
     from dataflex_rl.tracking.run_store import RunLock, RunStoreError, check_resume
 
     try:
@@ -118,7 +118,7 @@ def _check_run_dir(run_dir: Path, resolved: dict[str, Any], total_steps: int) ->
 def _run_validated(config, resolved: dict[str, Any]) -> int:
     import torch
 
-    from dataflex_rl.lm.sft import warm_start
+    from dataflex_rl.tinylm.sft import warm_start
     from dataflex_rl.tasks import build_task
 
     import transformers
@@ -130,7 +130,7 @@ def _run_validated(config, resolved: dict[str, Any]) -> int:
     # parse_train_config built the task while validating it; build it here only for a hand-made config
     task = config.task.built or build_task(config.task.name, config.task.params)
     if config.mode == "sft":
-        from dataflex_rl.lm.sft import SFTCacheError
+        from dataflex_rl.tinylm.sft import SFTCacheError
 
         try:
             _, _, directory = warm_start(config.model, config.task, config.sft, task)
@@ -171,8 +171,8 @@ def _record_outside_loggers(store, state: str) -> None:
 
 def _train(config, resolved: dict[str, Any], task, store) -> int:
     from dataflex_rl import build_mechanism
-    from dataflex_rl.lm.model import count_parameters
-    from dataflex_rl.lm.sft import warm_start
+    from dataflex_rl.tinylm.model import count_parameters
+    from dataflex_rl.tinylm.sft import warm_start
     from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tracking import RunIdentity, build_loggers
     from dataflex_rl.tracking.identity import warm_start_record
@@ -213,33 +213,6 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
     return 0
 
 
-def write_config_file(path: Path, resolved: Mapping[str, Any], comment: Sequence[str] = ()) -> None:
-    """Write a resolved config for ``--config-file`` (atomically)."""
-    from dataflex_rl.tracking.run_store import atomic_write_bytes
-    from dataflex_rl.validation import to_plain
-
-    header = "".join("# " + line.replace("\r", "\\r").replace("\n", "\\n") + "\n" for line in comment)
-    text = yaml.safe_dump(to_plain(resolved), sort_keys=False, default_flow_style=False, allow_unicode=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, (header + text).encode("utf-8"))
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The resolved config in ``path`` (:func:`write_config_file`)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"config file {path} cannot be read: {error.strerror or error}") from None
-    try:
-        config = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"config file {path} holds a {type(config).__name__}, expected a resolved conf/train.yaml")
-    return config
-
-
 @contextlib.contextmanager
 def job_logging(run_dir: Path) -> Iterator[None]:
     """For the block: INFO and above to the console (stdout) and appended to ``<run_dir>/train.log``."""
@@ -271,7 +244,7 @@ def main() -> None:
         if arguments[:1] == [CONFIG_FILE_FLAG]:
             if len(arguments) != 2:
                 raise ConfigError(f"{CONFIG_FILE_FLAG} takes one path and nothing else (the file is the whole "
-                                  f"config): python -m dataflex_rl.train {CONFIG_FILE_FLAG} PATH")
+                                  f"config): python -m dataflex_rl.local.train {CONFIG_FILE_FLAG} PATH")
             resolved = read_config_file(arguments[1])
         elif arguments[:1] in (["--help"], ["-h"]):
             print(__doc__)

@@ -1,5 +1,6 @@
 """The end of a sweep: each run's state, then the report's own per-group summary (so the terminal and ``report.md``
-show the same numbers) and the report itself (``analysis.report``), or the sweep tables with ``report=false``."""
+show the same numbers) and the report itself (``analysis.report.build_report``), or the sweep tables with
+``report=false``."""
 
 from __future__ import annotations
 
@@ -84,13 +85,9 @@ def report_sweep(plan: SweepPlan, manifest: Manifest, exit_code: int, concurrenc
     completed = any((manifest.previous(run.name) or {}).get("state") == COMPLETED for run in plan.runs)
     if plan.config.report and exit_code <= 128 and completed:
         try:
-            from analysis.report import main as report_main
+            from analysis.report import build_report
 
-            status = report_main([str(plan.sweep_dir)])
-            message = (f"report failed (exit status {status})" if status
-                       else f"report: {plan.sweep_dir / 'report' / 'report.md'}")
-        except ImportError as error:
-            status, message = 0, f"report skipped: the analysis package is not importable ({error})"
+            status, message = 0, f"report: {build_report(plan.sweep_dir)}"
         except Exception as error:  # noqa: BLE001  (a report problem must not hide the runs' results)
             status, message = 1, f"report failed: {type(error).__name__}: {error}"
         print(message, flush=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dataflex_rl.config import with_param_defaults
+from dataflex_rl.dataflex_block import with_param_defaults
 from dataflex_rl.hashing import stable_hash
 from dataflex_rl.overrides import hydra_value
 from dataflex_rl.validation import ConfigError
@@ -23,9 +23,9 @@ from dataflex_rl.verl.command import (
     verl_overrides_of,
     wandb_environment,
 )
-from dataflex_rl.verl.config import quiet_verl_import
+from dataflex_rl.run_config import quiet_verl_import
 from sweeps.backends import Backend
-from sweeps.config import PRESET_DIR, SweepConfig, check_no_env_interpolation
+from sweeps.sweep_config import PRESET_DIR, SweepConfig, check_no_env_interpolation
 from sweeps.grid import PRESET_FACTOR, RunSpec
 from sweeps.launchers import launcher_class
 from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-from dataflex_rl.lm.decoder import DecoderWeights, shared_prefix_forward
-from dataflex_rl.lm.sampler import Sampled, sample, token_log_prob_and_entropy
-from dataflex_rl.lm.tokenizer import Tokenizer
+from dataflex_rl.tinylm.decoder import DecoderWeights, shared_prefix_forward
+from dataflex_rl.tinylm.sampler import Sampled, sample, token_log_prob_and_entropy
+from dataflex_rl.tinylm.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
@@ -92,7 +92,7 @@ def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompts: list[str], r
 @torch.no_grad()
 def hf_sample(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
               temperature: float | None, eos_token_id: int, pad_token_id: int) -> Sampled:
-    """HF ``generate``'s :class:`~dataflex_rl.lm.sampler.Sampled`, without a checkpoint's generation defaults."""
+    """HF ``generate``'s :class:`~dataflex_rl.tinylm.sampler.Sampled`, without a checkpoint's generation defaults."""
     generation_config = GenerationConfig(
         do_sample=bool(temperature), temperature=temperature if temperature else None,
         top_k=0 if temperature else None, top_p=1.0 if temperature else None, repetition_penalty=1.0,

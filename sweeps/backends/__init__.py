@@ -69,6 +69,15 @@ class Backend:
         """The resolved settings every run shares, that a rerun is compared on (None: overrides)."""
         return None
 
+    def estimate_seconds(self, config: SweepConfig, runs: int, jobs: int) -> tuple[float, str] | None:
+        """``(wall seconds of runs of config, jobs at once, what it assumed)`` on an idle machine; None: no
+        estimate for this backend."""
+        return None
+
+    def starting_lr(self) -> float:
+        """The learning rate a search over ``trainer.lr`` starts from (the run config's default)."""
+        raise ConfigError(f"backend={self.name} has no learning rate to search from; search lr on backend=local")
+
     def recorded_settings(self, config: SweepConfig) -> dict | None:
         """This backend's own settings that fix the runs' numbers (``sweep.json``'s ``backend_settings``, compared
         on a rerun like the steps); None: none beyond what the runs' overrides say."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -55,7 +56,10 @@ def resolve_experiment(experiment: str | Path) -> Path:
 
 def load_experiment(experiment: str | Path) -> DictConfig:
     path = resolve_experiment(experiment)
-    config = OmegaConf.load(path)
+    try:
+        config = OmegaConf.load(path)
+    except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException) as error:
+        raise ConfigError(f"{path}: not a valid verl experiment file: {type(error).__name__}: {error}") from None
     if not isinstance(config, DictConfig) or config.get("backend") != "verl":
         found = config.get("backend") if isinstance(config, DictConfig) else None
         raise ConfigError(f"{path}: backend = {found!r} is not allowed: a verl experiment needs backend: verl")

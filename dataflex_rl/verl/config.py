@@ -31,6 +31,8 @@ ROUTE_TRAINERS = {"v0": f"{USE_V1_KEY}=false", "sync": f"{TRAINER_MODE_KEY}=sync
 TRAINER_MODES = {"dataflex_sync": "sync", "dataflex_colocate_async": "colocate_async",
                  "dataflex_separate_async": "separate_async"}
 DEFAULT_TRAINER_MODE = "dataflex_sync"
+# What a refusal of the policy-loss route names as the way to run the rule instead.
+TRAINER_MODE_HINT = f"trainer.v1.trainer_mode={DEFAULT_TRAINER_MODE} (or {', '.join(list(TRAINER_MODES)[1:])})"
 SEPARATE_ASYNC = "dataflex_separate_async"  # the mode whose rollout pool needs a checkpoint engine
 CHECKPOINT_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
 EXAMPLE_OVERRIDES = ("+dataflex.mechanism=reweight +dataflex.scorer.name=token_prob "
@@ -141,10 +143,39 @@ def validate_config(config: Any, environment: Mapping[str, str] | None = None) -
         mechanism = mechanism_from_verl_config(config)
         prob_change_every(config)
     else:
-        from dataflex_rl.verl.policy_loss import check_route_config
-
         mechanism = check_route_config(config)
     return mechanism, run_place(config, mechanism.config.mechanism)
+
+
+def check_route_config(config: Any) -> Mechanism:
+    """The policy-loss route of a composed config: its config class built as verl's driver builds it (which runs
+    the route's own checks, policy_loss.check_route), then what only the whole config shows."""
+    from hydra.errors import InstantiationException
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    node = OmegaConf.select(config, POLICY_LOSS_KEY)
+    route = f"{LOSS_MODE_KEY}={LOSS_MODE}"
+    if node.get("_target_") != ROUTE_CONFIG_CLASS:
+        raise ConfigError(f"{POLICY_LOSS_KEY}._target_ = {node.get('_target_')!r} is not allowed with {route}: the "
+                          f"route's config class carries the dataflex block to the actor workers; add "
+                          f"{ROUTE_OVERRIDES[1]} {ROUTE_OVERRIDES[2]}")
+    if to_plain(node.get("dataflex")) != to_plain(config.get("dataflex")):
+        raise ConfigError(f"{POLICY_LOSS_KEY}.dataflex is not allowed to differ from the run's dataflex block, which "
+                          f"the run store records: set it with {ROUTE_OVERRIDES[2]}")
+    try:
+        omega_conf_to_dataclass(node)
+    except InstantiationException as error:  # Hydra wraps what the class raised
+        raise (error.__cause__ if isinstance(error.__cause__, ConfigError) else error) from None
+    if OmegaConf.select(config, BYPASS_KEY):
+        raise ConfigError(f"{BYPASS_KEY} = True is not allowed with {route}: verl's bypass mode sets the loss mode "
+                          f"to its own (bypass_mode), so the rule would not run; use a dataflex trainer mode, "
+                          f"{TRAINER_MODE_HINT}")
+    if prob_change_every(config):
+        raise ConfigError(f"{STATS_BLOCK}.prob_change_every = {prob_change_every(config)} is not allowed with "
+                          f"{route}: it measures an update with one more forward pass the trainer runs; use a "
+                          f"dataflex trainer mode, {TRAINER_MODE_HINT}")
+    return build_mechanism(to_plain(config["dataflex"]))
 
 
 def mechanism_from_verl_config(config: Mapping[str, Any]) -> Mechanism:

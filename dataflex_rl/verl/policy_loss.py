@@ -24,26 +24,19 @@ from dataflex_rl.metrics import HISTOGRAM_EDGES, Histogram, prob_bucket_stats
 from dataflex_rl.scorers import masked_log_probs
 from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.verl.config import (
-    BYPASS_KEY,
-    DEFAULT_TRAINER_MODE,
     EXAMPLE_OVERRIDES,
     LOSS_MODE,
     LOSS_MODE_KEY,
     POLICY_LOSS_KEY,
-    ROUTE_CONFIG_CLASS,
     ROUTE_OVERRIDES,
-    STATS_BLOCK,
-    TRAINER_MODES,
-    prob_change_every,
+    TRAINER_MODE_HINT,
 )
-from dataflex_rl.verl.route_config import DataflexPolicyLossConfig
 
 # What verl's policy loss is given per token, in the mechanism's names (verl's loss calls them old_log_prob, ...).
 LOSS_FIELDS = frozenset({"old_log_probs", "response_mask", "advantages"})
-TRAINER_MODE_HINT = f"trainer.v1.trainer_mode={DEFAULT_TRAINER_MODE} (or {', '.join(list(TRAINER_MODES)[1:])})"
 
 
-def check_config(config: DataflexPolicyLossConfig) -> None:
+def check_config(config: Any) -> None:
     """:func:`check_route` of the route's config as verl builds it (another loss mode: nothing to check)."""
     if config.loss_mode == LOSS_MODE:
         check_route(config.base_loss_mode, config.dataflex)
@@ -75,32 +68,6 @@ def check_route(base_loss_mode: Any, block: Any) -> Mechanism:
         allowed = sorted(set(POLICY_LOSS_REGISTRY) - {LOSS_MODE})
         raise ConfigError(f"{POLICY_LOSS_KEY}.base_loss_mode = {base_loss_mode!r} is not allowed: the loss under the "
                           f"rule is one of verl's registered policy losses {allowed}")
-    return mechanism
-
-
-def check_route_config(config: Any) -> Mechanism:
-    """A composed verl config's route, as its driver and workers will build it (:func:`check_route`)."""
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.select(config, POLICY_LOSS_KEY)
-    if node.get("_target_") != ROUTE_CONFIG_CLASS:
-        raise ConfigError(f"{POLICY_LOSS_KEY}._target_ = {node.get('_target_')!r} is not allowed with "
-                          f"{LOSS_MODE_KEY}={LOSS_MODE}: the route's config class carries the dataflex block to the "
-                          f"actor workers; add {ROUTE_OVERRIDES[1]} {ROUTE_OVERRIDES[2]}")
-    block = config.get("dataflex")
-    if to_plain(node.get("dataflex")) != to_plain(block):
-        raise ConfigError(f"{POLICY_LOSS_KEY}.dataflex is not allowed to differ from the run's dataflex block, which "
-                          f"the run store records: set it with {ROUTE_OVERRIDES[2]}")
-    mechanism = check_route(node.get("base_loss_mode", DataflexPolicyLossConfig.base_loss_mode), block)
-    route = f"{LOSS_MODE_KEY}={LOSS_MODE}"
-    if OmegaConf.select(config, BYPASS_KEY):
-        raise ConfigError(f"{BYPASS_KEY} = True is not allowed with {route}: verl's bypass mode sets the loss mode "
-                          f"to its own (bypass_mode), so the rule would not run; use a dataflex trainer mode, "
-                          f"{TRAINER_MODE_HINT}")
-    if prob_change_every(config):
-        raise ConfigError(f"{STATS_BLOCK}.prob_change_every = {prob_change_every(config)} is not allowed with "
-                          f"{route}: it measures an update with one more forward pass the trainer runs; use a "
-                          f"dataflex trainer mode, {TRAINER_MODE_HINT}")
     return mechanism
 
 
@@ -144,7 +111,7 @@ def dataflex_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, adv
     """verl's ``base_loss_mode`` loss on the micro-batch's advantages times the rule's weights. Every tensor is
     ``(bs, L)``; ``old_log_prob`` is what verl's loss reads as the old policy's (the actor's recomputed log-probs)."""
     route = getattr(config, "policy_loss", None)
-    if not isinstance(route, DataflexPolicyLossConfig):
+    if getattr(route, "dataflex", None) is None:  # verl's own PolicyLossConfig: no _target_ override
         raise ConfigError(f"{LOSS_MODE_KEY}={LOSS_MODE} needs the route's config class: add "
                           f"{ROUTE_OVERRIDES[1]} {ROUTE_OVERRIDES[2]}")
     mechanism = route_mechanism(json.dumps(route.dataflex, sort_keys=True))

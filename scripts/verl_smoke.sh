@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Two training steps of the dataflex_sync trainer with AR and two with Lopti, on one CUDA GPU with vLLM: checks that
-# the environment is ready (the doctor), that verl finds the trainer, that the mechanism runs on real batches, that
-# its metrics (and Lopti's per-stage actor metrics) reach verl's loggers, and that each run wrote a completed run
-# store the analysis reads. Not run in CI.
+# Two training steps of the dataflex_sync trainer with AR and two with Lopti, and two of AR through the policy-loss
+# route in verl's V0 trainer, on one CUDA GPU with vLLM: checks that the environment is ready (the doctor), that
+# verl finds the trainer and the loss, that the mechanism runs on real batches, that its metrics (and Lopti's
+# per-stage actor metrics) reach verl's loggers, and that each run wrote a completed run store the analysis reads.
+# Not run in CI.
 #
 #   scripts/verl_smoke.sh /models/Qwen2.5-0.5B-Instruct [WORK_DIR]
 #
@@ -47,9 +48,10 @@ run_two_steps() {  # NAME, then dataflex overrides
 run_two_steps ar dataflex.actuator.params.alpha=0.5
 run_two_steps lopti dataflex.mechanism=isolate dataflex.actuator.name=lopti dataflex.actuator.params.alpha=0.0 \
     dataflex.actuator.params.eta=0.5
+run_two_steps route dataflex.actuator.params.alpha=0.5 trainer_mode=v0  # the policy-loss route, verl's V0 trainer
 
 # 4. Every training step logged the mechanism's metrics, active from step 1 (warmup_step=0); Lopti ran two actor
-#    updates per step with per-stage metrics; both run stores are completed and load.
+#    updates per step with per-stage metrics; the three run stores are completed and load.
 "$PYTHON" - "$WORK" <<'PYEOF'
 import json
 import sys
@@ -76,8 +78,11 @@ for name in ("ar", "lopti"):
                 assert keys.stage_metric(stage, keys.PG_LOSS) in data and keys.stage_metric(stage, keys.KL_LOSS) in data
             assert 0.0 <= data[keys.LOPTI_LOW_TOKEN_FRAC] <= 1.0
 data = load_sweep(work / "runs" / "smoke")
-assert len(data.included_runs) == 2, data.runs[["run", "state", "exclusion_reason"]]
+assert len(data.included_runs) == 3, data.runs[["run", "state", "exclusion_reason"]]
 assert set(data.included_runs["backend"]) == {"verl"}
 assert set(data.metrics["step"]) >= {1, 2}
-print("smoke test passed: AR and Lopti, 2 steps each, with dataflex metrics and completed run stores")
+# The route's run store (written by dataflex_rl.verl.record from verl's file logger): AR's weights off 1 in the loss.
+route = data.metrics[(data.metrics["run"] == "route") & (data.metrics["metric"] == f"{keys.WEIGHT_PREFIX}/std")]
+assert sorted(route["step"]) == [1, 2] and (route["value"] > 0).all(), route
+print("smoke test passed: AR, Lopti and the policy-loss route, 2 steps each, with dataflex metrics and run stores")
 PYEOF

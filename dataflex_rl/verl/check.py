@@ -1,4 +1,4 @@
-"""``python -m dataflex_rl.verl.check``: can this environment run the dataflex trainers? (docs/verl.md)"""
+"""``python -m dataflex_rl.verl.check``: which dataflex routes can this environment run? (docs/verl.md)"""
 
 from __future__ import annotations
 
@@ -18,21 +18,38 @@ from dataflex_rl.validation import ConfigError
 from dataflex_rl.verl import VERL_VERSION
 from dataflex_rl.verl.command import build_verl_command, experiment_environment, verl_overrides_of
 from dataflex_rl.verl.config import (
+    LOSS_MODE,
+    LOSS_MODE_KEY,
+    ROUTE_TRAINERS,
     TRAINER_MODE_KEY,
     TRAINER_MODES,
-    check_trainer_mode,
     compose_verl_config,
+    route_of,
     validate_config,
 )
 
-PLUGIN_MODULE = "dataflex_rl.verl.trainer"
+PLUGIN_MODULE = "dataflex_rl.verl.plugin"  # what the entry point names
+TRAINER_MODULE = "dataflex_rl.verl.trainer"
+LOSS_MODULE = "dataflex_rl.verl.policy_loss"
 ENTRY_POINT_GROUP = "verl.plugins"
-# (what, module, attribute) of each piece of verl the plugin and the CPU mode use; a missing one fails the check.
-VERL_PIECES = (
-    ("V1 trainer registry", "verl.trainer.ppo.v1.trainer_base", "register_trainer"),
-    ("V1 trainer lookup", "verl.trainer.ppo.v1.trainer_base", "get_trainer_cls"),
-    ("TransferQueue", "transfer_queue", "kv_batch_put"),
-    ("set_loss_fn of the actor workers", "verl.workers.engine_workers", "ActorRolloutRefWorker.set_loss_fn"),
+# The routes (config.route_of) and, for each, (what, module, attribute) of the pieces of verl it builds on.
+ROUTES = {"policy_loss": f"the policy-loss route ({LOSS_MODE_KEY}={LOSS_MODE})",
+          "trainer": f"the dataflex trainer modes ({TRAINER_MODE_KEY}={'|'.join(TRAINER_MODES)})"}
+VERL_PIECES = {
+    "policy_loss": (
+        ("policy-loss registry", "verl.trainer.ppo.core_algos", "register_policy_loss"),
+        ("policy-loss lookup", "verl.trainer.ppo.core_algos", "get_policy_loss_fn"),
+        ("policy-loss config", "verl.workers.config", "PolicyLossConfig"),
+    ),
+    "trainer": (
+        ("V1 trainer registry", "verl.trainer.ppo.v1.trainer_base", "register_trainer"),
+        ("V1 trainer lookup", "verl.trainer.ppo.v1.trainer_base", "get_trainer_cls"),
+        ("TransferQueue", "transfer_queue", "kv_batch_put"),
+        ("set_loss_fn of the actor workers", "verl.workers.engine_workers", "ActorRolloutRefWorker.set_loss_fn"),
+    ),
+}
+# What the CPU mode registers with (every route); a missing one fails the check.
+CPU_PIECES = (
     ("platform registry", "verl.plugin.platform.platform_manager", "PlatformRegistry"),
     ("engine registry", "verl.workers.engine.base", "EngineRegistry"),
     ("rollout replica registry", "verl.workers.rollout.replica", "RolloutReplicaRegistry"),
@@ -42,8 +59,9 @@ VERL_PIECES = (
 DISTRIBUTIONS = {"verl": "verl", "torch": "torch", "transformers": "transformers", "vllm": "vllm",
                  "sglang": "sglang", "transfer_queue": "TransferQueue", "tensordict": "tensordict", "ray": "ray",
                  "cachetools": "cachetools", "dataflex-rl": "dataflex-rl"}
-# Needed by verl's V1 trainer (besides verl's own requirements); a missing one fails the check.
-REQUIRED = ("verl", "torch", "transformers", "transfer_queue", "tensordict", "ray", "cachetools")
+# Needed by verl's trainers (besides verl's own requirements); a missing one fails the check. TransferQueue: the
+# trainer modes only (verl_pieces).
+REQUIRED = ("verl", "torch", "transformers", "tensordict", "ray", "cachetools")
 
 
 class Report:
@@ -56,6 +74,9 @@ class Report:
     def fail(self, what: str, detail: str) -> None:
         self.failures.append(what)
         print(f"FAIL  {what}: {detail}", flush=True)
+
+    def absent(self, what: str, detail: str) -> None:
+        print(f"no    {what}: {detail}", flush=True)
 
     def note(self, text: str) -> None:
         print(f"      {text}", flush=True)
@@ -92,28 +113,50 @@ def verl_piece(module: str, attribute: str) -> Any:
     return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
 
 
-def check_verl_pieces(report: Report) -> bool:
-    missing = []
-    for what, module, attribute in VERL_PIECES:
+def missing_pieces(pieces: tuple[tuple[str, str, str], ...]) -> dict[str, str]:
+    """``what -> why`` of each piece this verl lacks."""
+    missing = {}
+    for what, module, attribute in pieces:
         try:
             verl_piece(module, attribute)
         except Exception as error:  # ImportError, AttributeError, or whatever a broken install raises
-            missing.append(what)
-            report.fail(f"verl: {what}", f"{module}.{attribute} is missing ({type(error).__name__}: {error})")
+            missing[what] = f"{module}.{attribute} is missing ({type(error).__name__}: {error})"
+    return missing
+
+
+def check_verl_pieces(report: Report) -> set[str]:
+    """The routes this verl supports: a missing piece of the policy-loss route or the CPU mode fails the check, one
+    of the trainer modes' only says the modes are not on this verl (verl's neo branch has no V1 trainers)."""
+    supported = set()
+    for route, pieces in VERL_PIECES.items():
+        missing = missing_pieces(pieces)
+        for what, module, attribute in pieces:
+            if what not in missing:
+                report.ok(f"verl: {what}", f"{module}.{attribute}")
+            elif route == "policy_loss":
+                report.fail(f"verl: {what}", missing[what])
+            else:
+                report.absent(f"verl: {what}", missing[what])
+        if not missing:
+            supported.add(route)
+    for what, reason in missing_pieces(CPU_PIECES).items():
+        report.fail(f"verl: {what}", reason)
+    if "trainer" in supported:
+        registry = verl_piece("verl.trainer.ppo.v1.trainer_base", "TRAINER_REGISTRY")
+        own = sorted(name for name, cls in registry.items() if not cls.__module__.startswith("dataflex_rl"))
+        report.ok("verl trainer modes", f"{', '.join(own)}; dataflex: {', '.join(TRAINER_MODES)}")
+        absent = sorted(set(TRAINER_MODES.values()) - set(own))
+        if absent:
+            report.fail("verl trainer modes", f"verl has no {absent}, which the dataflex trainers extend; install "
+                                              f"verl=={VERL_VERSION}")
+            supported.discard("trainer")
+    for route, text in ROUTES.items():
+        if route in supported:
+            report.ok(f"route: {text}", "supported by this verl")
         else:
-            report.ok(f"verl: {what}", f"{module}.{attribute}")
-    if missing:
-        report.note(f"the dataflex trainers need verl {VERL_VERSION}'s V1 trainers with TransferQueue: install them "
-                    f"with pip install verl=={VERL_VERSION} TransferQueue (a verl without them runs no dataflex mode)")
-        return False
-    registry = verl_piece("verl.trainer.ppo.v1.trainer_base", "TRAINER_REGISTRY")
-    own = sorted(name for name, cls in registry.items() if not cls.__module__.startswith("dataflex_rl"))
-    report.ok("verl trainer modes", f"{', '.join(own)}; dataflex: {', '.join(TRAINER_MODES)}")
-    absent = sorted(set(TRAINER_MODES.values()) - set(own))
-    if absent:
-        report.fail("verl trainer modes", f"verl has no {absent}, which the dataflex trainers extend; install "
-                                          f"verl=={VERL_VERSION}")
-    return not absent
+            report.absent(f"route: {text}", f"not supported by this verl (install verl=={VERL_VERSION}"
+                                            f"{' and TransferQueue' if route == 'trainer' else ''})")
+    return supported
 
 
 def check_plugin_import(report: Report) -> bool:
@@ -129,7 +172,7 @@ def check_plugin_import(report: Report) -> bool:
     return True
 
 
-def check_entry_point(report: Report) -> None:
+def check_entry_point(report: Report, routes: set[str]) -> None:
     found = [entry for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
              if entry.value == PLUGIN_MODULE]
     if not found:
@@ -140,19 +183,23 @@ def check_entry_point(report: Report) -> None:
     policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto")
     if policy.strip().lower() == "none":
         report.fail("VERL_USE_EXTERNAL_PLUGINS", "= none: verl loads no plugin; unset it or name 'dataflex' in it")
+    modes = list(TRAINER_MODES) if "trainer" in routes else []
     code = (
-        "from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
-        f"for name in {list(TRAINER_MODES)!r}:\n"
+        "import verl\n"
+        "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+        f"print({LOSS_MODE!r}, get_policy_loss_fn({LOSS_MODE!r}).__module__)\n"
+        f"for name in {modes!r}:\n"
+        "    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
         "    cls = get_trainer_cls(name)\n"
         "    print(name, cls.__module__, cls.verl_mode)\n"
     )
     lines, tail = fresh_python(code)
-    expected = [f"{name} {PLUGIN_MODULE} {mode}" for name, mode in TRAINER_MODES.items()]
-    modes = ", ".join(TRAINER_MODES)
+    expected = [f"{LOSS_MODE} {LOSS_MODULE}", *(f"{name} {TRAINER_MODULE} {TRAINER_MODES[name]}" for name in modes)]
+    resolved = ", ".join([f"{LOSS_MODE_KEY}={LOSS_MODE}", *modes])
     if lines is not None and lines[-len(expected):] == expected:
-        report.ok(f"verl resolves {modes}", "(fresh process, entry point only)")
+        report.ok(f"verl resolves {resolved}", "(fresh process, entry point only)")
     else:
-        report.fail(f"verl resolves {modes}", f"in a fresh process (from {Path.home()}):\n{tail}")
+        report.fail(f"verl resolves {resolved}", f"in a fresh process (from {Path.home()}):\n{tail}")
 
 
 def fresh_python(code: str, environment: dict[str, str] | None = None) -> tuple[list[str] | None, str]:
@@ -163,9 +210,7 @@ def fresh_python(code: str, environment: dict[str, str] | None = None) -> tuple[
     return (result.stdout.strip().splitlines() if result.returncode == 0 else None), tail
 
 
-def check_command(report: Report, arguments: Sequence[str]) -> None:
-    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
-
+def check_command(report: Report, arguments: Sequence[str], routes: set[str] = frozenset(ROUTES)) -> None:
     try:
         if arguments[0] == "--":
             overrides, environment = list(arguments[1:]), {}
@@ -178,12 +223,22 @@ def check_command(report: Report, arguments: Sequence[str]) -> None:
         return
     report.ok("verl config composes", f"{len(overrides)} overrides")
     try:
-        mode = check_trainer_mode(config.trainer.v1.get("trainer_mode"))
+        route = route_of(config)
     except ConfigError as error:
-        report.fail(TRAINER_MODE_KEY, str(error))
+        report.fail("route", str(error))
         return
-    if get_trainer_cls(mode).__module__ != PLUGIN_MODULE:
-        report.fail(TRAINER_MODE_KEY, f"{mode} resolves to {get_trainer_cls(mode)}")
+    if route not in routes:
+        report.fail("route", f"{ROUTES[route]} is not supported by this verl (see above)")
+        return
+    if route == "trainer":
+        from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+        mode = config.trainer.v1.trainer_mode
+        if get_trainer_cls(mode).__module__ != TRAINER_MODULE:
+            report.fail(TRAINER_MODE_KEY, f"{mode} resolves to {get_trainer_cls(mode)}")
+    where = (f"{TRAINER_MODE_KEY}={config.trainer.v1.trainer_mode}" if config.trainer.use_v1
+             else f"verl's V0 trainer ({ROUTE_TRAINERS['v0']})")
+    report.ok("route", f"{ROUTES[route]} in {where}")
     try:
         mechanism, place = validate_config(config, environment or dict(os.environ))
     except ConfigError as error:
@@ -227,11 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     check_versions(report)
     check_cuda(report)
-    if check_verl_pieces(report) and check_plugin_import(report):
-        check_entry_point(report)
+    routes = check_verl_pieces(report)
+    if "policy_loss" in routes and not report.failures and check_plugin_import(report):
+        check_entry_point(report, routes)
         check_cpu_mode(report)
         if options.command:
-            check_command(report, options.command)
+            check_command(report, options.command, routes)
     if report.failures:
         print(f"\n{len(report.failures)} check(s) failed: {', '.join(report.failures)}", flush=True)
         return 1

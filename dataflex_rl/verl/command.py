@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -20,12 +21,14 @@ from dataflex_rl.scorers import SCORERS
 from dataflex_rl.overrides import hydra_value, parse_override
 from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.run_config import quiet_verl_import
-from dataflex_rl.verl.config import DEFAULT_TRAINER_MODE, TRAINER_MODE_KEY, check_trainer_mode, validate_overrides
+from dataflex_rl.verl.config import (DEFAULT_TRAINER_MODE, ROUTE_OVERRIDES, ROUTE_TRAINERS, TRAINER_MODE_KEY,
+                                     TRAINER_MODES, VERL_ENTRY_MODULE, check_trainer_mode, validate_overrides)
+from dataflex_rl.verl.run_record import RUN_BLOCK
 
 # The experiment variable that picks the trainer, and the experiment's per-mode block of verl overrides.
 TRAINER_MODE_VARIABLE = "trainer_mode"
 MODE_OVERRIDES_BLOCK = "trainer_modes"
-VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
+RECORD_MODULE = "dataflex_rl.verl.record"  # a policy-loss route run with a run store (dataflex_run.dir)
 EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
 # An experiment's ``platform``: None (verl's own accelerator detection) or "cpu" (verl's CPU mode).
 PLATFORMS = (None, "cpu")
@@ -45,7 +48,10 @@ def resolve_experiment(experiment: str | Path) -> Path:
 
 def load_experiment(experiment: str | Path) -> DictConfig:
     path = resolve_experiment(experiment)
-    config = OmegaConf.load(path)
+    try:
+        config = OmegaConf.load(path)
+    except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException) as error:
+        raise ConfigError(f"{path}: not a valid verl experiment file: {type(error).__name__}: {error}") from None
     if not isinstance(config, DictConfig) or config.get("backend") != "verl":
         found = config.get("backend") if isinstance(config, DictConfig) else None
         raise ConfigError(f"{path}: backend = {found!r} is not allowed: a verl experiment needs backend: verl")
@@ -134,8 +140,12 @@ def build_verl_command(experiment: str | Path, dataflex_overrides: Sequence[str]
     if OmegaConf.select(config, f"{MODE_OVERRIDES_BLOCK}.{mode}", default=None) is not None:
         experiment_overrides += _resolved(config, f"{MODE_OVERRIDES_BLOCK}.{mode}")
     block = merge_dataflex(config.dataflex, [*dataflex_overrides, *extra_dataflex])
-    return [sys.executable, "-m", VERL_ENTRY_MODULE, f"{TRAINER_MODE_KEY}={mode}", *experiment_overrides,
-            *dataflex_arguments(block), *verl_extra]
+    if mode in TRAINER_MODES:
+        return [sys.executable, "-m", VERL_ENTRY_MODULE, f"{TRAINER_MODE_KEY}={mode}", *experiment_overrides,
+                *dataflex_arguments(block), *verl_extra]
+    recorded = any(parse_override(argument).key == f"{RUN_BLOCK}.dir" for argument in verl_extra)
+    return [sys.executable, "-m", RECORD_MODULE if recorded else VERL_ENTRY_MODULE, ROUTE_TRAINERS[mode],
+            *ROUTE_OVERRIDES, *experiment_overrides, *dataflex_arguments(block), *verl_extra]
 
 
 def _resolved(config: DictConfig, key: str) -> list[str]:
@@ -173,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def verl_overrides_of(command: Sequence[str]) -> list[str]:
-    return list(command[list(command).index(VERL_ENTRY_MODULE) + 1:])
+    """The verl overrides of a command ``python -m <module> <overrides>``."""
+    return list(command[list(command).index("-m") + 2:])
 
 
 if __name__ == "__main__":

@@ -10,11 +10,26 @@ from dataflex_rl.dataflex_block import build_mechanism
 from dataflex_rl.mechanism import Mechanism
 from dataflex_rl.validation import ConfigError, check_keys, check_non_negative_int, to_plain
 
+VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
+USE_V1_KEY = "trainer.use_v1"
+# The policy-loss route (dataflex_rl.verl.policy_loss): verl's policy loss with the rule inside, its config class
+# (which carries the dataflex block to the actor workers) and the overrides that select it in any verl trainer.
+POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss"
+LOSS_MODE_KEY = f"{POLICY_LOSS_KEY}.loss_mode"
+LOSS_MODE = "dataflex"
+ROUTE_CONFIG_CLASS = "dataflex_rl.verl.route_config.DataflexPolicyLossConfig"
+ROUTE_OVERRIDES = (f"{LOSS_MODE_KEY}={LOSS_MODE}", f"{POLICY_LOSS_KEY}._target_={ROUTE_CONFIG_CLASS}",
+                   f"+{POLICY_LOSS_KEY}.dataflex=${{dataflex}}")
+# verl's own trainers the command builder runs the route in (the experiment variable trainer_mode), and the override
+# that picks each: V0 is verl's legacy RayPPOTrainer (the default again on verl's neo branch), sync its V1 trainer.
+ROUTE_TRAINERS = {"v0": f"{USE_V1_KEY}=false", "sync": f"{TRAINER_MODE_KEY}=sync"}
 # The dataflex trainers (registered by dataflex_rl.verl.trainer, one per verl V1 mode) and the verl mode each runs as.
 TRAINER_MODES = {"dataflex_sync": "sync", "dataflex_colocate_async": "colocate_async",
                  "dataflex_separate_async": "separate_async"}
 DEFAULT_TRAINER_MODE = "dataflex_sync"
+# What a refusal of the policy-loss route names as the way to run the rule instead.
+TRAINER_MODE_HINT = f"trainer.v1.trainer_mode={DEFAULT_TRAINER_MODE} (or {', '.join(list(TRAINER_MODES)[1:])})"
 SEPARATE_ASYNC = "dataflex_separate_async"  # the mode whose rollout pool needs a checkpoint engine
 CHECKPOINT_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
 EXAMPLE_OVERRIDES = ("+dataflex.mechanism=reweight +dataflex.scorer.name=token_prob "
@@ -27,11 +42,35 @@ OPTIM_PREFIX = "actor_rollout_ref.actor.optim"
 WARMUP_KEYS = ("lr_warmup_steps", "lr_warmup_steps_ratio")
 
 
-def check_trainer_mode(mode: Any, where: str = TRAINER_MODE_KEY) -> str:
-    if mode not in TRAINER_MODES:
+def check_trainer_mode(mode: Any, where: str = TRAINER_MODE_KEY, *, with_route: bool = True) -> str:
+    """A dataflex trainer, or (``with_route``) one of verl's own trainers that runs the policy-loss route."""
+    if mode not in TRAINER_MODES and not (with_route and mode in ROUTE_TRAINERS):
+        route = (f", or verl's own trainers {list(ROUTE_TRAINERS)} with the rule in the policy loss ({LOSS_MODE_KEY}="
+                 f"{LOSS_MODE})" if with_route else f"; or keep verl's trainer and add the policy-loss route: "
+                 f"{' '.join(ROUTE_OVERRIDES)}")
         raise ConfigError(f"{where} = {mode!r} is not allowed: the dataflex trainers are {list(TRAINER_MODES)} "
-                          f"(verl's modes {list(TRAINER_MODES.values())} with the mechanism)")
+                          f"(verl's modes {list(TRAINER_MODES.values())} with the mechanism){route}")
     return mode
+
+
+def route_of(config: Any) -> str:
+    """``"trainer"`` (a dataflex trainer reweights the batch's advantages) or ``"policy_loss"`` (verl's own trainer,
+    the rule inside verl's policy loss); anything else is refused, naming both."""
+    from omegaconf import OmegaConf
+
+    loss_mode = OmegaConf.select(config, LOSS_MODE_KEY)
+    mode = OmegaConf.select(config, TRAINER_MODE_KEY) if OmegaConf.select(config, USE_V1_KEY) else None
+    if loss_mode == LOSS_MODE:
+        if mode in TRAINER_MODES:
+            raise ConfigError(f"{LOSS_MODE_KEY} = {LOSS_MODE!r} is not allowed with {TRAINER_MODE_KEY}={mode}: that "
+                              f"trainer reweights the advantages already, the loss would reweight them again; use "
+                              f"one route (trainer.v1.trainer_mode=sync, or trainer.use_v1=false, for the loss)")
+        return "policy_loss"
+    if mode is None:
+        raise ConfigError(f"{USE_V1_KEY} = False is not allowed without the policy-loss route: verl's legacy trainer "
+                          f"runs the rule in its loss only; add {' '.join(ROUTE_OVERRIDES)}")
+    check_trainer_mode(mode, with_route=False)
+    return "trainer"
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:
@@ -60,7 +99,8 @@ def validate_config(config: Any, environment: Mapping[str, str] | None = None) -
 
     from dataflex_rl.verl.run_record import run_place
 
-    mode = check_trainer_mode(OmegaConf.select(config, TRAINER_MODE_KEY))
+    route = route_of(config)
+    mode = OmegaConf.select(config, TRAINER_MODE_KEY) if OmegaConf.select(config, USE_V1_KEY) else None
     if (environment or {}).get("VERL_PLATFORM") == "cpu":
         from dataflex_rl.verl.cpu.patches import CPU_CHECKPOINT_ENGINE, ROLLOUT_NAME
 
@@ -69,21 +109,54 @@ def validate_config(config: Any, environment: Mapping[str, str] | None = None) -
             raise ConfigError(f"actor_rollout_ref.rollout.name = {rollout!r} is not allowed in verl's CPU mode: "
                               f"it needs {ROLLOUT_NAME} (vLLM, SGLang and TRT-LLM need GPUs)")
         backend = OmegaConf.select(config, CHECKPOINT_BACKEND_KEY)
-        if mode == SEPARATE_ASYNC and backend != CPU_CHECKPOINT_ENGINE:
+        if TRAINER_MODES.get(mode, mode) == TRAINER_MODES[SEPARATE_ASYNC] and backend != CPU_CHECKPOINT_ENGINE:
             raise ConfigError(f"{CHECKPOINT_BACKEND_KEY} = {backend!r} is not allowed with {TRAINER_MODE_KEY}="
                               f"{mode} in verl's CPU mode: its rollout pool gets the weights through "
                               f"{CPU_CHECKPOINT_ENGINE} (verl's engines need GPUs or RDMA)")
-    mechanism = mechanism_from_verl_config(config)
-    prob_change_every(config)
+    if route == "trainer":
+        mechanism = mechanism_from_verl_config(config)
+        prob_change_every(config)
+    else:
+        mechanism = check_route_config(config)
     return mechanism, run_place(config, mechanism.config.mechanism)
+
+
+def check_route_config(config: Any) -> Mechanism:
+    """The policy-loss route of a composed config: its config class built as verl's driver builds it (which runs
+    the route's own checks, policy_loss.check_route), then what only the whole config shows."""
+    from hydra.errors import InstantiationException
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    node = OmegaConf.select(config, POLICY_LOSS_KEY)
+    route = f"{LOSS_MODE_KEY}={LOSS_MODE}"
+    if node.get("_target_") != ROUTE_CONFIG_CLASS:
+        raise ConfigError(f"{POLICY_LOSS_KEY}._target_ = {node.get('_target_')!r} is not allowed with {route}: the "
+                          f"route's config class carries the dataflex block to the actor workers; add "
+                          f"{ROUTE_OVERRIDES[1]} {ROUTE_OVERRIDES[2]}")
+    if to_plain(node.get("dataflex")) != to_plain(config.get("dataflex")):
+        raise ConfigError(f"{POLICY_LOSS_KEY}.dataflex is not allowed to differ from the run's dataflex block, which "
+                          f"the run store records: set it with {ROUTE_OVERRIDES[2]}")
+    try:
+        omega_conf_to_dataclass(node)
+    except InstantiationException as error:  # Hydra wraps what the class raised
+        raise (error.__cause__ if isinstance(error.__cause__, ConfigError) else error) from None
+    if OmegaConf.select(config, BYPASS_KEY):
+        raise ConfigError(f"{BYPASS_KEY} = True is not allowed with {route}: verl's bypass mode sets the loss mode "
+                          f"to its own (bypass_mode), so the rule would not run; use a dataflex trainer mode, "
+                          f"{TRAINER_MODE_HINT}")
+    if prob_change_every(config):
+        raise ConfigError(f"{STATS_BLOCK}.prob_change_every = {prob_change_every(config)} is not allowed with "
+                          f"{route}: it measures an update with one more forward pass the trainer runs; use a "
+                          f"dataflex trainer mode, {TRAINER_MODE_HINT}")
+    return build_mechanism(to_plain(config["dataflex"]))
 
 
 def mechanism_from_verl_config(config: Mapping[str, Any]) -> Mechanism:
     block = config.get("dataflex") if isinstance(config, Mapping) else None
     if block is None:
-        v1 = ((config.get("trainer") or {}).get("v1") or {}) if isinstance(config, Mapping) else {}
-        raise ConfigError(f"dataflex: missing; {TRAINER_MODE_KEY}={v1.get('trainer_mode', DEFAULT_TRAINER_MODE)} "
-                          f"needs a dataflex block on the verl command line, e.g. {EXAMPLE_OVERRIDES}")
+        raise ConfigError(f"dataflex: missing; the dataflex trainers and the policy-loss route read the rule from a "
+                          f"dataflex block on the verl command line, e.g. {EXAMPLE_OVERRIDES}")
     mechanism = build_mechanism(to_plain(block))
     check_fields_available(config, mechanism)
     if mechanism.staged:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tensordict import TensorDict
@@ -14,24 +15,13 @@ from verl.workers.utils.padding import no_padding_2_padding
 STAGE_MASK_FIELD = "dataflex_stage_mask"
 
 
-class _WithoutRegularisers:
-    def __init__(self, config: Any) -> None:
-        object.__setattr__(self, "_config", config)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "use_kl_loss":
-            return False
-        return getattr(self._config, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._config, name, value)
-
-
 def staged_ppo_loss(config: Any, model_output: Any, data: TensorDict, dp_group: Any = None) -> tuple[Any, dict]:
     if STAGE_MASK_FIELD not in data.keys():
         return ppo_loss(config, model_output, data, dp_group)
     without_entropy = {name: value for name, value in model_output.items() if name != "entropy"}
-    policy_loss, metrics = ppo_loss(_WithoutRegularisers(config), without_entropy, data, dp_group)
+    # verl's loss without its KL term (added below over the stage's tokens); the copy shares global_batch_info.
+    policy_loss, metrics = ppo_loss(dataclasses.replace(config, use_kl_loss=False), without_entropy, data,
+                                    dp_group)
     entropy = model_output.get("entropy", None)
     if entropy is None and not config.use_kl_loss:
         return policy_loss, metrics

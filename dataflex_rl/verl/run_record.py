@@ -127,11 +127,12 @@ class VerlRunRecord:
         for name, histogram in histograms.items():
             self.store.log_histogram(step, name, histogram.edges.tolist(), histogram.counts.tolist())
 
-    def finish(self, error: BaseException | None = None) -> None:
+    def finish(self, error: BaseException | None = None, traceback: str | None = None) -> None:
+        """Close the run: completed, or failed (interrupted) by ``error`` with ``traceback`` (default: the error's)."""
         if error is None:
             self.store.close(COMPLETED)
             return
         state = INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED
-        formatted = "".join(traceback_module.format_exception(type(error), error, error.__traceback__))
+        formatted = traceback or "".join(traceback_module.format_exception(type(error), error, error.__traceback__))
         self.store.record_error(state, error=f"{type(error).__name__}: {error}", traceback=formatted)
         self.store.close(state)

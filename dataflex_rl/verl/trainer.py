@@ -23,11 +23,12 @@ from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from dataflex_rl import keys
-from dataflex_rl.metrics import Histogram, prob_bucket_stats, prob_change_stats
+from dataflex_rl.metrics import Histogram, prob_change_stats
 from dataflex_rl.run_config import environment_set
 from dataflex_rl.verl.config import TRAINER_MODES, mechanism_from_verl_config, prob_change_every
 from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
+from dataflex_rl.verl.policy_loss import mechanism_step
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place
 
 # The fields every mechanism reads; only "advantages" is written back.
@@ -151,11 +152,8 @@ class DataflexTrainer:
             self.pending_change = PendingChange(tuple(batch.keys), fields["old_log_probs"], fields["advantages"],
                                                 fields["response_mask"].bool())
         want_histograms = self.histogram_logger is not None or self.run_record is not None
-        output = self.mechanism.process(self.global_steps, fields, histograms=want_histograms)
-        metrics.update(output.metrics)
-        response_mask = fields["response_mask"].bool()
-        token_probs = torch.where(response_mask, fields["old_log_probs"].float(), 0.0).exp()
-        metrics.update(prob_bucket_stats(token_probs, output.advantages, response_mask))
+        output, step_metrics = mechanism_step(self.mechanism, self.global_steps, fields, histograms=want_histograms)
+        metrics.update(step_metrics)
         if self.histogram_logger is not None:
             self.histogram_logger.log(self.global_steps, output.histograms)
         # separate_async runs the advantage step once per mini-batch of a step: the step's histograms add up.

@@ -58,12 +58,14 @@ class VerlRun:
 
 
 def run_verl(prepared: Path, run_dir: Path, dataflex: Sequence[str] = (), extra: Sequence[str] = (),
-             steps: int = 2, environment: Mapping[str, str] | None = None) -> VerlRun:
-    """One verl CPU-mode run of ``steps`` steps writing its run store to ``run_dir``; ``dataflex`` changes the
-    experiment's dataflex block, ``extra`` are verl overrides placed last, ``environment`` adds variables."""
+             steps: int = 2, environment: Mapping[str, str] | None = None, run_store: bool = True) -> VerlRun:
+    """One verl CPU-mode run of ``steps`` steps writing its run store to ``run_dir`` (unless not ``run_store``);
+    ``dataflex`` changes the experiment's dataflex block, ``extra`` are verl overrides (or experiment variables,
+    ``trainer_mode=v0``) placed last, ``environment`` adds variables."""
     run_dir.mkdir(parents=True, exist_ok=True)
     command = build_verl_command(EXPERIMENT, list(dataflex), [
-        f"prepared={prepared}", f"trainer.total_training_steps={steps}", f"+dataflex_run.dir={run_dir}",
+        f"prepared={prepared}", f"trainer.total_training_steps={steps}",
+        *([f"+dataflex_run.dir={run_dir}"] if run_store else []),
         f"trainer.default_local_dir={run_dir / 'checkpoints'}", *extra,
     ])
     environment = {**os.environ, **experiment_environment(EXPERIMENT), **(environment or {})}

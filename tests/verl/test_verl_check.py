@@ -1,5 +1,5 @@
-"""``python -m dataflex_rl.verl.check``: the doctor shows import tracebacks, versions, the entry point, and validates a
-command's dataflex block."""
+"""``python -m dataflex_rl.verl.check``: the doctor shows import tracebacks, versions, the routes this verl supports,
+the entry point, and validates a command's route and dataflex block."""
 
 from __future__ import annotations
 
@@ -72,8 +72,18 @@ def test_raw_verl_overrides_after_a_double_dash(capsys):
     report = check.Report()
     check.check_command(report, ["--", "trainer.v1.trainer_mode=sync", "+dataflex.mechanism=reweight"])
     output = capsys.readouterr().out
-    assert report.failures == ["trainer.v1.trainer_mode"]
+    assert report.failures == ["route"]
     assert "trainer.v1.trainer_mode = 'sync' is not allowed: the dataflex trainers are ['dataflex_sync'," in output
+    assert "or keep verl's trainer and add the policy-loss route: actor_rollout_ref.actor.policy_loss." in output
+
+
+def test_a_policy_loss_route_command_passes_naming_the_route_and_the_trainer(capsys):
+    report = check.Report()
+    check.check_command(report, ["verl_kk_3b", MODEL, DATA, "trainer_mode=v0"])
+    output = capsys.readouterr().out
+    assert report.failures == [], output
+    assert ("ok    route: the policy-loss route (actor_rollout_ref.actor.policy_loss.loss_mode=dataflex) in verl's "
+            "V0 trainer (trainer.use_v1=false)") in output
 
 
 @pytest.mark.slow  # two fresh processes importing verl: 20-40 s on a shared 2-core machine
@@ -84,7 +94,8 @@ def test_the_doctor_passes_in_this_environment(tmp_path):
         capture_output=True, text=True, check=False, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert ("ok    verl resolves dataflex_sync, dataflex_colocate_async, dataflex_separate_async: (fresh process, "
-            "entry point only)") in result.stdout
+    assert ("ok    verl resolves actor_rollout_ref.actor.policy_loss.loss_mode=dataflex, dataflex_sync, "
+            "dataflex_colocate_async, dataflex_separate_async: (fresh process, entry point only)") in result.stdout
+    assert "ok    route: the policy-loss route" in result.stdout
     assert "ok    verl trainer modes: colocate_async, separate_async, sync;" in result.stdout
     assert result.stdout.rstrip().endswith("all checks passed")

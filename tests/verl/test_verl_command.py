@@ -111,6 +111,21 @@ def test_missing_variable_and_unknown_experiment_are_named():
         build_verl_command("verl_kk_3b", ["dataflex.actuator"], VARIABLES)
 
 
+@pytest.mark.parametrize("text", [b"backend: verl\nverl:\n  overrides: [a\n  b: : c\n", b"backend: verl\nx: \xff\n"],
+                         ids=["not-yaml", "not-utf8"])
+def test_an_experiment_file_that_does_not_parse_is_named_before_anything_starts(tmp_path, text, capsys):
+    from sweeps.cli import main as sweep_main
+
+    path = tmp_path / "verl_broken.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=rf"{path}: not a valid verl experiment file: \w+Error: "):
+        build_verl_command(path, [], VARIABLES)
+    assert sweep_main(["backend=verl", f"verl.experiment={path}", "alpha=0.5", "seeds=1", "dry_run=true",
+                       f"root={tmp_path / 'runs'}", "name=broken"]) == 2
+    assert f"nothing was started: {path}: not a valid verl experiment file" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_experiment_file_by_path_and_by_name_agree():
     assert build_verl_command(EXPERIMENT_DIR / "verl_kk_3b.yaml", [], VARIABLES) == build_verl_command(
         "verl_kk_3b", [], VARIABLES

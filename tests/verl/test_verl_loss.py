@@ -10,7 +10,6 @@ import functools
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
@@ -22,7 +21,7 @@ from dataflex_rl.verl.trainer import DataflexSyncTrainer
 
 # Sibling helper module (tests/verl is on sys.path under pytest's default import mode, as for conftest.py).
 from tiny_actor import (
-    ENTROPY_COEFF, StubActorWorkerGroup, TinyLM, grpo_advantages, make_rows, nested, padded, paper_gradient,
+    ENTROPY_COEFF, StubActorWorkerGroup, TinyLM, batch_of, grpo_advantages, make_rows, padded, paper_gradient,
 )
 
 LOPTI = {"mechanism": "isolate", "scorer": {"name": "token_prob"},
@@ -32,26 +31,6 @@ LOPTI = {"mechanism": "isolate", "scorer": {"name": "token_prob"},
 def actor_config(verl_config):
     verl_config.actor_rollout_ref.actor.entropy_coeff = ENTROPY_COEFF
     return omega_conf_to_dataclass(verl_config.actor_rollout_ref.actor)
-
-
-def batch_of(rows, advantages: torch.Tensor, stage_mask: torch.Tensor | None) -> TensorDict:
-    """The TensorDict verl's worker gets for an update: nested response fields plus the trainer's extra_info."""
-    lengths = [len(row["mask"]) for row in rows]
-    fields = {
-        "prompts": nested([row["prompt"] for row in rows]),
-        "responses": nested([row["response"] for row in rows]),
-        "input_ids": nested([torch.cat([row["prompt"], row["response"]]) for row in rows]),
-        "response_mask": nested([row["mask"] for row in rows]),
-        "old_log_probs": nested([row["old"] for row in rows]),
-        "ref_log_prob": nested([row["ref"] for row in rows]),
-        "advantages": nested([advantages[index, :length] for index, length in enumerate(lengths)]),
-    }
-    if stage_mask is not None:
-        fields[STAGE_MASK_FIELD] = nested([stage_mask[index, :length].long() for index, length in enumerate(lengths)])
-    data = TensorDict(fields, batch_size=len(rows))
-    tu.assign_non_tensor(data, mini_batch_size=len(rows), epochs=1, seed=1, dataloader_kwargs={"shuffle": False},
-                         global_batch_size=len(rows), calculate_entropy=True)
-    return data
 
 
 def stages_of(rows):

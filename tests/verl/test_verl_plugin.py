@@ -1,4 +1,5 @@
-"""verl finds the ``dataflex_sync`` trainer through the installed ``verl.plugins`` entry point alone."""
+"""verl finds the dataflex trainer modes and the policy-loss route through the installed ``verl.plugins`` entry
+point alone, and the route without verl's V1 trainers and TransferQueue."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-PLUGIN_MODULE = "dataflex_rl.verl.trainer"
+PLUGIN_MODULE = "dataflex_rl.verl.plugin"
 
 
 def clean_environment() -> dict[str, str]:
@@ -33,7 +34,7 @@ def run_python(code: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
-def test_entry_point_names_the_trainer_module():
+def test_entry_point_names_the_plugin_module():
     plugins = {entry.name: entry.value for entry in entry_points(group="verl.plugins")}
     assert plugins.get("dataflex") == PLUGIN_MODULE
 
@@ -54,7 +55,7 @@ def test_the_plugin_imports_nothing_beyond_what_verls_sync_trainer_imports(tmp_p
         "import sys\n"
         "import verl.trainer.main_ppo, verl.trainer.ppo.v1.trainer_sync, verl.workers.engine_workers\n"
         "before = {name.split('.')[0] for name in sys.modules}\n"
-        "import dataflex_rl.verl.trainer, dataflex_rl.verl.check, dataflex_rl.verl.command\n"
+        "import dataflex_rl.verl.plugin, dataflex_rl.verl.check, dataflex_rl.verl.command, dataflex_rl.verl.record\n"
         "new = {name.split('.')[0] for name in sys.modules} - before - set(sys.stdlib_module_names)\n"
         "print(sorted(name for name in new if not name.startswith('_')))\n"
     )
@@ -65,3 +66,37 @@ def test_the_plugin_imports_nothing_beyond_what_verls_sync_trainer_imports(tmp_p
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "['dataflex_rl']"
+
+
+# A verl without its V1 trainers and TransferQueue (verl's neo branch removes both): the modules do not import.
+HIDE_V1 = """
+import importlib.abc, sys
+HIDDEN = ("transfer_queue", "verl.trainer.ppo.v1")
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == module or name.startswith(module + ".") for module in HIDDEN):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Hide())
+"""
+
+
+def test_the_route_registers_and_runs_without_v1_and_transferqueue(tmp_path):
+    code = HIDE_V1 + (
+        "import torch, verl\n"  # verl loads the entry point: the plugin, as in every verl process
+        "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+        "from verl.workers.config import ActorConfig\n"
+        "import dataflex_rl.verl.plugin as plugin\n"
+        "from dataflex_rl.verl.route_config import DataflexPolicyLossConfig\n"
+        "block = {'mechanism': 'reweight', 'actuator': {'name': 'advantage_reweight', 'params': {'alpha': 0.5}}}\n"
+        "route = DataflexPolicyLossConfig(loss_mode='dataflex', dataflex=block)\n"
+        "config = ActorConfig(strategy='fsdp', rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=route)\n"
+        "old = torch.log(torch.tensor([[0.2, 0.6, 0.9]]))\n"
+        "loss, metrics = get_policy_loss_fn('dataflex')(old_log_prob=old, log_prob=old, advantages=torch.ones(1, 3),\n"
+        "    response_mask=torch.ones(1, 3, dtype=torch.bool), loss_agg_mode='token-mean', config=config)\n"
+        "hidden = sorted(name for name in sys.modules if name.startswith(HIDDEN))\n"
+        "print(plugin.TRAINER_MODES_MISSING, hidden, round(float(loss), 6), metrics['dataflex/weight/std'] > 0)\n"
+    )
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # token-mean vanilla loss at ratio 1: -mean(w) = -1, the weights mean-normalised over the three tokens
+    assert result.stdout.strip().splitlines()[-1] == "transfer_queue [] -1.0 True"

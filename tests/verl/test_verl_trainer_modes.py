@@ -17,6 +17,8 @@ from dataflex_rl.verl import VERL_VERSION, check
 from dataflex_rl.verl.command import build_verl_command, experiment_environment, resolve_experiment, verl_overrides_of
 from dataflex_rl.verl.config import (
     DEFAULT_TRAINER_MODE,
+    LOSS_MODE,
+    LOSS_MODE_KEY,
     TRAINER_MODE_KEY,
     TRAINER_MODES,
     mechanism_from_verl_config,
@@ -140,24 +142,30 @@ def test_the_doctor_refuses_a_mode_it_cannot_run(extra, message):
 
 def test_the_doctor_lists_verls_trainer_modes_and_its_pieces(capsys):
     report = check.Report()
-    assert check.check_verl_pieces(report) is True
+    assert check.check_verl_pieces(report) == {"policy_loss", "trainer"}
     output = capsys.readouterr().out
     assert report.failures == [], output
     assert "ok    verl trainer modes: colocate_async, separate_async, sync; dataflex: dataflex_sync" in output
-    for what, _, _ in check.VERL_PIECES:
-        assert f"ok    verl: {what}" in output
+    for pieces in check.VERL_PIECES.values():
+        for what, _, _ in pieces:
+            assert f"ok    verl: {what}" in output
+    assert "ok    route: the policy-loss route (actor_rollout_ref.actor.policy_loss.loss_mode=dataflex)" in output
+    assert "ok    route: the dataflex trainer modes (trainer.v1.trainer_mode=dataflex_sync|" in output
 
 
 def test_the_doctor_names_what_a_verl_without_the_v1_registry_lacks(monkeypatch, capsys):
-    # A verl whose V1 trainers are gone (its development branch removes them): the module does not import.
+    # A verl whose V1 trainers are gone (its neo branch removes them): the module does not import, the route stays.
     monkeypatch.setitem(sys.modules, "verl.trainer.ppo.v1.trainer_base", None)
     report = check.Report()
-    assert check.check_verl_pieces(report) is False
+    assert check.check_verl_pieces(report) == {"policy_loss"}
     output = capsys.readouterr().out
-    assert "FAIL  verl: V1 trainer registry: verl.trainer.ppo.v1.trainer_base.register_trainer is missing" in output
+    assert "no    verl: V1 trainer registry: verl.trainer.ppo.v1.trainer_base.register_trainer is missing" in output
     assert "ok    verl: TransferQueue" in output
-    assert f"pip install verl=={VERL_VERSION} TransferQueue" in output
-    assert report.failures == ["verl: V1 trainer registry", "verl: V1 trainer lookup"]
+    assert (f"no    route: the dataflex trainer modes (trainer.v1.trainer_mode=dataflex_sync|dataflex_colocate_async|"
+            f"dataflex_separate_async): not supported by this verl (install verl=={VERL_VERSION} and TransferQueue)"
+            in output)
+    assert "ok    route: the policy-loss route" in output
+    assert report.failures == []
 
 
 def test_the_doctor_names_a_missing_set_loss_fn(monkeypatch, capsys):
@@ -165,23 +173,32 @@ def test_the_doctor_names_a_missing_set_loss_fn(monkeypatch, capsys):
 
     monkeypatch.delattr(engine_workers.ActorRolloutRefWorker, "set_loss_fn")
     report = check.Report()
-    assert check.check_verl_pieces(report) is False
-    assert report.failures == ["verl: set_loss_fn of the actor workers"]
-    assert "ActorRolloutRefWorker.set_loss_fn is missing" in capsys.readouterr().out
+    assert check.check_verl_pieces(report) == {"policy_loss"}
+    assert report.failures == []
+    assert "no    verl: set_loss_fn of the actor workers: verl.workers.engine_workers.ActorRolloutRefWorker" \
+           ".set_loss_fn is missing" in capsys.readouterr().out
 
 
-def test_the_doctor_main_stops_before_the_plugin_when_verl_lacks_a_piece(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "transfer_queue", None)
+def test_the_doctor_main_stops_before_the_plugin_when_verl_lacks_the_policy_loss_registry(monkeypatch, capsys):
+    from verl.trainer.ppo import core_algos
+
+    monkeypatch.delattr(core_algos, "get_policy_loss_fn")
     monkeypatch.setattr(check, "check_plugin_import", lambda report: pytest.fail("the plugin import ran"))
     assert check.main([]) == 1
-    assert "FAIL  verl: TransferQueue" in capsys.readouterr().out
+    assert "FAIL  verl: policy-loss lookup" in capsys.readouterr().out
+
+
+def test_a_trainer_mode_command_fails_on_a_verl_without_the_modes(capsys):
+    report = check.Report()
+    check.check_command(report, ["verl_cpu_tiny", *CPU], routes={"policy_loss"})
+    assert report.failures == ["route"]
+    assert "the dataflex trainer modes (trainer.v1.trainer_mode=" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # a fresh process, as test_every_mode_is_registered_in_a_fresh_process
 def test_the_doctor_resolves_every_mode_through_the_entry_point(capsys):
     report = check.Report()
-    check.check_entry_point(report)
+    check.check_entry_point(report, {"policy_loss", "trainer"})
     output = capsys.readouterr().out
     assert report.failures == [], output
-    assert f"ok    verl resolves {', '.join(TRAINER_MODES)}" in output
-
+    assert f"ok    verl resolves {LOSS_MODE_KEY}={LOSS_MODE}, {', '.join(TRAINER_MODES)}" in output

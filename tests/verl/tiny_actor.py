@@ -84,6 +84,27 @@ def nested(values: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.as_nested_tensor(values, layout=torch.jagged)
 
 
+def batch_of(rows, advantages: torch.Tensor, stage_mask: torch.Tensor | None) -> TensorDict:
+    """The TensorDict verl's worker gets for an update: nested response fields plus the trainer's extra_info."""
+    lengths = [len(row["mask"]) for row in rows]
+    fields = {
+        "prompts": nested([row["prompt"] for row in rows]),
+        "responses": nested([row["response"] for row in rows]),
+        "input_ids": nested([torch.cat([row["prompt"], row["response"]]) for row in rows]),
+        "response_mask": nested([row["mask"] for row in rows]),
+        "old_log_probs": nested([row["old"] for row in rows]),
+        "ref_log_prob": nested([row["ref"] for row in rows]),
+        "advantages": nested([advantages[index, :length] for index, length in enumerate(lengths)]),
+    }
+    if stage_mask is not None:
+        fields[STAGE_MASK_FIELD] = nested([stage_mask[index, :length].long() for index, length in enumerate(lengths)])
+    data = TensorDict(fields, batch_size=len(rows))
+    tu.assign_non_tensor(data, mini_batch_size=len(rows), epochs=1, seed=1, dataloader_kwargs={"shuffle": False},
+                         global_batch_size=len(rows), calculate_entropy=True)
+    return data
+
+
+
 # --- the stub worker group ------------------------------------------------------------------------------------------
 class StubActorWorkerGroup:
     """verl's actor worker group on one CPU rank: ``set_loss_fn`` and ``update_actor`` (see the module docstring).

@@ -15,7 +15,7 @@ from dataflex_rl.validation import ConfigError, check_choice, defaults_of
 # The modules of these types import this one.
 SweepConfig = RunSpec = PlannedRun = Any
 
-BACKEND_CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "backend"
+BACKEND_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "backend"
 
 
 class Backend:

@@ -155,7 +155,7 @@ class SweepView:
                         reader=SFTLogTail(log_path) if warm_start else JsonlTail(Path(run_dir) / METRICS_JSONL))
         self.active[name] = run
         if self.progress is not None:
-            run.task = self.progress.add_task("SFT warm start" if warm_start else name, total=total, info="starting")
+            run.task = self.progress.add_task(f"warm start {name}" if warm_start else name, total=total, info="starting")
         self._update_overall()
 
     def finished(self, name: str, state: str) -> None:
@@ -243,7 +243,7 @@ class SweepView:
         if reached <= run.milestone or reached >= PLAIN_MILESTONES:  # the end is announced by finished()
             return
         run.milestone = reached
-        label = "SFT warm start" if run.warm_start else run.name
+        label = f"warm start {run.name}" if run.warm_start else run.name
         self.console.print(f"  {label}: {run.describe()}" + ("" if run.warm_start else f"  ({self.counts()})"),
                            highlight=False, soft_wrap=True)
 

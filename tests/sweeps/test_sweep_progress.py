@@ -148,7 +148,7 @@ def test_live_view_in_a_pseudo_terminal_shows_progress_before_the_first_run_ends
     text = ANSI.sub(b"", output).decode(errors="replace")
     first_end = text.index("completed a0.0-s1")
     before = text[:first_end]
-    assert re.search(r"SFT warm start\W+[1-4]/4", before)  # the warm start's own progress
+    assert re.search(r"warm start sft\S*\W+[1-4]/4", before)  # the warm start's own progress
     steps_shown = {int(m) for m in re.findall(r"(\d+)/12\b", before)}
     assert steps_shown & set(range(1, 12)), before[-2000:]  # a run's step out of its total, mid-run
     assert re.search(r"runs done\W+0/2\s+1 running, 0 failed", before)
@@ -167,7 +167,7 @@ def test_plain_view_without_a_terminal_prints_one_line_per_event(tmp_path):
     assert any(line.strip().startswith("a0.0-s1: step ") and "/12" in line for line in lines[:first_end])
     assert any(line.startswith("progress: 1/2 done, 0 running, 0 failed, ETA") for line in lines)
     assert "progress: 2/2 done, 0 running, 0 failed" in result.stdout
-    assert any(line.strip().startswith("SFT warm start: step ") for line in lines)
+    assert any(line.strip().startswith("warm start sft-seed1: step ") for line in lines), result.stdout  # each line names its warm start
     # report=false: the sweep-level table is still written at the end
     metrics = pd.read_parquet(tmp_path / "runs" / "live" / "metrics.parquet")
     assert set(metrics["run"]) == {"a0.0-s1", "a0.5-s1"} and set(metrics["alpha"]) == {0.0, 0.5}

@@ -86,22 +86,22 @@ def mechanism_step(mechanism: Mechanism, step: int, fields: Mapping[str, torch.T
     return output, {**output.metrics, **prob_bucket_stats(token_probs, output.advantages, response_mask)}
 
 
-def histogram_bins(histograms: Mapping[str, Histogram]) -> dict[str, float]:
-    """Each bin's count as a metric ``<name>/<bin>``: verl's metric path takes scalars only."""
-    return {f"{name}/{index:03d}": float(count) for name, histogram in histograms.items()
+def histogram_bins(histograms: Mapping[str, Histogram], infix: str = "") -> dict[str, float]:
+    """Each bin's count as a metric ``<name>/<infix><bin>``: verl's metric path takes scalars only."""
+    return {f"{name}/{infix}{index:03d}": float(count) for name, histogram in histograms.items()
             for index, count in enumerate(histogram.counts)}
 
 
-def histograms_from_bins(metrics: Mapping[str, Any]) -> tuple[dict[str, Histogram], dict[str, Any]]:
-    """:func:`histogram_bins` undone: the histograms, and the other metrics. verl averages a metric over a step's
-    micro-batches, so a bin holds the mean micro-batch's count, rounded here."""
-    rest = dict(metrics)
+def pop_histograms(metrics: dict[str, Any], infix: str = "") -> dict[str, Histogram]:
+    """:func:`histogram_bins` undone: the histograms, their bins taken out of ``metrics``. In the route verl
+    averages a metric over a step's micro-batches, so a bin holds the mean micro-batch's count, rounded here."""
     histograms = {}
     for name, edges in HISTOGRAM_EDGES.items():
-        bins = [rest.pop(f"{name}/{index:03d}", None) for index in range(len(edges) - 1)]
-        if all(count is not None for count in bins):
-            histograms[name] = Histogram(np.asarray(edges, dtype=np.float64), np.rint(bins).astype(np.int64))
-    return histograms, rest
+        names = [f"{name}/{infix}{index:03d}" for index in range(len(edges) - 1)]
+        if all(bin_name in metrics for bin_name in names):
+            counts = np.rint([metrics.pop(bin_name) for bin_name in names]).astype(np.int64)
+            histograms[name] = Histogram(np.asarray(edges, dtype=np.float64), counts)
+    return histograms
 
 
 @register_policy_loss(LOSS_MODE)

@@ -46,14 +46,13 @@ class VerlExited(RuntimeError):
 
 def route_step(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Histogram]]:
     """One line of verl's file logger as the run store's metrics and histograms."""
-    from dataflex_rl.verl.policy_loss import histograms_from_bins
+    from dataflex_rl.verl.policy_loss import pop_histograms
 
-    renamed = {}
+    metrics = {}
     for key, value in data.items():
         bare = key.removeprefix(ACTOR_PREFIX)
-        renamed[bare if bare.startswith(ROUTE_PREFIXES) else key] = value
-    histograms, metrics = histograms_from_bins(renamed)
-    return metrics, histograms
+        metrics[bare if bare.startswith(ROUTE_PREFIXES) else key] = value
+    return metrics, pop_histograms(metrics)
 
 
 def resumed_step(config: Any) -> int:

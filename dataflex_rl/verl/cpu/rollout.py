@@ -74,7 +74,7 @@ def aborted_output(global_steps: int | None) -> TokenOutput:
 
 
 class CPURolloutServer:
-    def __init__(self, config: Any, model_config: Any, replica_rank: int) -> None:
+    def __init__(self, config: Any, model_config: Any) -> None:
         from transformers import AutoModelForCausalLM
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
@@ -83,7 +83,6 @@ class CPURolloutServer:
         self.config = config = omega_conf_to_dataclass(config)
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        self.replica_rank = replica_rank
         self.model = AutoModelForCausalLM.from_pretrained(model_config.local_path, dtype=torch.float32,
                                                           local_files_only=True).eval()
         # The project's KV-cached sampler where it covers the architecture exactly, else HF generate.
@@ -193,9 +192,6 @@ class CPURolloutServer:
             held = dict(self.model.state_dict())
             return weights_digest((name, held[name]) for name in state)
 
-    async def ready(self) -> bool:
-        return True
-
     async def abort_all_requests(self, reject_request: bool = False, **unused: Any) -> dict[str, Any]:
         """Pause: end the requests not yet in a sampler call ``aborted``."""
         self.running.clear()
@@ -210,18 +206,17 @@ class CPURolloutServer:
         self.running.set()
 
 
-async def _nothing_to_do(self: CPURolloutServer, *args: Any, **kwargs: Any) -> None:
-    """What verl calls on every server with nothing to do on the CPU."""
+async def _nothing_to_do(*args: Any, **kwargs: Any) -> None:
+    """What verl calls with nothing to do on the CPU (no device memory to free or fill, no profiler)."""
 
 
-for _name in ("sleep", "wake_up", "clear_kv_cache", "release_kv_cache", "resume_kv_cache", "start_profile",
+for _name in ("ready", "sleep", "wake_up", "clear_kv_cache", "release_kv_cache", "resume_kv_cache", "start_profile",
               "stop_profile"):
     setattr(CPURolloutServer, _name, _nothing_to_do)
 
 
 class CPURolloutReplica(RolloutReplica):
-    def rollout_worker_use_gpu(self) -> bool:
-        """The server needs no (logical) GPU."""
+    def rollout_worker_use_gpu(self) -> bool:  # the server needs no (logical) GPU
         return False
 
     async def launch_servers(self) -> None:
@@ -234,7 +229,7 @@ class CPURolloutReplica(RolloutReplica):
             name=name,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             max_concurrency=self.max_concurrency,
-        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        ).remote(config=self.config, model_config=self.model_config)
         await server.ready.remote()
         self.servers = [server]
         self._server_handle = server
@@ -251,11 +246,7 @@ class CPUServerAdapter(BaseRollout):
         self.sends = rank % replica_size == 0
         self.server: Any = None
 
-    async def resume(self, tags: list[str]) -> None:
-        """Nothing was released."""
-
-    async def release(self) -> None:
-        """No device memory to release."""
+    resume = release = _nothing_to_do
 
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], wire_format: str = "named_tensors",
                              **kwargs: Any) -> None:

@@ -23,27 +23,19 @@ from dataflex_rl.mechanism import Mechanism, MechanismOutput
 from dataflex_rl.metrics import HISTOGRAM_EDGES, Histogram, prob_bucket_stats
 from dataflex_rl.scorers import masked_log_probs
 from dataflex_rl.validation import ConfigError, to_plain
-from dataflex_rl.verl.config import (
-    EXAMPLE_OVERRIDES,
-    LOSS_MODE,
-    LOSS_MODE_KEY,
-    POLICY_LOSS_KEY,
-    ROUTE_OVERRIDES,
-    TRAINER_MODE_HINT,
-)
+from dataflex_rl.verl.config import (EXAMPLE_OVERRIDES, LOSS_MODE, LOSS_MODE_KEY, POLICY_LOSS_KEY, ROUTE_OVERRIDES,
+                                     TRAINER_MODE_HINT)
 
 # What verl's policy loss is given per token, in the mechanism's names (verl's loss calls them old_log_prob, ...).
 LOSS_FIELDS = frozenset({"old_log_probs", "response_mask", "advantages"})
 
 
-def check_config(config: Any) -> None:
-    """:func:`check_route` of the route's config as verl builds it (another loss mode: nothing to check)."""
-    if config.loss_mode == LOSS_MODE:
-        check_route(config.base_loss_mode, config.dataflex)
-
-
-def check_route(base_loss_mode: Any, block: Any) -> Mechanism:
-    """The rule the route runs, refused if verl's loss cannot run it, and the losses checked as registered."""
+def check_route(config: Any) -> None:
+    """The route's config as verl builds it (another loss mode: nothing to check): the rule refused if verl's loss
+    cannot run it, and the losses checked as registered."""
+    if config.loss_mode != LOSS_MODE:
+        return
+    block, base_loss_mode = config.dataflex, config.base_loss_mode
     if get_policy_loss_fn(LOSS_MODE) is not dataflex_policy_loss:
         raise ConfigError(f"{LOSS_MODE_KEY} = {LOSS_MODE!r}: verl's registry holds another loss under that name "
                           f"({get_policy_loss_fn(LOSS_MODE).__module__}); remove the plugin that registers it")
@@ -68,7 +60,6 @@ def check_route(base_loss_mode: Any, block: Any) -> Mechanism:
         allowed = sorted(set(POLICY_LOSS_REGISTRY) - {LOSS_MODE})
         raise ConfigError(f"{POLICY_LOSS_KEY}.base_loss_mode = {base_loss_mode!r} is not allowed: the loss under the "
                           f"rule is one of verl's registered policy losses {allowed}")
-    return mechanism
 
 
 @functools.lru_cache(maxsize=8)

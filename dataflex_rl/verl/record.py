@@ -1,10 +1,9 @@
 """``python -m dataflex_rl.verl.record <verl overrides>``: a policy-loss route run of verl's own trainer, writing the
 project's run store from what verl's ``file`` logger writes (docs/verl.md, "The policy-loss route").
 
-verl's trainers take no logger plugins, so the run store of a route run is written here, beside verl: verl runs as
-a child process with its ``file`` logger on, and each line it writes (one per step, every metric verl logged) becomes
-the run store's step, with the route's histograms (one metric per bin) put back together. The dataflex trainer
-modes write their run store themselves and are refused here.
+verl's trainers take no logger plugins, so verl runs as a child process with its ``file`` logger on, and each line
+it writes (one per step, every metric verl logged) becomes the run store's step, with the route's histograms (one
+metric per bin) put back together. The dataflex trainer modes write their run store themselves and are refused here.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ from dataflex_rl import keys
 from dataflex_rl.interrupts import raise_on_sigterm
 from dataflex_rl.metrics import Histogram
 from dataflex_rl.overrides import hydra_value
-from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.run_config import quiet_verl_import
+from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.verl.config import POLICY_LOSS_KEY, VERL_ENTRY_MODULE, route_of, validate_overrides
 from dataflex_rl.verl.run_record import RUN_BLOCK, RunPlace, VerlRunRecord
 
@@ -84,12 +83,6 @@ class FileLog:
         return [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
 
 
-def copy_lines(stream: Iterable[str], tail: collections.deque) -> None:
-    for line in stream:
-        sys.stderr.write(line)
-        tail.append(line)
-
-
 def verl_command(overrides: Sequence[str], config: Any, record: VerlRunRecord) -> list[str]:
     """verl's command with its file logger on, the run's W&B name and identity, and the route's histograms."""
     loggers = to_plain(config.trainer.logger)
@@ -107,10 +100,16 @@ def record_run(overrides: Sequence[str], config: Any, dataflex: Any, place: RunP
     log.path.unlink(missing_ok=True)  # verl truncates it at start: never read a previous session's lines
     environment = {**os.environ, **record.wandb_environment(os.environ), FILE_LOGGER_VARIABLE: str(log.path)}
     record.start(resumed_step(config))
-    process = subprocess.Popen(verl_command(overrides, config, record), env=environment, stdin=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, errors="replace")
+    process = subprocess.Popen(verl_command(overrides, config, record), env=environment, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               errors="replace")
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-    copier = threading.Thread(target=copy_lines, args=(process.stderr, tail), daemon=True)
+
+    def copy_stderr() -> None:
+        for line in process.stderr:
+            sys.stderr.write(line)
+            tail.append(line)
+
+    copier = threading.Thread(target=copy_stderr, daemon=True)
     copier.start()
     try:
         while True:

@@ -20,10 +20,8 @@ def verl_task(data_source: str) -> type[Task]:
     except RegistryError:
         task_class = None
     if task_class is None or not task_class.has_verl_reward():
-        raise ValueError(
-            f"data_source={data_source!r} has no verl reward; allowed: {', '.join(map(repr, verl_tasks()))} "
-            f"(a registered task whose class defines verl_score)"
-        )
+        raise ValueError(f"data_source={data_source!r} has no verl reward; allowed: "
+                         f"{', '.join(map(repr, verl_tasks()))} (a registered task whose class defines verl_score)")
     return task_class
 
 
@@ -34,23 +32,14 @@ def reward_options(task_class: type[Task], reward_kwargs: Mapping[str, Any]) -> 
     known = {option for name in verl_tasks() for option in TASKS.get(name).verl_reward_options}
     for key, value in reward_kwargs.items():
         if key not in known and key not in own:
-            raise ValueError(
-                f"reward.custom_reward_function.reward_kwargs.{key}={value!r} is not allowed: no task reads it; "
-                f"allowed: {', '.join(sorted(known)) or '(none)'}"
-            )
+            raise ValueError(f"reward.custom_reward_function.reward_kwargs.{key}={value!r} is not allowed: no task "
+                             f"reads it; allowed: {', '.join(sorted(known)) or '(none)'}")
     return {key: value for key, value in reward_kwargs.items() if key in own}
 
 
-def compute_score(
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: Mapping[str, Any] | None = None,
-    *,
-    reward_router_address: Any = None,
-    reward_model_tokenizer: Any = None,
-    **reward_kwargs: Any,
-) -> dict[str, float]:
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None,
+                  *, reward_router_address: Any = None, reward_model_tokenizer: Any = None,
+                  **reward_kwargs: Any) -> dict[str, float]:
     """Score one response with the ``verl_score`` of task ``data_source``: ``{"score", "acc"}``."""
     task_class = verl_task(data_source)
     return task_class.verl_score(solution_str, decode_ground_truth(ground_truth),

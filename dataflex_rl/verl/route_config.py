@@ -30,4 +30,4 @@ class DataflexPolicyLossConfig(PolicyLossConfig):
         except Exception as error:  # whatever a broken install raises is the reason the user needs
             raise ImportError(f"the policy-loss route dataflex_rl.verl.policy_loss does not import: "
                               f"{type(error).__name__}: {error}") from error
-        policy_loss.check_config(self)
+        policy_loss.check_route(self)

@@ -18,7 +18,7 @@ from dataflex_rl.verl import VERL_VERSION
 from dataflex_rl.verl.command import build_verl_command, experiment_environment, verl_overrides_of
 from dataflex_rl.verl.config import (LOSS_MODE, LOSS_MODE_KEY, ROUTE_TRAINERS, TRAINER_MODE_KEY, TRAINER_MODES,
                                      compose_verl_config, route_of, validate_config)
-from dataflex_rl.verl.cpu import ENVIRONMENT as CPU_ENVIRONMENT
+from dataflex_rl.verl.cpu import ENVIRONMENT as CPU_ENVIRONMENT, ROLLOUT_NAME
 
 PLUGIN_MODULE = "dataflex_rl.verl.plugin"  # what the entry point names
 TRAINER_MODULE = "dataflex_rl.verl.trainer"
@@ -162,22 +162,18 @@ def check_entry_point(report: Report, routes: set[str]) -> None:
     found = [entry for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
              if entry.value == PLUGIN_MODULE]
     if not found:
-        report.line("FAIL", f"entry point {ENTRY_POINT_GROUP}",
-                    f"no entry point names {PLUGIN_MODULE}; install the project (pip install --no-deps -e .)")
-        return
+        return report.line("FAIL", f"entry point {ENTRY_POINT_GROUP}",
+                           f"no entry point names {PLUGIN_MODULE}; install the project (pip install --no-deps -e .)")
     report.line("ok", f"entry point {ENTRY_POINT_GROUP}", f"{found[0].name} = {found[0].value}")
     if os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower() == "none":
         report.line("FAIL", "VERL_USE_EXTERNAL_PLUGINS",
                     "= none: verl loads no plugin; unset it or name 'dataflex' in it")
     modes = list(TRAINER_MODES) if "trainer" in routes else []
     lines, tail = fresh_python(
-        "import verl\n"
-        "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+        "import verl; from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
         f"print({LOSS_MODE!r}, get_policy_loss_fn({LOSS_MODE!r}).__module__)\n"
-        f"for name in {modes!r}:\n"
-        "    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
-        "    cls = get_trainer_cls(name)\n"
-        "    print(name, cls.__module__, cls.verl_mode)\n")
+        f"for name in {modes!r}:\n    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
+        "    print(name, get_trainer_cls(name).__module__, get_trainer_cls(name).verl_mode)\n")
     expected = [f"{LOSS_MODE} dataflex_rl.verl.policy_loss",
                 *(f"{name} {TRAINER_MODULE} {TRAINER_MODES[name]}" for name in modes)]
     resolved = ", ".join([f"{LOSS_MODE_KEY}={LOSS_MODE}", *modes])
@@ -189,14 +185,10 @@ def check_entry_point(report: Report, routes: set[str]) -> None:
 
 def check_cpu_mode(report: Report) -> None:
     lines, tail = fresh_python(
-        "import verl\n"
-        "from verl.utils.device import get_device_name\n"
-        "from verl.workers.engine.base import EngineRegistry\n"
-        "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
-        "from dataflex_rl.verl.cpu import ROLLOUT_NAME\n"
-        "engine = EngineRegistry.get_engine_cls('language_model', 'fsdp2')\n"
-        "replica = RolloutReplicaRegistry.get(ROLLOUT_NAME)\n"
-        "print(get_device_name(), engine.__name__, replica.__name__)\n", CPU_ENVIRONMENT)
+        "import verl; from verl.utils.device import get_device_name; from verl.workers.engine.base import "
+        "EngineRegistry; from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+        f"print(get_device_name(), EngineRegistry.get_engine_cls('language_model', 'fsdp2').__name__, "
+        f"RolloutReplicaRegistry.get({ROLLOUT_NAME!r}).__name__)\n", CPU_ENVIRONMENT)
     if lines and lines[-1].startswith("cpu "):
         variables = " ".join(f"{name}={value}" for name, value in CPU_ENVIRONMENT.items())
         report.line("ok", "verl CPU mode", f"{variables}: device, engine, rollout = {lines[-1]}")
@@ -234,10 +226,11 @@ def check_command(report: Report, arguments: Sequence[str], routes: set[str] = f
         mechanism, place = validate_config(config, environment or dict(os.environ))
     except ConfigError as error:
         return report.line("FAIL", "dataflex block", str(error))
-    params = ", ".join(f"{key}={value}" for key, value in mechanism.config.actuator.params.items())
+    actuator = mechanism.config.actuator
+    params = ", ".join(f"{key}={value}" for key, value in actuator.params.items())
     staged = " (staged: one actor update per stage, per-stage KL and entropy)" if mechanism.staged else ""
-    report.line("ok", "dataflex block", f"mechanism={mechanism.config.mechanism}{staged}, actuator="
-                                        f"{mechanism.config.actuator.name}({params}), warmup_step={mechanism.warmup_step}")
+    report.line("ok", "dataflex block", f"mechanism={mechanism.config.mechanism}{staged}, actuator={actuator.name}"
+                                        f"({params}), warmup_step={mechanism.warmup_step}")
     report.line("ok", "run store", f"{place.dir} (sweep {place.sweep}, run {place.name}, seed {place.seed})" if place
                 else "none (no dataflex_run.dir: only verl's own loggers record the run)")
 

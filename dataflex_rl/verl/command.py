@@ -23,6 +23,7 @@ from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.run_config import quiet_verl_import
 from dataflex_rl.verl.config import (DEFAULT_TRAINER_MODE, ROUTE_OVERRIDES, ROUTE_TRAINERS, TRAINER_MODE_KEY,
                                      TRAINER_MODES, VERL_ENTRY_MODULE, check_trainer_mode, validate_overrides)
+from dataflex_rl.verl.cpu import ENVIRONMENT as CPU_ENVIRONMENT, PLATFORM
 from dataflex_rl.verl.run_record import RUN_BLOCK
 
 # The experiment variable that picks the trainer, and the experiment's per-mode block of verl overrides.
@@ -30,8 +31,6 @@ TRAINER_MODE_VARIABLE = "trainer_mode"
 MODE_OVERRIDES_BLOCK = "trainer_modes"
 RECORD_MODULE = "dataflex_rl.verl.record"  # a policy-loss route run with a run store (dataflex_run.dir)
 EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
-# An experiment's ``platform``: None (verl's own accelerator detection) or "cpu" (verl's CPU mode).
-PLATFORMS = (None, "cpu")
 
 
 def resolve_experiment(experiment: str | Path) -> Path:
@@ -64,27 +63,21 @@ def load_experiment(experiment: str | Path) -> DictConfig:
         check_trainer_mode(mode, f"{path}: {MODE_OVERRIDES_BLOCK}.{mode}")
         if not OmegaConf.is_list(overrides):
             raise ConfigError(f"{path}: {MODE_OVERRIDES_BLOCK}.{mode} must be a list of verl overrides 'key=value'")
-    platform = config.get("platform")
-    if platform not in PLATFORMS:
-        raise ConfigError(f"{path}: platform = {platform!r} is not allowed: one of {list(PLATFORMS)} "
+    if config.get("platform") not in (None, PLATFORM):
+        raise ConfigError(f"{path}: platform = {config.get('platform')!r} is not allowed: one of [None, '{PLATFORM}'] "
                           f"(null: verl picks the accelerator; cpu: verl's CPU mode, dataflex_rl.verl.cpu)")
     return config
 
 
 def experiment_environment(experiment: str | Path | DictConfig) -> dict[str, str]:
     config = experiment if isinstance(experiment, DictConfig) else load_experiment(experiment)
-    if config.get("platform") == "cpu":
-        from dataflex_rl.verl.cpu import ENVIRONMENT
-
-        return dict(ENVIRONMENT)
-    return {}
+    return dict(CPU_ENVIRONMENT) if config.get("platform") == PLATFORM else {}
 
 
 def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
     variable_names = [name for name in config.verl if name != "overrides"] + [TRAINER_MODE_VARIABLE]
     variables: dict[str, str] = {}
-    dataflex_overrides: list[str] = []
-    verl_overrides: list[str] = []
+    dataflex_overrides, verl_overrides = [], []
     for argument in arguments:
         override = parse_override(argument)
         name = override.key.removeprefix("verl.")
@@ -182,8 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.execve(command[0], command, {**os.environ, **environment})
 
 
-def verl_overrides_of(command: Sequence[str]) -> list[str]:
-    """The verl overrides of a command ``python -m <module> <overrides>``."""
+def verl_overrides_of(command: Sequence[str]) -> list[str]:  # of python -m <module> <overrides>
     return list(command[list(command).index("-m") + 2:])
 
 

@@ -173,8 +173,7 @@ def mechanism_from_verl_config(config: Mapping[str, Any]) -> Mechanism:
     return mechanism
 
 
-def lookup(plain: Any, key: str) -> Any:
-    """The value at dotted ``key`` of a plain config, None where a level is missing."""
+def lookup(plain: Any, key: str) -> Any:  # None where a level of the dotted key is missing
     for part in key.split("."):
         plain = plain.get(part) if isinstance(plain, Mapping) else None
     return plain

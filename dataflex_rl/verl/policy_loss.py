@@ -1,11 +1,7 @@
 """The policy-loss route: the run's token rule inside verl's policy loss, so any verl trainer runs it (docs/verl.md).
-
-``actor_rollout_ref.actor.policy_loss.loss_mode=dataflex`` picks :func:`dataflex_policy_loss` from verl's registry;
-the ``_target_`` override makes verl build the policy-loss config as ``DataflexPolicyLossConfig``
-(``route_config.py``), which carries the ``dataflex`` block to the actor workers (a registered loss is given only the
-actor's config). The loss sees one micro-batch of one data-parallel rank: the weights are mean-normalised and their
-statistics computed over that micro-batch's valid tokens. Imports neither TransferQueue nor verl's V1 trainers.
-"""
+``DataflexPolicyLossConfig`` (route_config.py) carries the ``dataflex`` block to the actor workers; the loss sees one
+micro-batch of one data-parallel rank, whose valid tokens the weights are normalised over. Imports neither
+TransferQueue nor verl's V1 trainers."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """``python -m dataflex_rl.verl.record <verl overrides>``: a policy-loss route run of verl's own trainer, writing the
-project's run store from what verl's ``file`` logger writes (docs/verl.md, "The policy-loss route").
-
-verl's trainers take no logger plugins, so verl runs as a child process with its ``file`` logger on, and each line
-it writes (one per step, every metric verl logged) becomes the run store's step, with the route's histograms (one
-metric per bin) put back together. The dataflex trainer modes write their run store themselves and are refused here.
+project's run store (docs/verl.md). verl's trainers take no logger plugins, so verl runs as a child process with its
+``file`` logger on, and each line it writes (one per step) becomes the run store's step, histograms put back together.
 """
 
 from __future__ import annotations
@@ -94,14 +91,14 @@ def verl_command(overrides: Sequence[str], config: Any, record: VerlRunRecord) -
 
 
 def record_run(overrides: Sequence[str], config: Any, dataflex: Any, place: RunPlace) -> int:
-    """Run verl and write the run store; verl's exit code."""
+    """verl's exit code."""
     record = VerlRunRecord(place, config, dataflex)
     log = FileLog(place.dir / FILE_LOG)
     log.path.unlink(missing_ok=True)  # verl truncates it at start: never read a previous session's lines
     environment = {**os.environ, **record.wandb_environment(os.environ), FILE_LOGGER_VARIABLE: str(log.path)}
     record.start(resumed_step(config))
-    process = subprocess.Popen(verl_command(overrides, config, record), env=environment, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               errors="replace")
+    process = subprocess.Popen(verl_command(overrides, config, record), env=environment, stdin=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, errors="replace")
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
 
     def copy_stderr() -> None:

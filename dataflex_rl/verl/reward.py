@@ -42,16 +42,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
                   **reward_kwargs: Any) -> dict[str, float]:
     """Score one response with the ``verl_score`` of task ``data_source``: ``{"score", "acc"}``."""
     task_class = verl_task(data_source)
-    return task_class.verl_score(solution_str, decode_ground_truth(ground_truth),
-                                 **reward_options(task_class, reward_kwargs))
-
-
-def decode_ground_truth(ground_truth: Any) -> Any:
     if isinstance(ground_truth, (bytes, str)):
         try:
-            return json.loads(ground_truth)
+            ground_truth = json.loads(ground_truth)
         except json.JSONDecodeError as error:
             raise ValueError(f"ground_truth {ground_truth!r:.200} is not valid JSON: {error}") from error
-    if isinstance(ground_truth, Mapping):
-        return dict(ground_truth)
-    return ground_truth
+    elif isinstance(ground_truth, Mapping):
+        ground_truth = dict(ground_truth)
+    return task_class.verl_score(solution_str, ground_truth, **reward_options(task_class, reward_kwargs))

@@ -1,8 +1,5 @@
-"""verl's V1 PPO trainers with the mechanism after the advantages (docs/verl.md).
-
-Each hook reads what it needs from its arguments: the advantage step leaves what the actor update needs in
-TransferQueue beside the batch's other fields, and the run store's histograms in the step's metrics.
-"""
+"""verl's V1 PPO trainers with the mechanism after the advantages (docs/verl.md). The advantage step leaves what
+the actor update needs in TransferQueue beside the batch's rows, and the run store's histograms in the metrics."""
 
 from __future__ import annotations
 
@@ -33,7 +30,6 @@ from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
 from dataflex_rl.verl.policy_loss import histogram_bins, mechanism_step, pop_histograms
 from dataflex_rl.verl.run_record import VerlRunRecord, run_place
 
-# The fields every mechanism reads; only "advantages" is written back for verl.
 MECHANISM_FIELDS = ("old_log_probs", "response_mask", "advantages")
 MECHANISM_TIMER = keys.TIMING_MECHANISM.removeprefix("timing_s/")
 # What the advantage step leaves in TransferQueue for the actor update (jagged like response_mask): stage i's tokens
@@ -104,7 +100,7 @@ class DataflexTrainer:
         self.prob_change_every = prob_change_every(config)
         self.run_place = run_place(config, self.mechanism.config.mechanism)
         loggers = config["trainer"].get("logger") or []
-        wandb = "wandb" in ([loggers] if isinstance(loggers, str) else list(loggers))
+        wandb = "wandb" in ([loggers] if isinstance(loggers, str) else loggers)
         self.histogram_logger = WandbHistogramLogger(self.mechanism.config.mechanism) if wandb else None
         super().__init__(config)  # type: ignore[call-arg]
 
@@ -164,8 +160,7 @@ class DataflexTrainer:
     def _apply_mechanism(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         names = [*MECHANISM_FIELDS, *sorted(self.mechanism.required_fields - set(MECHANISM_FIELDS))]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=names)
-        padded = data.to_padded_tensor()
-        fields = {name: padded[name] for name in names}
+        fields = dict(data.to_padded_tensor().items())
         want_histograms = self.histogram_logger is not None or self.run_record is not None
         output, step_metrics = mechanism_step(self.mechanism, self.global_steps, fields, histograms=want_histograms)
         metrics.update(step_metrics)

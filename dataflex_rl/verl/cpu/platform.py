@@ -22,26 +22,15 @@ def _host_memory(*args: Any) -> tuple[int, int]:
     return os.sysconf("SC_AVPHYS_PAGES") * page_size, os.sysconf("SC_PHYS_PAGES") * page_size
 
 
-# The ``torch.cuda`` functions verl 0.9.1 calls through ``get_torch_device()``, answered on the CPU; the memory
-# counters say 0 bytes, as the CPU has no separate device memory.
+# The ``torch.cuda`` functions verl 0.9.1 calls through ``get_torch_device()``, answered on the CPU: torch.cpu's
+# (device, streams, synchronize), no-ops, and memory counters of 0 bytes, as the CPU has no separate device memory.
 CPU_DEVICE_MODULE = SimpleNamespace(
-    __name__="dataflex_rl.verl.cpu.device",
-    is_available=lambda: True,
-    device_count=lambda: 1,
-    current_device=lambda: PLATFORM,
-    get_device_name=lambda *args: PLATFORM,
-    mem_get_info=_host_memory,
-    manual_seed=torch.manual_seed,
-    manual_seed_all=torch.manual_seed,
-    get_rng_state=torch.get_rng_state,
-    set_rng_state=torch.set_rng_state,
-    Stream=torch.cpu.Stream,
-    Event=torch.cpu.Event,
-    current_stream=torch.cpu.current_stream,
-    stream=torch.cpu.stream,
+    **{name: getattr(torch.cpu, name) for name in torch.cpu.__all__}, __name__="dataflex_rl.verl.cpu.device",
+    get_device_name=lambda *args: PLATFORM, mem_get_info=_host_memory, manual_seed=torch.manual_seed,
+    manual_seed_all=torch.manual_seed, get_rng_state=torch.get_rng_state, set_rng_state=torch.set_rng_state,
     memory=SimpleNamespace(_set_allocator_settings=_nothing),
-    **dict.fromkeys(("set_device", "synchronize", "empty_cache", "ipc_collect", "set_per_process_memory_fraction",
-                     "reset_peak_memory_stats"), _nothing),
+    **dict.fromkeys(("empty_cache", "ipc_collect", "set_per_process_memory_fraction", "reset_peak_memory_stats"),
+                    _nothing),
     **dict.fromkeys(("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"),
                     lambda *args, **kwargs: 0),
 )

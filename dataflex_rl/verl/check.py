@@ -1,7 +1,5 @@
 """``python -m dataflex_rl.verl.check``: which dataflex routes can this environment run? (docs/verl.md)"""
 
-from __future__ import annotations
-
 import argparse
 import functools
 import importlib

@@ -1,7 +1,5 @@
 """``python -m dataflex_rl.verl.command``: the verl command line of an experiment (docs/verl.md)."""
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import os

@@ -1,7 +1,5 @@
 """A verl run's config: trainer modes, composing verl's config, and the trainer's build-time checks."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any

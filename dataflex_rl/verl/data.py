@@ -1,7 +1,5 @@
 """``python -m dataflex_rl.verl.data``: a registered task's problems as verl RL parquet files (docs/verl.md)."""
 
-from __future__ import annotations
-
 import argparse
 import json
 from collections.abc import Mapping, Sequence

@@ -1,8 +1,6 @@
 """What verl imports through the ``verl.plugins`` entry point, in every process: the policy-loss route always, the
 dataflex trainer modes where verl has its V1 trainers and TransferQueue (docs/verl.md)."""
 
-from __future__ import annotations
-
 import dataflex_rl.verl.policy_loss  # noqa: F401  (registers loss_mode=dataflex)
 
 # The modules the trainer modes build on and a verl may lack (its neo branch removes both).

@@ -3,8 +3,6 @@
 micro-batch of one data-parallel rank, whose valid tokens the weights are normalised over. Imports neither
 TransferQueue nor verl's V1 trainers."""
 
-from __future__ import annotations
-
 import functools
 import json
 from collections.abc import Mapping

@@ -3,8 +3,6 @@ project's run store (docs/verl.md). verl's trainers take no logger plugins, so v
 ``file`` logger on, and each line it writes (one per step) becomes the run store's step, histograms put back together.
 """
 
-from __future__ import annotations
-
 import collections
 import json
 import os

@@ -1,7 +1,5 @@
 """``compute_score`` for verl's ``reward.custom_reward_function``: the task named ``data_source`` scores."""
 
-from __future__ import annotations
-
 import json
 from collections.abc import Mapping
 from typing import Any

@@ -5,8 +5,6 @@ the reason, in verl's driver before Ray starts: Hydra hides the cause of a ``_ta
 logs a plugin's import error at DEBUG level only.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, Optional
 

@@ -1,7 +1,5 @@
 """The run store of a verl run, placed by the optional ``dataflex_run`` block (docs/verl.md)."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import numbers

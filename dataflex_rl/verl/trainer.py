@@ -1,8 +1,6 @@
 """verl's V1 PPO trainers with the mechanism after the advantages (docs/verl.md). The advantage step leaves what
 the actor update needs in TransferQueue beside the batch's rows, and the run store's histograms in the metrics."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import os

@@ -1,7 +1,5 @@
 """verl's CPU mode: verl's real V1 trainer without an accelerator (docs/verl.md)."""
 
-from __future__ import annotations
-
 import importlib.metadata
 import os
 

@@ -1,7 +1,5 @@
 """The ``dataflex_cpu`` checkpoint engine: separate_async's weight sync through Ray's object store."""
 
-from __future__ import annotations
-
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterable

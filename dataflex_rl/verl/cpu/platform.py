@@ -1,7 +1,5 @@
 """verl's ``cpu`` platform (``VERL_PLATFORM=cpu``): the device layer answered without an accelerator."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 from types import SimpleNamespace

@@ -1,8 +1,6 @@
 """Imported by verl in each process of the CPU mode: checks, then the registrations and work-arounds that let verl
 0.9.1's V1 trainer run on a CPU, each naming what verl assumes of an accelerator."""
 
-from __future__ import annotations
-
 import functools
 import importlib
 

@@ -1,7 +1,5 @@
 """The ``dataflex_cpu`` rollout: verl's generation server on the CPU with the project's sampler."""
 
-from __future__ import annotations
-
 import asyncio
 import dataclasses
 import hashlib

@@ -22,7 +22,7 @@ from dataflex_rl.run_config import quiet_verl_import
 from dataflex_rl.verl.config import (DEFAULT_TRAINER_MODE, ROUTE_OVERRIDES, ROUTE_TRAINERS, TRAINER_MODE_KEY,
                                      TRAINER_MODES, VERL_ENTRY_MODULE, check_trainer_mode, validate_overrides)
 from dataflex_rl.verl.cpu import ENVIRONMENT as CPU_ENVIRONMENT, PLATFORM
-from dataflex_rl.verl.run_record import RUN_BLOCK
+from dataflex_rl.verl.run_record import BACKEND, RUN_BLOCK, WANDB_GROUP_VARIABLE, WANDB_TAGS_VARIABLE
 
 # The experiment variable that picks the trainer, and the experiment's per-mode block of verl overrides.
 TRAINER_MODE_VARIABLE = "trainer_mode"
@@ -49,9 +49,9 @@ def load_experiment(experiment: str | Path) -> DictConfig:
         config = OmegaConf.load(path)
     except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException) as error:
         raise ConfigError(f"{path}: not a valid verl experiment file: {type(error).__name__}: {error}") from None
-    if not isinstance(config, DictConfig) or config.get("backend") != "verl":
+    if not isinstance(config, DictConfig) or config.get("backend") != BACKEND:
         found = config.get("backend") if isinstance(config, DictConfig) else None
-        raise ConfigError(f"{path}: backend = {found!r} is not allowed: a verl experiment needs backend: verl")
+        raise ConfigError(f"{path}: backend = {found!r} is not allowed: a verl experiment needs backend: {BACKEND}")
     overrides = OmegaConf.select(config, "verl.overrides", throw_on_missing=False)
     if not OmegaConf.is_list(overrides):
         raise ConfigError(f"{path}: verl.overrides must be a list of verl overrides 'key=value'")
@@ -147,7 +147,7 @@ def _resolved(config: DictConfig, key: str) -> list[str]:
 
 
 def wandb_environment(group: str, tags: Sequence[str] = ()) -> dict[str, str]:
-    return {"WANDB_RUN_GROUP": group, **({"WANDB_TAGS": ",".join(tags)} if tags else {})}
+    return {WANDB_GROUP_VARIABLE: group, **({WANDB_TAGS_VARIABLE: ",".join(tags)} if tags else {})}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

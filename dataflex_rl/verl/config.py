@@ -6,6 +6,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dataflex_rl.compose import compose_config
 from dataflex_rl.dataflex_block import build_mechanism
 from dataflex_rl.mechanism import Mechanism
 from dataflex_rl.validation import ConfigError, check_keys, check_non_negative_int, to_plain
@@ -75,16 +76,13 @@ def route_of(config: Any) -> str:
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-
+    """verl's ``ppo_trainer`` config with ``overrides``, resolved, as ``python -m verl.trainer.main_ppo`` builds it."""
     import verl
 
-    config_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
+    config = compose_config("ppo_trainer", overrides, Path(verl.__file__).resolve().parent / "trainer" / "config")
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            config = compose(config_name="ppo_trainer", overrides=list(overrides))
         OmegaConf.resolve(config)
-    except Exception as error:  # Hydra's and OmegaConf's errors name the bad override
+    except Exception as error:  # an interpolation an override broke
         raise ConfigError(f"verl config does not compose: {type(error).__name__}: {error}") from None
     return config
 
@@ -96,11 +94,11 @@ def validate_overrides(overrides: Sequence[str], environment: Mapping[str, str] 
 
 def validate_config(config: Any, environment: Mapping[str, str] | None = None) -> tuple[Mechanism, Any]:
     """What the trainer or the route's config class refuses when verl builds it, and the CPU mode's needs."""
-    from dataflex_rl.verl.cpu import CHECKPOINT_ENGINE_NAME, ROLLOUT_NAME
+    from dataflex_rl.verl.cpu import CHECKPOINT_ENGINE_NAME, PLATFORM, ROLLOUT_NAME
     from dataflex_rl.verl.run_record import run_place
 
     route = route_of(config)
-    if (environment or {}).get("VERL_PLATFORM") == "cpu":
+    if (environment or {}).get("VERL_PLATFORM") == PLATFORM:
         rollout = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
         if rollout != ROLLOUT_NAME:
             raise ConfigError(f"actor_rollout_ref.rollout.name = {rollout!r} is not allowed in verl's CPU mode: "

@@ -26,7 +26,7 @@ from dataflex_rl.run_config import environment_set
 from dataflex_rl.verl.config import TRAINER_MODES, mechanism_from_verl_config, prob_change_every
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
 from dataflex_rl.verl.policy_loss import histogram_bins, mechanism_step, pop_histograms
-from dataflex_rl.verl.run_record import VerlRunRecord, run_place
+from dataflex_rl.verl.run_record import BACKEND, VerlRunRecord, run_place
 
 MECHANISM_FIELDS = ("old_log_probs", "response_mask", "advantages")
 MECHANISM_TIMER = keys.TIMING_MECHANISM.removeprefix("timing_s/")
@@ -39,14 +39,13 @@ BASE_ADVANTAGES_FIELD = f"{CARRIED_PREFIX}base_advantages"
 # verl's MetricsAggregator sums a metric whose name holds "sum" over a step's sub-batches (parameter_sync_step), so
 # separate_async's mini-batches add up their histogram bins.
 HISTOGRAM_BIN_INFIX = "sum_"
-BACKEND_TAG = "verl"
 
 
 class WandbHistogramLogger:
     """The mechanism's histograms to the W&B run verl opened in this process (verl's loggers take scalars only)."""
 
     def __init__(self, mechanism_name: str) -> None:
-        self.tags = (BACKEND_TAG, mechanism_name)
+        self.tags = (BACKEND, mechanism_name)
         self._tagged_run_id: str | None = None
 
     def log(self, step: int, histograms: dict[str, Histogram]) -> None:

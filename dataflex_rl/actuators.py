@@ -24,8 +24,6 @@ class Actuator:
 
     name: ClassVar[str]  # set by the registry
     signals: ClassVar[frozenset[str]] = frozenset()
-    needs_advantages: ClassVar[bool] = False
-    needs_token_probs: ClassVar[bool] = False
     staged: ClassVar[bool] = False
 
     @dataclasses.dataclass(frozen=True)
@@ -37,7 +35,8 @@ class Actuator:
 
     def weights(self, signal: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor | None = None,
                 token_probs: torch.Tensor | None = None) -> torch.Tensor:
-        """``(bs, L)`` float32 weights, >= 0, 0 at masked positions; pure tensor code (no host sync)."""
+        """``(bs, L)`` float32 weights, >= 0, 0 at masked positions, from the ``(bs, L)`` signal, bool mask,
+        advantages and ``pi``: one of the pure functions below with this actuator's params (no host sync)."""
         raise NotImplementedError
 
     def stages(self, token_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -53,7 +52,6 @@ class AdvantageReweight(Actuator):
     """``w = alpha * pi + tau`` (``tau``: ``1 - alpha`` by default), optionally mean-normalised, x neg_adv_weight."""
 
     signals = frozenset({"token_prob"})
-    needs_advantages = True
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -82,13 +80,9 @@ class AdvantageReweight(Actuator):
     def weights(self, signal: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor | None = None,
                 token_probs: torch.Tensor | None = None) -> torch.Tensor:
         params = self.params
-        raw = torch.where(response_mask, signal.float() * params.alpha + params.effective_tau, 0.0)
-        weights = raw if params.normalize == "none" else masked_mean_normalize(raw, response_mask)
-        if params.neg_adv_weight == 1.0:  # the default: nothing to do, so alpha = 0 stays exactly 1.0
-            return weights
-        if advantages is None:
-            raise ValueError(f"{self.name}: neg_adv_weight = {params.neg_adv_weight} needs the advantages")
-        return torch.where(advantages < 0, weights * params.neg_adv_weight, weights)
+        return advantage_reweight_weights(signal, response_mask, alpha=params.alpha, tau=params.effective_tau,
+                                          normalize=params.normalize, neg_adv_weight=params.neg_adv_weight,
+                                          advantages=advantages)
 
 
 @ACTUATORS.register("lopti")
@@ -155,9 +149,8 @@ class SigmoidReweight(Actuator):
 
     def weights(self, signal: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor | None = None,
                 token_probs: torch.Tensor | None = None) -> torch.Tensor:
-        params = self.params
-        raw = torch.where(response_mask, 2.0 * torch.sigmoid(params.k * (signal.float() - params.tau)), 0.0)
-        return raw if params.normalize == "none" else masked_mean_normalize(raw, response_mask)
+        return sigmoid_weights(signal, response_mask, k=self.params.k, tau=self.params.tau,
+                               normalize=self.params.normalize)
 
 
 @ACTUATORS.register("entropy_quantile")
@@ -181,10 +174,7 @@ class EntropyQuantileMask(Actuator):
 
     def weights(self, signal: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor | None = None,
                 token_probs: torch.Tensor | None = None) -> torch.Tensor:
-        entropy = signal.float()
-        threshold = masked_quantile_tensor(entropy, response_mask, 1.0 - self.params.rho)
-        kept = (response_mask & (entropy >= threshold)).float()
-        return kept if self.params.normalize == "none" else masked_mean_normalize(kept, response_mask)
+        return high_entropy_weights(signal, response_mask, rho=self.params.rho, normalize=self.params.normalize)
 
 
 @ACTUATORS.register("stapo")
@@ -192,8 +182,6 @@ class SpuriousTokenMask(Actuator):
     """STAPO (arXiv:2602.15620): drop positive-advantage tokens with ``pi < tau_p`` and ``H < tau_h``."""
 
     signals = frozenset({"entropy"})
-    needs_advantages = True
-    needs_token_probs = True
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -208,10 +196,8 @@ class SpuriousTokenMask(Actuator):
                 token_probs: torch.Tensor | None = None) -> torch.Tensor:
         if advantages is None or token_probs is None:
             raise ValueError(f"{self.name}: weights need the advantages and the token probabilities")
-        entropy = signal.float()
-        tau_h = masked_quantile_tensor(entropy, response_mask, self.params.entropy_quantile)
-        spurious = (advantages > 0) & (token_probs < self.params.tau_p) & (entropy < tau_h)
-        return masked_mean_normalize((response_mask & ~spurious).float(), response_mask)
+        return stapo_weights(signal, response_mask, advantages, token_probs, tau_p=self.params.tau_p,
+                             entropy_quantile=self.params.entropy_quantile)
 
 
 @ACTUATORS.register("prob_band")
@@ -236,10 +222,57 @@ class ProbabilityBand(Actuator):
 
     def weights(self, signal: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor | None = None,
                 token_probs: torch.Tensor | None = None) -> torch.Tensor:
-        probs = signal.float()
-        below_high = probs <= self.params.high if self.params.high == 1.0 else probs < self.params.high
-        kept = (response_mask & (probs >= self.params.low) & below_high).float()
-        return kept if self.params.normalize == "none" else masked_mean_normalize(kept, response_mask)
+        return band_weights(signal, response_mask, low=self.params.low, high=self.params.high,
+                            normalize=self.params.normalize)
+
+
+# --- the rules as pure functions of (bs, L) tensors: probs/signal float, response_mask bool; each returns (bs, L)
+# float32 weights, >= 0 and 0 at masked positions, without a host synchronisation ---------------------------------
+def advantage_reweight_weights(token_probs: torch.Tensor, response_mask: torch.Tensor, *, alpha: float, tau: float,
+                               normalize: str = "mean", neg_adv_weight: float = 1.0,
+                               advantages: torch.Tensor | None = None) -> torch.Tensor:
+    """AR: ``w = alpha * pi + tau``, divided by its mean over valid tokens (``normalize="mean"``), times
+    ``neg_adv_weight`` where the advantage is negative. alpha = 0, tau = 1 gives exactly 1.0 on valid tokens."""
+    raw = torch.where(response_mask, token_probs.float() * alpha + tau, 0.0)
+    weights = raw if normalize == "none" else masked_mean_normalize(raw, response_mask)
+    if neg_adv_weight == 1.0:  # the default: nothing to do, so alpha = 0 stays exactly 1.0
+        return weights
+    if advantages is None:
+        raise ValueError(f"advantage_reweight: neg_adv_weight = {neg_adv_weight} needs the advantages")
+    return torch.where(advantages < 0, weights * neg_adv_weight, weights)
+
+
+def sigmoid_weights(token_probs: torch.Tensor, response_mask: torch.Tensor, *, k: float, tau: float,
+                    normalize: str = "mean") -> torch.Tensor:
+    """The AR paper code's ``w = 2 sigmoid(k (pi - tau))``, optionally mean-normalised."""
+    raw = torch.where(response_mask, 2.0 * torch.sigmoid(k * (token_probs.float() - tau)), 0.0)
+    return raw if normalize == "none" else masked_mean_normalize(raw, response_mask)
+
+
+def high_entropy_weights(entropy: torch.Tensor, response_mask: torch.Tensor, *, rho: float,
+                         normalize: str = "none") -> torch.Tensor:
+    """The 80/20 rule: 1 on the share ``rho`` of valid tokens with the highest entropy, else 0."""
+    threshold = masked_quantile_tensor(entropy.float(), response_mask, 1.0 - rho)
+    kept = (response_mask & (entropy.float() >= threshold)).float()
+    return kept if normalize == "none" else masked_mean_normalize(kept, response_mask)
+
+
+def stapo_weights(entropy: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor,
+                  token_probs: torch.Tensor, *, tau_p: float, entropy_quantile: float) -> torch.Tensor:
+    """STAPO: 0 on positive-advantage tokens with ``pi < tau_p`` and entropy below its ``entropy_quantile``,
+    1 elsewhere, mean-normalised."""
+    tau_h = masked_quantile_tensor(entropy.float(), response_mask, entropy_quantile)
+    spurious = (advantages > 0) & (token_probs < tau_p) & (entropy.float() < tau_h)
+    return masked_mean_normalize((response_mask & ~spurious).float(), response_mask)
+
+
+def band_weights(token_probs: torch.Tensor, response_mask: torch.Tensor, *, low: float, high: float,
+                 normalize: str = "none") -> torch.Tensor:
+    """1 on valid tokens with ``low <= pi < high`` (``<= 1`` for the last band), else 0."""
+    probs = token_probs.float()
+    below_high = probs <= high if high == 1.0 else probs < high
+    kept = (response_mask & (probs >= low) & below_high).float()
+    return kept if normalize == "none" else masked_mean_normalize(kept, response_mask)
 
 
 def masked_mean_normalize(weights: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -52,16 +52,21 @@ def check_combination(mechanism: str, scorer_cls: type[Scorer], actuator_cls: ty
 
 @dataclasses.dataclass
 class MechanismOutput:
+    """A step's result: the reweighted advantages, the weights (None before ``warmup_step``), ``token_probs`` (``pi``
+    on valid tokens, 1.0 elsewhere: ``exp(old_log_probs)`` once a step, for the trainer's statistics too), the
+    metrics and histograms read on the host, and a staged actuator's update masks."""
+
     advantages: torch.Tensor
     weights: torch.Tensor | None
     metrics: dict[str, float]
     histograms: dict[str, metrics.Histogram] = dataclasses.field(default_factory=dict)
     stage_masks: list[torch.Tensor] | None = None
+    token_probs: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
 class DeviceStep:
-    """One step on the batch's device, before its one host read."""
+    """One step on the batch's device, before its one host read: its tensors and the statistics to read."""
 
     advantages: torch.Tensor
     weights: torch.Tensor | None
@@ -75,7 +80,7 @@ class Mechanism:
     """Scorer + actuator, active from ``warmup_step`` on."""
 
     def __init__(self, config: Any, *, compile: bool = False) -> None:
-        """``config``: a validated :class:`dataflex_rl.dataflex_block.DataflexConfig` (its scorer, actuator, warmup_step)."""
+        """``config``: a validated :class:`dataflex_rl.dataflex_block.DataflexConfig`."""
         self.config = config
         scorer_cls = SCORERS.get(config.scorer.name)
         actuator_cls = ACTUATORS.get(config.actuator.name)
@@ -86,7 +91,7 @@ class Mechanism:
         self._checked_fields = tuple(sorted(set(self.scorer.required_fields) - {"old_log_probs", "response_mask"}))
         # torch.compile fuses the step into a few kernels; the first call compiles (seconds): for large batches.
         self._compiled = compile
-        self._active_core = torch.compile(self._reweight, dynamic=True) if compile else self._reweight
+        self._active_core = torch.compile(reweight, dynamic=True) if compile else reweight
 
     @property
     def staged(self) -> bool:
@@ -102,6 +107,8 @@ class Mechanism:
         return step >= self.warmup_step
 
     def process(self, step: int, fields: Fields, *, histograms: bool = False) -> MechanismOutput:
+        """The step: :meth:`device_step`, its statistics read on the host at once, the input checks that read,
+        then the metrics."""
         self._check_fields(fields)
         step_output = self.device_step(step, fields, histograms=histograms)
         values = metrics.read_on_host(step_output.statistics)  # the step's one host synchronisation
@@ -111,48 +118,46 @@ class Mechanism:
             raise_input_faults(fields, response_mask, int(bad_mask_values), int(bad_advantages))
         if any(values["field_faults"]):
             self.scorer.validate(fields)  # raises naming the field, counts and positions
-        token_values = values["tokens"]
-        log_prob_sum, log_prob_max = token_values[:2]
-        if not math.isfinite(log_prob_sum) or log_prob_max > 0:
+        tokens = metrics.TokenStats(*values["tokens"])
+        if not math.isfinite(tokens.log_prob_sum) or tokens.log_prob_max > 0:
             check_log_probs(fields["old_log_probs"], response_mask)  # raises with counts and positions
             self.scorer.validate(fields)
-        step_metrics = metrics.token_prob_metrics(token_values)
-        count = token_values[2]
+        step_metrics = metrics.token_prob_metrics(tokens)
         if step_output.weights is not None:
             *quantiles, sampled = values["quantiles"]
-            if count and not sampled:  # the strided sample missed every valid token (rare): read them all
+            if tokens.count and not sampled:  # the strided sample missed every valid token (rare): read them all
                 quantiles = metrics.sample_quantiles(step_output.weights, response_mask)
-            step_metrics.update(metrics.weight_metrics(values["weights"], count, quantiles))
+            step_metrics.update(metrics.weight_metrics(metrics.WeightStats(*values["weights"]), tokens.count,
+                                                       quantiles))
         step_metrics[keys.ACTIVE] = float(step_output.weights is not None)
         if step_output.stage_masks is not None:
-            step_metrics.update(self.actuator.stage_metrics(values["stages"], count))
+            step_metrics.update(self.actuator.stage_metrics(values["stages"], tokens.count))
         hists = metrics.histograms_from({name: values[name] for name in step_output.histogram_names})
         return MechanismOutput(step_output.advantages, step_output.weights, step_metrics, hists,
-                               step_output.stage_masks)
+                               step_output.stage_masks, step_output.token_probs)
 
     def device_step(self, step: int, fields: Fields, *, histograms: bool = False) -> DeviceStep:
         """Everything :meth:`process` computes, on the batch's device without a host sync."""
         response_mask = fields["response_mask"].bool()
         statistics: dict[str, torch.Tensor] = {}
-        active = self.is_active(step)
-        if active:
+        if self.is_active(step):
             # Compiled kernels read a numeric mask much faster than a bool one (bool loads are not vectorised).
             core_mask = fields["response_mask"] if self._compiled else response_mask
             if self._compiled and core_mask.dtype == torch.bool:
                 core_mask = core_mask.to(torch.float32)
             advantages, weights, token_probs, statistics["tokens"], statistics["weights"] = self._active_core(
-                fields, core_mask)
+                self.scorer, self.actuator, fields, core_mask)
             statistics["quantiles"] = metrics.sample_quantile_tensor(weights, response_mask)
         else:
             advantages, weights = fields["advantages"], None
-            token_probs, statistics["tokens"] = self._token_probs(fields, response_mask)
+            token_probs, statistics["tokens"] = probabilities(fields["old_log_probs"], response_mask)
         # The value checks ride on the statistics' single host synchronisation.
         statistics["faults"] = input_faults(fields["advantages"], fields["response_mask"], response_mask)
         statistics["field_faults"] = torch.stack(
             [(~torch.isfinite(fields[name]) & response_mask).sum().double() for name in self._checked_fields]
         ) if self._checked_fields else torch.zeros(0, dtype=torch.float64, device=response_mask.device)
         stage_masks = None  # before warmup: one update
-        if active and self.staged:
+        if weights is not None and self.staged:
             stage_masks, statistics["stages"] = self.actuator.stages(token_probs, response_mask)
         histogram_names: tuple[str, ...] = ()
         if histograms:
@@ -161,26 +166,6 @@ class Mechanism:
             statistics.update(counts)
             histogram_names = tuple(counts)
         return DeviceStep(advantages, weights, token_probs, stage_masks, statistics, histogram_names)
-
-    def _token_probs(self, fields: Fields, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs = masked_log_probs(fields["old_log_probs"], response_mask)
-        token_probs = log_probs.exp()
-        return token_probs, metrics.token_stats(log_probs, token_probs, response_mask)
-
-    def _reweight(self, fields: Fields, mask: torch.Tensor):
-        response_mask = mask if mask.dtype == torch.bool else mask > 0
-        token_probs, token_vector = self._token_probs(fields, response_mask)
-        signal = self.scorer.score_given_probs(fields, token_probs)
-        advantages = fields["advantages"]
-        inputs = {}
-        if self.actuator.needs_advantages:
-            inputs["advantages"] = advantages
-        if self.actuator.needs_token_probs:
-            inputs["token_probs"] = token_probs
-        weights = self.actuator.weights(signal, response_mask, **inputs)
-        # Masked positions pass through untouched, so alpha = 0 gives the input bit for bit.
-        reweighted = torch.where(response_mask, advantages.float() * weights, advantages.float()).to(advantages.dtype)
-        return reweighted, weights, token_probs, token_vector, metrics.weight_stats(weights, response_mask)
 
     def apply(self, step: int, fields: Fields) -> tuple[torch.Tensor, dict[str, float]]:
         """``(advantages * weights, metrics)``; before ``warmup_step`` the advantages come back unchanged."""
@@ -227,6 +212,26 @@ class Mechanism:
             if not fields[name].is_floating_point():
                 raise TypeError(f"batch field {name!r} has dtype {fields[name].dtype}; it must be floating point "
                                 f"(float32, bfloat16, ...): integer values would be truncated when reweighted")
+
+
+def probabilities(old_log_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pi, its TokenStats tensor)``: ``pi = exp(old_log_probs)`` ``(bs, L)`` float32 on valid tokens, 1.0 at
+    masked positions (``response_mask`` bool ``(bs, L)``), computed once a step."""
+    log_probs = masked_log_probs(old_log_probs, response_mask)
+    token_probs = log_probs.exp()
+    return token_probs, metrics.token_stats(log_probs, token_probs, response_mask)
+
+
+def reweight(scorer: Scorer, actuator: Actuator, fields: Fields, mask: torch.Tensor):
+    """The active step as one pure function (the one ``torch.compile`` may fuse): ``(advantages * weights, weights,
+    pi, TokenStats tensor, WeightStats tensor)``, each ``(bs, L)`` but the stats; masked positions pass through, so
+    alpha = 0 gives the advantages bit for bit."""
+    response_mask = mask if mask.dtype == torch.bool else mask > 0
+    token_probs, token_vector = probabilities(fields["old_log_probs"], response_mask)
+    advantages = fields["advantages"]
+    weights = actuator.weights(scorer.score(fields, token_probs), response_mask, advantages, token_probs)
+    reweighted = torch.where(response_mask, advantages.float() * weights, advantages.float()).to(advantages.dtype)
+    return reweighted, weights, token_probs, token_vector, metrics.weight_stats(weights, response_mask)
 
 
 def input_faults(advantages: torch.Tensor, mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -57,8 +57,28 @@ QUANTILES = (0.05, 0.5, 0.95)
 QUANTILE_SAMPLE = 16384
 
 
+class TokenStats(NamedTuple):
+    """Over valid tokens: the sum and max of ``log pi``, their count, the sum of ``pi``, the count with pi < 0.5."""
+
+    log_prob_sum: float
+    log_prob_max: float
+    count: float
+    prob_sum: float
+    low_count: float
+
+
+class WeightStats(NamedTuple):
+    """Over valid tokens: the sum of the weights and of their squares, their min and max, the count above 0."""
+
+    total: float
+    square_total: float
+    minimum: float
+    maximum: float
+    kept: float
+
+
 def token_stats(masked_log_probs: torch.Tensor, token_probs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[sum(log p), max(log p), n_valid, sum(pi), n(pi < 0.5)]`` over valid tokens, float64, no host sync."""
+    """:class:`TokenStats` as a float64 ``(5,)`` tensor on the batch's device (no host sync)."""
     if masked_log_probs.numel() == 0:
         return torch.zeros(5, dtype=torch.float64, device=masked_log_probs.device)
     count = response_mask.sum()
@@ -75,7 +95,7 @@ def token_stats(masked_log_probs: torch.Tensor, token_probs: torch.Tensor, respo
 
 
 def weight_stats(weights: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[sum(w), sum(w^2), min(w), max(w), n(w > 0)]`` over valid tokens, float64."""
+    """:class:`WeightStats` as a float64 ``(5,)`` tensor on the batch's device (no host sync)."""
     if weights.numel() == 0:
         return torch.zeros(5, dtype=torch.float64, device=weights.device)
     return torch.stack(
@@ -89,27 +109,25 @@ def weight_stats(weights: torch.Tensor, response_mask: torch.Tensor) -> torch.Te
     ).double()
 
 
-def token_prob_metrics(stats: list[float]) -> dict[str, float]:
-    """``dataflex/valid_tokens``, ``dataflex/token_prob/{mean,low_frac}`` from :func:`token_stats` values."""
-    _, _, count, prob_sum, low_count = stats
-    metrics = {keys.VALID_TOKENS: count}
-    if count:
-        metrics[keys.TOKEN_PROB_MEAN] = prob_sum / count
-        metrics[keys.TOKEN_PROB_LOW_FRAC] = low_count / count
+def token_prob_metrics(stats: TokenStats) -> dict[str, float]:
+    """``dataflex/valid_tokens``, ``dataflex/token_prob/{mean,low_frac}``."""
+    metrics = {keys.VALID_TOKENS: stats.count}
+    if stats.count:
+        metrics[keys.TOKEN_PROB_MEAN] = stats.prob_sum / stats.count
+        metrics[keys.TOKEN_PROB_LOW_FRAC] = stats.low_count / stats.count
     return metrics
 
 
-def weight_metrics(stats: list[float], count: float, quantiles: list[float]) -> dict[str, float]:
-    """``dataflex/weight/*`` (population std) and ``dataflex/kept_token_frac`` from :func:`weight_stats`."""
+def weight_metrics(stats: WeightStats, count: float, quantiles: list[float]) -> dict[str, float]:
+    """``dataflex/weight/*`` (population std) and ``dataflex/kept_token_frac``."""
     if not count:
         return {}
-    total, square_total, minimum, maximum, kept = stats
-    mean = total / count
-    variance = max(square_total / count - mean * mean, 0.0)
-    values = {"mean": mean, "std": variance**0.5, "min": minimum, "max": maximum}
+    mean = stats.total / count
+    variance = max(stats.square_total / count - mean * mean, 0.0)
+    values = {"mean": mean, "std": variance**0.5, "min": stats.minimum, "max": stats.maximum}
     values.update({f"p{round(q * 100):02d}": value for q, value in zip(QUANTILES, quantiles)})
     result = {f"{keys.WEIGHT_PREFIX}/{name}": value for name, value in values.items()}
-    result[keys.KEPT_TOKEN_FRAC] = kept / count
+    result[keys.KEPT_TOKEN_FRAC] = stats.kept / count
     return result
 
 

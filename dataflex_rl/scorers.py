@@ -15,7 +15,8 @@ SCORERS: Registry[type[Scorer]] = Registry("scorer")
 
 
 class Scorer:
-    """Base class. Subclasses set the class attributes and implement :meth:`score`."""
+    """Base class. Subclasses set the class attributes and implement :meth:`score` (a pure ``(bs, L)`` function of
+    the batch fields and the mechanism's ``token_probs``)."""
 
     name: ClassVar[str]  # set by the registry
     signal: ClassVar[str]  # what the numbers mean, e.g. "token_prob"
@@ -28,13 +29,10 @@ class Scorer:
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
 
-    def score(self, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Signal ``(bs, L)`` float32, unspecified where ``response_mask`` is 0."""
+    def score(self, fields: Mapping[str, torch.Tensor], token_probs: torch.Tensor) -> torch.Tensor:
+        """Signal ``(bs, L)`` float32, unspecified where ``response_mask`` is 0; ``token_probs``: ``(bs, L)``
+        ``exp(old_log_probs)`` on valid tokens, 1.0 elsewhere (computed once a step by the mechanism)."""
         raise NotImplementedError
-
-    def score_given_probs(self, fields: Mapping[str, torch.Tensor], token_probs: torch.Tensor) -> torch.Tensor:
-        """:meth:`score`, given the mechanism's ``token_probs`` (``pi`` on valid tokens, 1.0 elsewhere)."""
-        return self.score(fields)
 
     def validate(self, fields: Mapping[str, torch.Tensor]) -> None:
         """Raise ``ValueError`` describing bad input (called only when the mechanism's cheap check fails)."""
@@ -47,10 +45,7 @@ class TokenProbScorer(Scorer):
     signal = "token_prob"
     required_fields = ("old_log_probs", "response_mask")
 
-    def score(self, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return masked_log_probs(fields["old_log_probs"], fields["response_mask"].bool()).exp()
-
-    def score_given_probs(self, fields: Mapping[str, torch.Tensor], token_probs: torch.Tensor) -> torch.Tensor:
+    def score(self, fields: Mapping[str, torch.Tensor], token_probs: torch.Tensor) -> torch.Tensor:
         return token_probs
 
     def validate(self, fields: Mapping[str, torch.Tensor]) -> None:
@@ -64,7 +59,7 @@ class EntropyScorer(Scorer):
     signal = "entropy"
     required_fields = ("entropy", "response_mask")
 
-    def score(self, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def score(self, fields: Mapping[str, torch.Tensor], token_probs: torch.Tensor) -> torch.Tensor:
         return masked_entropy(fields["entropy"], fields["response_mask"].bool())
 
     def validate(self, fields: Mapping[str, torch.Tensor]) -> None:

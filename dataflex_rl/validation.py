@@ -133,3 +133,18 @@ def check_int_in_range(key: str, value: Any, minimum: int, maximum: int) -> int:
     if value > maximum:
         raise ConfigError(f"{key} = {value!r} is not allowed: it must be an integer in [{minimum}, {maximum}]")
     return int(value)
+
+
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("", "0", "false", "no", "off")
+
+
+def parse_switch(key: str, value: Any) -> bool:
+    """The one boolean parser: a bool, or text (any case) in :data:`SWITCH_ON` or :data:`SWITCH_OFF`."""
+    if isinstance(value, bool):
+        return value
+    text = "" if value is None else str(value).strip().lower()
+    if text in SWITCH_ON or text in SWITCH_OFF:
+        return text in SWITCH_ON
+    raise ConfigError(f"{key} = {value!r} is not allowed: it must be true or false; allowed: {', '.join(SWITCH_ON)} "
+                      f"or {', '.join(repr(v) for v in SWITCH_OFF)}")

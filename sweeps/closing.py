@@ -13,6 +13,7 @@ from rich.table import Table
 from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, PENDING, read_meta
 from sweeps.manifest import Manifest
 from sweeps.plan import SweepPlan
+from sweeps.sweep_config import extra_axes, grid_presets
 from sweeps.runner import EXIT_FAILED, readable_status
 
 ENDED_STATES = (COMPLETED, FAILED, INTERRUPTED)
@@ -34,11 +35,11 @@ def closing_state(run_dir: Path, recorded: str) -> tuple[str, float | None]:
 
 def run_table(plan: SweepPlan, manifest: Manifest) -> Table:
     columns = []
-    if plan.config.mechanisms:
+    if grid_presets(plan.config):
         columns.append(("mechanism", lambda spec: spec.mechanism or ""))
     if plan.config.eta:
         columns.append(("eta", lambda spec: "" if spec.eta is None else f"{spec.eta:g}"))
-    for axis in plan.config.extra_axes:
+    for axis in extra_axes(plan.config):
         columns.append((axis.name, lambda spec, name=axis.name: str(spec.extra_factors.get(name, ""))))
     table = Table(title=f"sweep {plan.name}", title_justify="left")
     for index, title in enumerate(("run", "alpha", "seed", *(title for title, _ in columns), "state", "wall time")):

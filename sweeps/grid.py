@@ -14,7 +14,8 @@ from dataflex_rl.hashing import stable_hash
 from dataflex_rl.overrides import Override
 from dataflex_rl.tracking.identity import check_distinct_arms, factor_labels, run_label
 from dataflex_rl.validation import ConfigError
-from sweeps.sweep_config import PRESET_DIR, Axis, SweepConfig
+from sweeps.sweep_config import (PRESET_DIR, Axis, SweepConfig, extra_axes, grid_alphas, grid_presets, run_extra,
+                                 run_steps)
 
 # A run's name makes its folder and its longest file name, launch/<name>.yaml: NAME_MAX (255) less ".yaml".
 MAX_RUN_NAME_BYTES = 255 - len(".yaml")
@@ -102,12 +103,13 @@ def applies_to(mechanism: str | None, key: str) -> bool:
 def expand_grid(config: SweepConfig) -> list[RunSpec]:
     """Every run, seeds innermost; names unique and short enough for a folder."""
     # the axes: preset, alpha, eta, extra axes, seed; alpha and eta ``++`` (the actuator's check judges them)
-    axes = [Axis(PRESET_FACTOR, "dataflex", config.mechanisms)] if config.mechanisms else []
-    if config.alphas:
-        axes.append(Axis("alpha", ALPHA_KEY, config.alphas, "++"))
+    presets, alphas = grid_presets(config), grid_alphas(config)
+    axes = [Axis(PRESET_FACTOR, "dataflex", presets)] if presets else []
+    if alphas:
+        axes.append(Axis("alpha", ALPHA_KEY, alphas, "++"))
     if config.eta:
         axes.append(Axis("eta", ETA_KEY, config.eta, "++"))
-    axes += [*config.extra_axes, Axis("seed", "seed", config.seeds)]
+    axes += [*extra_axes(config), Axis("seed", "seed", config.seeds)]
     for axis in axes:
         try:
             check_distinct_arms(axis.name, axis.values)
@@ -116,7 +118,7 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
             raise ConfigError(f"{error}{baseline}") from None
     axis_keys = tuple(PRESET_FACTOR if axis.name == PRESET_FACTOR else axis.key.split("@", 1)[0] for axis in axes)
     cells = []
-    for mechanism in config.mechanisms or (None,):
+    for mechanism in presets or (None,):
         applying = [axis for axis in axes if axis.name in (PRESET_FACTOR, "alpha") or applies_to(mechanism, axis.key)]
         choices = [(mechanism,) if axis.name == PRESET_FACTOR else axis.values for axis in applying]
         for values in itertools.product(*choices):
@@ -142,7 +144,7 @@ def expand_grid(config: SweepConfig) -> list[RunSpec]:
 def default_name(config: SweepConfig, prefix: str | None = None) -> str:
     """``<prefix>-<8 hex of the grid and overrides>``: the same command resumes the same sweep."""
     prefix = prefix or config.experiment or "sweep"
-    identity = {"backend": config.backend, "alpha": list(config.alphas), "seeds": list(config.seeds),
-                "mechanisms": list(config.mechanisms), "eta": list(config.eta), "extra": list(config.extra),
-                "steps": config.steps, "train_module": config.train_module, "warm_start": config.warm_start}
+    identity = {"backend": config.backend, "alpha": list(grid_alphas(config)), "seeds": list(config.seeds),
+                "mechanisms": list(grid_presets(config)), "eta": list(config.eta), "extra": list(run_extra(config)),
+                "steps": run_steps(config), "train_module": config.train_module, "warm_start": config.warm_start}
     return f"{prefix}-{stable_hash(identity, length=8)}"

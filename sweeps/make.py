@@ -9,7 +9,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
-from dataflex_rl.validation import ConfigError
+from dataflex_rl.validation import ConfigError, parse_switch
 
 ENV_PREFIX = "DATAFLEX_MAKE_"
 # Every variable the Makefile exports (its ``MAKE_VARIABLES`` line names the same ones; a test checks they agree).
@@ -38,8 +38,6 @@ TUNE_REFUSED = {
     "ARGS": "ARGS is for make train",
     "RESULTS": "RESULTS is for make docs-results",
 }
-SWITCH_ON = ("1", "true", "yes", "on")
-SWITCH_OFF = ("", "0", "false", "no", "off")
 TARGETS = ("sweep", "tune", "report", "docs-results", "train", "notebook-dir")
 EXIT_REFUSED = 2
 
@@ -47,16 +45,6 @@ EXIT_REFUSED = 2
 def variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     return {name: environ.get(ENV_PREFIX + name, "") for name in VARIABLES}
-
-
-def switch(name: str, value: str) -> bool:
-    text = value.strip().lower()
-    if text in SWITCH_ON:
-        return True
-    if text in SWITCH_OFF:
-        return False
-    raise ConfigError(f"{name} = {value!r} is not allowed: give {name}=1 (on) or leave it empty (off); allowed: "
-                      f"{', '.join(SWITCH_ON)} or {', '.join(repr(v) for v in SWITCH_OFF)}")
 
 
 def split_words(name: str, value: str) -> list[str]:
@@ -73,7 +61,7 @@ def sweep_argv(values: Mapping[str, str], mapping: Sequence[tuple[str, str]] = S
     if values["EXTRA"].strip():
         argv.append(f"extra=[{values['EXTRA']}]")
     argv += split_words("SWEEP_ARGS", values["SWEEP_ARGS"])
-    if switch("DRY_RUN", values["DRY_RUN"]):
+    if parse_switch("DRY_RUN", values["DRY_RUN"]):
         argv.append("dry_run=true")  # last: nothing after it can turn the dry run off
     return argv
 
@@ -82,7 +70,7 @@ def tune_argv(values: Mapping[str, str]) -> list[str]:
     for name, reason in TUNE_REFUSED.items():
         if values[name].strip():
             raise ConfigError(f"make tune: {name} = {values[name]!r} is not allowed: {reason}")
-    return sweep_argv(values, TUNE_KEYS, ["tune_lr=true"] if switch("LR", values["LR"]) else [])
+    return sweep_argv(values, TUNE_KEYS, ["tune_lr=true"] if parse_switch("LR", values["LR"]) else [])
 
 
 def sweep_folder(values: Mapping[str, str]) -> str:

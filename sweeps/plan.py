@@ -13,7 +13,8 @@ from typing import Any
 from dataflex_rl.run_config import write_config_file
 from dataflex_rl.validation import ConfigError
 from sweeps.backends import get_backend
-from sweeps.sweep_config import SINGLE_RUN_THREADS, SweepConfig, available_cores
+from sweeps.sweep_config import (SINGLE_RUN_THREADS, SweepConfig, available_cores, common_overrides, common_sets,
+                                 extra_axes, grid_alphas, grid_presets, run_steps)
 from sweeps.grid import RunSpec
 from sweeps.launchers import launcher_class
 
@@ -69,14 +70,14 @@ class SweepPlan:
 
     def header(self) -> dict[str, Any]:
         config = self.config
-        grid = {"alpha": list(config.alphas), "seed": list(config.seeds), "mechanism": list(config.mechanisms),
-                "eta": list(config.eta), "axes": {axis.key: list(axis.values) for axis in config.extra_axes},
-                "common_overrides": [str(item) for item in config.common]}
+        grid = {"alpha": list(grid_alphas(config)), "seed": list(config.seeds), "mechanism": list(grid_presets(config)),
+                "eta": list(config.eta), "axes": {axis.key: list(axis.values) for axis in extra_axes(config)},
+                "common_overrides": [str(item) for item in common_overrides(config)]}
         if self.common_config is not None:
             grid["common_config"] = self.common_config
         recorded = get_backend(config.backend).recorded_settings(config)
         return {"sweep": self.name, "backend": config.backend, "launcher": config.launcher,
-                "warm_start": config.warm_start, "grid": grid, "steps": config.steps, "jobs": self.jobs,
+                "warm_start": config.warm_start, "grid": grid, "steps": run_steps(config), "jobs": self.jobs,
                 "threads": self.threads, "train_module": config.train_module,
                 **({"backend_settings": recorded} if recorded is not None else {})}
 
@@ -87,15 +88,15 @@ def thread_environment(threads: int | None) -> dict[str, str]:
 
 
 def check_steps_once(config: SweepConfig, key: str) -> None:
-    if config.steps is not None and config.common_sets(key):
+    if config.steps is not None and common_sets(config, key):
         raise ConfigError(f"steps = {config.steps} is not allowed together with extra {key}=...: give one of them")
 
 
 def planned_steps(config: SweepConfig, key: str) -> int | None:
     """``steps``, else a plain-integer common override of ``key``, else None."""
-    if config.steps is not None:
-        return config.steps
-    value = next((item.value for item in reversed(config.common) if item.key == key), None)
+    if run_steps(config) is not None:
+        return run_steps(config)
+    value = next((item.value for item in reversed(common_overrides(config)) if item.key == key), None)
     return int(value) if value is not None and value.isdigit() else None
 
 

@@ -19,6 +19,7 @@ from analysis.power import GROWTH, INTERIM_LEVEL, judge, seed_order
 from analysis.statistics import DEFAULT_LEVEL, DEFAULT_POWER
 from dataflex_rl.tracking.identity import same_arm
 from sweeps.manifest import save_plan
+from sweeps.sweep_config import plan_cap
 
 
 
@@ -80,7 +81,7 @@ def run_planned_sweep(config: Any, argv: Sequence[str], run_once: Callable[..., 
             return code
         try:
             cell_keys, comparisons = look(sweep_dir, config.plan_metric, seeds_of)
-            cells = judge_cells(comparisons, cell_keys, config.target_mde, config.max_seeds)
+            cells = judge_cells(comparisons, cell_keys, config.target_mde, plan_cap(config))
             short = [cell for cell in cells if cell["seeds"] < size_of(cell["cell"])]
             if short:
                 raise ValueError(f"the cell {short[0]['cell']} has {short[0]['seeds']} paired seeds of the "
@@ -121,7 +122,7 @@ def judge_cells(comparisons: Sequence[dict[str, Any]], cell_keys: Sequence[str],
 def plan_record(config: Any, pilot: Sequence[int], cell_keys: Sequence[str],
                 rounds: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """``sweep.json``'s ``plan``: the rule's settings, the pilot, and every look's cells (docs/sweeps.md)."""
-    return {"metric": config.plan_metric, "target_mde": config.target_mde, "max_seeds": config.max_seeds,
+    return {"metric": config.plan_metric, "target_mde": config.target_mde, "max_seeds": plan_cap(config),
             "power": DEFAULT_POWER, "level": DEFAULT_LEVEL, "interim_level": INTERIM_LEVEL, "growth": GROWTH,
             "pilot_seeds": list(pilot), "cell_keys": list(cell_keys), "looks": [list(cells) for cells in rounds]}
 

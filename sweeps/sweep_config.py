@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from dataflex_rl.keys import ALPHA_KEY, BASELINE_ALPHA, BASELINE_PRESET, WARM_ST
 from dataflex_rl.compose import EXPERIMENT_GROUP, run_experiments
 from dataflex_rl.overrides import Override, hydra_value, parse_override
 from dataflex_rl.validation import (ConfigError, build_params, check_choice, check_file_name, check_int_at_least,
-                                    check_number, check_seed, to_plain)
+                                    check_number, check_seed, parse_switch, to_plain)
 from sweeps.backends import backend_settings_blocks, get_backend
 from sweeps.launchers import LAUNCHERS as LAUNCHER_REGISTRY, launcher_class, parse_settings
 
@@ -31,8 +32,6 @@ LIST_KEYS = ("alpha", "seeds", "mechanisms", "eta")
 DEFAULT_ALPHA = (0.0, 0.5)
 # A seed plan (target_mde) never runs more seeds than this unless max_seeds says otherwise.
 DEFAULT_MAX_SEEDS = 20
-_TRUE = ("true", "yes", "on", "1")
-_FALSE = ("false", "no", "off", "0", "")
 
 
 # Threads of a lone run: a step at 2 took 4-27x as long as at 1 on 2 shared cores (benchmarks/bench_local.py).
@@ -148,97 +147,54 @@ class SweepConfig:
     poll_s: float = 0.25
     launcher_settings: Any = None  # the launcher's typed ``<launcher>:`` block (sweeps/launchers/), None if it has none
     backend_settings: Any = None  # the backend's typed ``<backend>:`` block (Backend.settings), None if it has none
-    # ``extra`` read once (:func:`parse_extra`): the overrides every run shares, and the extra axes of the grid.
-    common: tuple[Override, ...] = dataclasses.field(init=False, default=())
-    extra_axes: tuple[Axis, ...] = dataclasses.field(init=False, default=())
-
-    def __post_init__(self) -> None:
-        if self.name is not None:
-            check_sweep_name(self.name)
-        backend = get_backend(self.backend)
-        object.__setattr__(self, "backend_settings",
-                           _typed_settings(f"backend={self.backend}", backend.settings, self.backend_settings))
-        object.__setattr__(self, "launcher_settings", _typed_settings(
-            f"launcher={self.launcher}", launcher_class(self.launcher).settings, self.launcher_settings))
-        if self.experiment is not None:
-            check_choice("experiment", self.experiment, available_experiments())
-        backend.check(self)
-        if self.target_mde is not None and self.max_seeds is None:
-            object.__setattr__(self, "max_seeds", DEFAULT_MAX_SEEDS)
-        if self.experiment is not None and f"experiment={self.experiment}" not in self.extra:
-            object.__setattr__(self, "extra", (f"experiment={self.experiment}", *self.extra))
-        if self.alpha is None:
-            object.__setattr__(self, "alpha", () if self.mechanisms else DEFAULT_ALPHA)
-        if self.mechanisms and self.add_baseline and BASELINE_PRESET not in self.mechanisms \
-                and BASELINE_PRESET in available_presets():
-            object.__setattr__(self, "mechanisms", (BASELINE_PRESET, *self.mechanisms))
-        common, axes = parse_extra(self.extra, backend.check_extra)
-        object.__setattr__(self, "common", common)
-        object.__setattr__(self, "extra_axes", axes)
-        if self.steps is None:
-            object.__setattr__(self, "steps", backend.default_steps(self))
-        check_choice("warm_start", self.warm_start, WARM_START_DESIGNS)
-        if self.warm_start == "per_seed":
-            given = [str(item) for item in self.common if item.key == WARM_START_SEED_KEY]
-            given += [f"{axis.key}={','.join(map(str, axis.values))}" for axis in self.extra_axes
-                      if axis.name == WARM_START_SEED_KEY]
-            if given:
-                raise ConfigError(f"extra = {given[0]!r} is not allowed with warm_start=per_seed: each seed's runs "
-                                  f"start from the warm start of {WARM_START_SEED_KEY} = the run's seed; give "
-                                  f"warm_start=shared to start every run from the warm start of one "
-                                  f"{WARM_START_SEED_KEY}")
-        if not self.seeds:
-            raise ConfigError("seeds = [] is not allowed: give at least one seed, e.g. seeds=1,2")
-        for key in ("steps", "jobs", "threads"):
-            if getattr(self, key) is not None:
-                check_int_at_least(key, getattr(self, key), 1)
-        if self.target_mde is None and self.max_seeds is not None:
-            raise ConfigError(f"max_seeds = {self.max_seeds!r} is not allowed without target_mde: max_seeds caps the "
-                              f"seeds a plan adds, and only target_mde makes a plan; give target_mde=<difference to "
-                              f"detect> too (make sweep TARGET_MDE=0.01 MAX_SEEDS={self.max_seeds}), or leave "
-                              f"max_seeds out")
-        if self.target_mde is not None:
-            check_int_at_least("max_seeds", self.max_seeds, 2)
-            check_number("target_mde", self.target_mde, minimum=0.0, exclusive=True)
-            if len(self.seeds) < 2:
-                raise ConfigError(f"seeds = {list(self.seeds)} is not allowed with target_mde: the pilot needs at "
-                                  f"least 2 seeds (3 or more give a steadier plan), e.g. seeds=1,2,3")
-            if self.max_seeds < len(self.seeds):
-                raise ConfigError(f"max_seeds = {self.max_seeds} is not allowed: it must be >= the {len(self.seeds)} "
-                                  f"pilot seeds")
-        backend.check_metric("plan_metric", self.plan_metric)
-        check_number("grace_s", self.grace_s, minimum=0.0)
-        check_number("poll_s", self.poll_s, minimum=0.0, exclusive=True)
-        if not re.fullmatch(r"[A-Za-z_][\w.]*", self.train_module):
-            raise ConfigError(f"train_module = {self.train_module!r} is not allowed: it must be a dotted module "
-                              f"name run as `python -m <train_module>`")
-        unknown = [name for name in self.mechanisms if name not in available_presets()]
-        if unknown:
-            raise ConfigError(f"mechanisms = {unknown[0]!r} is not allowed: no conf/dataflex/{unknown[0]}.yaml; "
-                              f"presets: {', '.join(available_presets())}")
-
-    def common_sets(self, key: str) -> bool:
-        return any(item.key == key for item in self.common)
-
-    @property
-    def alphas(self) -> tuple[float, ...]:
-        """The alpha axis with the alpha = 0 baseline first when ``add_baseline`` and it is missing."""
-        if self.alpha and self.add_baseline and BASELINE_ALPHA not in self.alpha:
-            return (BASELINE_ALPHA, *self.alpha)
-        return self.alpha
 
 
-def _typed_settings(owner: str, settings_type: type | None, given: Any) -> Any:
-    """``given`` as ``settings_type`` (its defaults when None); an owner without settings takes none."""
-    if settings_type is None:
-        if given is not None:
-            raise ConfigError(f"{owner} takes no settings, got {given!r}")
-        return None
-    if given is None:
-        return settings_type()
-    if not isinstance(given, settings_type):
-        raise ConfigError(f"{owner} settings = {given!r} is not allowed: they must be a {settings_type.__name__}")
-    return given
+# --- what the config implies, computed where it is used (the grid, the plan), never stored on the config --------------
+def run_extra(config: SweepConfig) -> tuple[str, ...]:
+    """``extra`` with a named experiment's ``experiment=<name>`` first."""
+    named = f"experiment={config.experiment}"
+    return config.extra if config.experiment is None or named in config.extra else (named, *config.extra)
+
+
+@functools.cache
+def read_extra(extra: tuple[str, ...], backend: str) -> tuple[tuple[Override, ...], tuple[Axis, ...]]:
+    """``(the overrides every run shares, the extra axes)``, read and checked once per sweep (:func:`parse_extra`)."""
+    return parse_extra(extra, get_backend(backend).check_extra)
+
+
+def common_overrides(config: SweepConfig) -> tuple[Override, ...]:
+    return read_extra(run_extra(config), config.backend)[0]
+
+
+def extra_axes(config: SweepConfig) -> tuple[Axis, ...]:
+    return read_extra(run_extra(config), config.backend)[1]
+
+
+def common_sets(config: SweepConfig, key: str) -> bool:
+    return any(item.key == key for item in common_overrides(config))
+
+
+def grid_alphas(config: SweepConfig) -> tuple[float, ...]:
+    """The alpha axis: :data:`DEFAULT_ALPHA` unless given (none with presets), the baseline's 0 first when missing."""
+    alpha = (() if config.mechanisms else DEFAULT_ALPHA) if config.alpha is None else config.alpha
+    return (BASELINE_ALPHA, *alpha) if alpha and config.add_baseline and BASELINE_ALPHA not in alpha else alpha
+
+
+def grid_presets(config: SweepConfig) -> tuple[str, ...]:
+    """The preset axis with the baseline preset first when missing."""
+    presets = config.mechanisms
+    return (BASELINE_PRESET, *presets) if presets and config.add_baseline and BASELINE_PRESET not in presets \
+        else presets
+
+
+def run_steps(config: SweepConfig) -> int | None:
+    """A run's RL steps: ``steps``, else the backend's default (None: the run config's own)."""
+    return config.steps if config.steps is not None else get_backend(config.backend).default_steps(config)
+
+
+def plan_cap(config: SweepConfig) -> int:
+    """The most seeds a planned sweep gives a cell: ``max_seeds``, else :data:`DEFAULT_MAX_SEEDS`."""
+    return config.max_seeds or DEFAULT_MAX_SEEDS
 
 
 def _as_list(key: str, value: Any) -> list[Any]:
@@ -249,17 +205,6 @@ def _as_list(key: str, value: Any) -> list[Any]:
     if isinstance(value, Mapping):
         raise ConfigError(f"{key} = {value!r} is not allowed: give a value or a list, e.g. {key}=1,2")
     return [value]
-
-
-def parse_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower() if value is not None else ""
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ConfigError(f"{key} = {value!r} is not allowed: it must be true or false")
 
 
 def _parse_number(key: str, value: Any) -> float:
@@ -308,7 +253,8 @@ def foreign_settings_message(key: str, value: Any, chosen: str) -> str:
 
 
 def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> SweepConfig:
-    """``allowed_extra_keys``: top-level keys a caller (the Optuna driver) reads itself."""
+    """The one validation pass of the sweep config (a bad value: :class:`ConfigError` naming key, value and what is
+    allowed); ``allowed_extra_keys``: top-level keys a caller (the Optuna driver) reads itself."""
     raw = resolve_sweep_config(cfg)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"sweep config = {raw!r} is not allowed: it must be a mapping")
@@ -322,17 +268,22 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
     values["launcher"] = raw.get("launcher", DEFAULT_LAUNCHER)
     launcher_class(values["launcher"])  # an unknown name raises, listing the registered ones
     values["backend"] = str(raw.get("backend", DEFAULT_BACKEND))
-    get_backend(values["backend"])  # an unknown name raises, listing conf/backend/
+    backend = get_backend(values["backend"])  # an unknown name raises, listing conf/backend/
     for block, owner in blocks.items():
         if block in raw and block != values[owner]:
             raise ConfigError(foreign_settings_message(block, raw[block], values[owner]))
     values["launcher_settings"] = parse_settings(values["launcher"], raw.get(values["launcher"]))
-    backend_settings = get_backend(values["backend"]).settings
-    if backend_settings is not None:
-        values["backend_settings"] = build_params(values["backend"], backend_settings, raw.get(values["backend"]))
+    if backend.settings is not None:
+        values["backend_settings"] = build_params(values["backend"], backend.settings, raw.get(values["backend"]))
     values["seeds"] = _unique([check_seed("seeds", _int_text(item)) for item in _as_list("seeds", raw.get("seeds"))])
+    if not values["seeds"]:
+        raise ConfigError("seeds = [] is not allowed: give at least one seed, e.g. seeds=1,2")
     values["mechanisms"] = _unique([str(item) for item in _as_list("mechanisms", raw.get("mechanisms"))])
-    for key in ("alpha", "eta"):  # alpha None: the default (resolved by SweepConfig)
+    unknown = [name for name in values["mechanisms"] if name not in available_presets()]
+    if unknown:
+        raise ConfigError(f"mechanisms = {unknown[0]!r} is not allowed: no conf/dataflex/{unknown[0]}.yaml; "
+                          f"presets: {', '.join(available_presets())}")
+    for key in ("alpha", "eta"):  # alpha None: the default grid (grid_alphas)
         numbers_given = [_parse_number(key, item) for item in _as_list(key, raw.get(key))]
         values[key] = None if key == "alpha" and raw.get(key) is None else _unique(numbers_given)
     values["extra"] = tuple(str(item) for item in _as_list("extra", raw.get("extra")))
@@ -340,14 +291,57 @@ def parse_sweep_config(cfg: Any, allowed_extra_keys: Sequence[str] = ()) -> Swee
         value = raw.get(key)
         values[key] = None if value is None or value == "" else check_int_at_least(key, _int_text(value), 1)
     if raw.get("target_mde") is not None:
-        values["target_mde"] = _parse_number("target_mde", raw["target_mde"])
+        values["target_mde"] = check_number("target_mde", _parse_number("target_mde", raw["target_mde"]),
+                                            minimum=0.0, exclusive=True)
     for key in ("add_baseline", "dry_run", "report", "validate"):
         if key in raw:
-            values[key] = parse_bool(key, raw[key])
+            values[key] = parse_switch(key, raw[key])
     for key in ("name", "warm_start"):
         if raw.get(key) is not None:
             values[key] = str(raw[key])
-    return SweepConfig(**values)
+    for key in ("grace_s", "poll_s"):
+        if key in raw:
+            values[key] = check_number(key, _parse_number(key, raw[key]), minimum=0.0, exclusive=key == "poll_s")
+    config = SweepConfig(**values)
+    check_sweep(config, backend)
+    return config
+
+
+def check_sweep(config: SweepConfig, backend: Any) -> None:
+    """The rules across keys: the name, the experiment, the warm-start design, the seed plan, the metric, and what
+    the backend refuses (its ``check`` and its ``check_extra`` of each override, through :func:`read_extra`)."""
+    if config.name is not None:
+        check_sweep_name(config.name)
+    if config.experiment is not None:
+        check_choice("experiment", config.experiment, available_experiments())
+    check_choice("warm_start", config.warm_start, WARM_START_DESIGNS)
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", config.train_module):
+        raise ConfigError(f"train_module = {config.train_module!r} is not allowed: it must be a dotted module name run "
+                          f"as `python -m <train_module>`")
+    backend.check(config)
+    common, axes = common_overrides(config), extra_axes(config)
+    if config.warm_start == "per_seed":
+        given = [str(item) for item in common if item.key == WARM_START_SEED_KEY]
+        given += [f"{axis.key}={','.join(map(str, axis.values))}" for axis in axes if axis.name == WARM_START_SEED_KEY]
+        if given:
+            raise ConfigError(f"extra = {given[0]!r} is not allowed with warm_start=per_seed: each seed's runs start "
+                              f"from the warm start of {WARM_START_SEED_KEY} = the run's seed; give warm_start=shared "
+                              f"to start every run from the warm start of one {WARM_START_SEED_KEY}")
+    if config.target_mde is None and config.max_seeds is not None:
+        raise ConfigError(f"max_seeds = {config.max_seeds!r} is not allowed without target_mde: max_seeds caps the "
+                          f"seeds a plan adds, and only target_mde makes a plan; give target_mde=<difference to "
+                          f"detect> too (make sweep TARGET_MDE=0.01 MAX_SEEDS={config.max_seeds}), or leave "
+                          f"max_seeds out")
+    if config.target_mde is not None:
+        check_int_at_least("max_seeds", plan_cap(config), 2)
+        if len(config.seeds) < 2:
+            raise ConfigError(f"seeds = {list(config.seeds)} is not allowed with target_mde: the pilot needs at least "
+                              f"2 seeds (3 or more give a steadier plan), e.g. seeds=1,2,3")
+        if plan_cap(config) < len(config.seeds):
+            raise ConfigError(f"max_seeds = {plan_cap(config)} is not allowed: it must be >= the {len(config.seeds)} "
+                              f"pilot seeds")
+    backend.check_metric("plan_metric", config.plan_metric)
+    run_steps(config)  # a backend's default steps may refuse the settings
 
 
 def resolve_sweep_config(cfg: Any) -> Any:

@@ -19,7 +19,7 @@ from dataflex_rl.overrides import hydra_value
 from dataflex_rl.tracking.run_store import COMPLETED, final_value, read_curve
 from dataflex_rl.validation import ConfigError, check_choice, check_int_at_least, check_number, to_plain, unknown_keys
 from sweeps.backends import get_backend
-from sweeps.sweep_config import Axis, SweepConfig, parse_sweep_config
+from sweeps.sweep_config import Axis, SweepConfig, extra_axes, parse_sweep_config
 from sweeps.grid import RunSpec, default_name, warm_start_seed
 from sweeps.launchers import Job
 from sweeps.plan import PlannedRun, SweepPlan, concurrency
@@ -106,7 +106,7 @@ def parse_tune_config(cfg: Any) -> TuneConfig:
     if sweep.alpha or sweep.mechanisms or sweep.eta:
         raise ConfigError("alpha/mechanisms/eta grids are not allowed in a study: list alpha under search: (set "
                           "alpha=[]) and pick a preset with extra=[dataflex=<preset>]")
-    if sweep.extra_axes:
+    if extra_axes(sweep):
         raise ConfigError(f"extra = {list(sweep.extra)!r} is not allowed: a study has no grid axes; list the "
                           f"parameter under search: instead")
     if sweep.target_mde is not None:
@@ -225,9 +225,9 @@ def study_estimate(tune: TuneConfig, trials: int, jobs: int) -> str:
     estimate = get_backend(tune.sweep.backend).estimate_seconds(tune.sweep, len(tune.sweep.seeds), jobs)
     if estimate is None:
         return f"no estimate of the wall time on backend={tune.sweep.backend}"
-    seconds, assumed = estimate
+    seconds, run, assumed = estimate
     return (f"estimate: about {trials * seconds / 60:.0f} min for {trials} trial(s) x {len(tune.sweep.seeds)} "
-            f"seed(s) on an idle machine ({assumed}); a shared machine is slower")
+            f"seed(s) x {run} on an idle machine ({assumed}); a shared machine is slower")
 
 
 def final_window_mean(run_dir: Path, key: str, window: int) -> float | None:

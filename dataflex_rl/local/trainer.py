@@ -273,7 +273,7 @@ class GRPOTrainer:
                             grad_factor: torch.Tensor) -> dict[str, float]:
         weighted = output.advantages.float()
         per_token = {"logit_grad_norm": weighted.abs() * grad_factor}
-        return mechanism_metrics.prob_bucket_stats(old_log_probs.exp(), weighted, batch.response_mask,
+        return mechanism_metrics.prob_bucket_stats(output.token_probs, weighted, batch.response_mask,
                                                    self.config.stats.bucket_edges, per_token_grad_norms=per_token)
 
     @torch.no_grad()
@@ -296,7 +296,7 @@ class GRPOTrainer:
         rows = torch.linspace(0, batch.input_ids.shape[0] - 1, count).round().long().unique()
         mini = batch.select(rows)
         mask = mini.response_mask.bool()
-        token_probs = old_log_probs[rows].exp()
+        token_probs = output.token_probs[rows]
         parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.model.eval()
         outputs = response_token_outputs(self.model, mini, self.trainer.temperature, packed=self.pack)

@@ -69,9 +69,9 @@ class Backend:
         """The resolved settings every run shares, that a rerun is compared on (None: overrides)."""
         return None
 
-    def estimate_seconds(self, config: SweepConfig, runs: int, jobs: int) -> tuple[float, str] | None:
-        """``(wall seconds of runs of config, jobs at once, what it assumed)`` on an idle machine; None: no
-        estimate for this backend."""
+    def estimate_seconds(self, config: SweepConfig, runs: int, jobs: int) -> tuple[float, str, str] | None:
+        """``(wall seconds of runs of config, jobs at once, on an idle machine; what a run is; what the estimate
+        assumes)``; None: no estimate for this backend."""
         return None
 
     def starting_lr(self) -> float:

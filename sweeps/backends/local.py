@@ -13,10 +13,10 @@ from dataflex_rl.compose import EXPERIMENT_GROUP, TrainComposer, check_group_cho
 from dataflex_rl.keys import check_metric_key
 from dataflex_rl.overrides import Override, hydra_value
 from dataflex_rl.run_config import CONFIG_FILE_FLAG
-from dataflex_rl.validation import ConfigError, check_int_at_least
+from dataflex_rl.validation import ConfigError, check_int_at_least, parse_switch
 from dataflex_rl.run_config import quiet_verl_import
 from sweeps.backends import Backend
-from sweeps.sweep_config import SweepConfig, parse_bool
+from sweeps.sweep_config import SweepConfig, common_overrides, common_sets, run_steps
 from sweeps.grid import STANDARD_FACTORS, RunSpec, warm_start_overrides
 from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
 
@@ -43,7 +43,7 @@ class LocalSettings:
     def __post_init__(self) -> None:
         if self.steps is not None:
             check_int_at_least("steps", self.steps, 1)
-        object.__setattr__(self, "sft_warm_start", parse_bool("sft_warm_start", self.sft_warm_start))
+        object.__setattr__(self, "sft_warm_start", parse_switch("sft_warm_start", self.sft_warm_start))
 
 
 class LocalBackend(Backend):
@@ -59,7 +59,7 @@ class LocalBackend(Backend):
     def default_steps(self, config: SweepConfig) -> int | None:
         """``local.steps``, unless ``extra`` sets the steps or names an experiment, whose own ``trainer.total_steps``
         then hold."""
-        if config.common_sets(self.steps_key) or config.common_sets(EXPERIMENT_GROUP):
+        if common_sets(config, self.steps_key) or common_sets(config, EXPERIMENT_GROUP):
             return None
         return config.backend_settings.steps
 
@@ -73,8 +73,7 @@ class LocalBackend(Backend):
     def overrides(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                   threads: int | None) -> list[str]:
         check_steps_once(config, self.steps_key)
-        overrides = [f"{self.steps_key}={config.steps}"] if config.steps is not None else []
-        overrides += [*map(str, config.common), *spec.overrides]
+        overrides = [*steps_override(config), *map(str, common_overrides(config)), *spec.overrides]
         if spec.axis_keys:  # the run records these keys' values as its identity (meta.json axes)
             overrides.append(f"axes=[{','.join(spec.axis_keys)}]")
         overrides += [f"run_dir={hydra_value(sweep_dir / spec.name)}", f"sweep={sweep}", f"run_name={spec.name}",
@@ -127,7 +126,7 @@ class LocalBackend(Backend):
         for axis_overrides, seed in variants:
             name = "-".join(["sft", *([str(axis_variants.index(axis_overrides))] if len(axis_variants) > 1 else []),
                              *([f"seed{seed}"] if seed is not None else [])])
-            overrides = [*map(str, config.common), *axis_overrides, *warm_start_overrides(seed), "mode=sft",
+            overrides = [*map(str, common_overrides(config)), *axis_overrides, *warm_start_overrides(seed), "mode=sft",
                          f"run_dir={hydra_value(sweep_dir / SFT_FOLDER)}"]
             if threads is not None:
                 overrides.append(f"threads={threads}")
@@ -145,18 +144,18 @@ class LocalBackend(Backend):
     def common_config(self, config: SweepConfig) -> dict | None:
         return common_train_config(config) if config.validate else None
 
-    def estimate_seconds(self, config: SweepConfig, runs: int, jobs: int) -> tuple[float, str]:
+    def estimate_seconds(self, config: SweepConfig, runs: int, jobs: int) -> tuple[float, str, str]:
         from dataflex_rl.run_config import parse_train_config
 
         with quiet_verl_import():
             trainer = parse_train_config(compose_train_config(
-                [*([f"{self.steps_key}={config.steps}"] if config.steps is not None else []),
-                 *map(str, config.common), "run_dir=."])).trainer
+                [*steps_override(config), *map(str, common_overrides(config)), "run_dir=."])).trainer
         values = common_train_config(config)
         validation = trainer.evaluations * min(trainer.val_size, int(values["task.test_size"])) * VALIDATION_ITEM_S
         seconds = math.ceil(runs / max(1, jobs)) * (trainer.total_steps * STEP_S + validation + RUN_OVERHEAD_S)
-        return seconds, (f"{trainer.total_steps} steps a run, {STEP_S:g} s per RL step and {VALIDATION_ITEM_S * 1e3:g} "
-                         f"ms per validation item, one thread each (benchmarks/bench_eval.py)")
+        return seconds, f"{trainer.total_steps} steps", (f"{STEP_S:g} s per RL step and {VALIDATION_ITEM_S * 1e3:g} ms "
+                                                         f"per validation item, one thread each, measured by "
+                                                         f"benchmarks/bench_eval.py")
 
     def starting_lr(self) -> float:
         from dataflex_rl.run_config import TrainerConfig
@@ -168,13 +167,18 @@ def common_train_config(config: SweepConfig) -> dict[str, Any]:
     """The resolved common settings (no cell's own), minus keys that cannot change a run's numbers."""
     from dataflex_rl.tracking.run_store import FINGERPRINT_IGNORED, flatten_config
 
-    overrides = [f"{LocalBackend.steps_key}={config.steps}"] if config.steps is not None else []
-    overrides += [*map(str, config.common), "run_dir=."]
+    overrides = [*steps_override(config), *map(str, common_overrides(config)), "run_dir=."]
     with quiet_verl_import():
         resolved = compose_train_config(overrides)
     dropped = (*FINGERPRINT_IGNORED, *RUN_PLACE_KEYS, "hydra")
     return {key: value for key, value in flatten_config(resolved).items()
             if not any(key == prefix or key.startswith(prefix + ".") for prefix in dropped)}
+
+
+def steps_override(config: SweepConfig) -> list[str]:
+    """``trainer.total_steps=<steps>`` when the sweep sets a run's steps (:func:`sweeps.sweep_config.run_steps`)."""
+    steps = run_steps(config)
+    return [] if steps is None else [f"{LocalBackend.steps_key}={steps}"]
 
 
 def warm_start_key(train_config: Any) -> str:

@@ -25,7 +25,7 @@ from dataflex_rl.verl.command import (
 )
 from dataflex_rl.run_config import quiet_verl_import
 from sweeps.backends import Backend
-from sweeps.sweep_config import PRESET_DIR, SweepConfig, check_no_env_interpolation
+from sweeps.sweep_config import PRESET_DIR, SweepConfig, check_no_env_interpolation, common_overrides, run_steps
 from sweeps.grid import PRESET_FACTOR, RunSpec
 from sweeps.launchers import launcher_class
 from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
@@ -93,9 +93,9 @@ class VerlBackend(Backend):
             elif axis.name not in (PRESET_FACTOR, "seed"):
                 axis_overrides.append(str(override))
         extra = [f"seed={spec.seed}"]
-        if config.steps is not None:
-            extra.append(f"{self.steps_key}={config.steps}")
-        extra += [*map(str, config.common), *axis_overrides, f"trainer.experiment_name={spec.name}",
+        if run_steps(config) is not None:
+            extra.append(f"{self.steps_key}={run_steps(config)}")
+        extra += [*map(str, common_overrides(config)), *axis_overrides, f"trainer.experiment_name={spec.name}",
                   f"trainer.default_local_dir={hydra_value(sweep_dir / spec.name / 'checkpoints')}",
                   f"+dataflex_run.dir={hydra_value(sweep_dir / spec.name)}",
                   f"+dataflex_run.sweep={hydra_value(sweep)}", f"+dataflex_run.name={hydra_value(spec.name)}",

@@ -35,7 +35,7 @@ def test_a_scorer_with_its_own_signal_is_scored_not_replaced_by_pi():
             signal = "token_prob"  # the same signal kind as pi, but its own numbers
             required_fields = ("response_mask",)
 
-            def score(self, fields):
+            def score(self, fields, token_probs):
                 return torch.full(fields["response_mask"].shape, 0.5)
 
         mechanism = build_mechanism({"scorer": {"name": "constant_half"},

@@ -132,7 +132,7 @@ def test_max_seeds_without_target_mde_is_refused_naming_both(max_seeds, tmp_path
     error = _refused([f"max_seeds={max_seeds}"], tmp_path, capsys)
     assert f"max_seeds = {max_seeds} is not allowed without target_mde" in error
     from sweeps.cli import load_config
-    from sweeps.sweep_config import DEFAULT_MAX_SEEDS
+    from sweeps.sweep_config import DEFAULT_MAX_SEEDS, plan_cap
 
-    assert load_config(["target_mde=0.01", "seeds=1,2,3"])[1].max_seeds == DEFAULT_MAX_SEEDS
+    assert plan_cap(load_config(["target_mde=0.01", "seeds=1,2,3"])[1]) == DEFAULT_MAX_SEEDS
     assert load_config([])[1].max_seeds is None

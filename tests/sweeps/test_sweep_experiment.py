@@ -9,7 +9,7 @@ from dataflex_rl.run_config import parse_train_config
 from dataflex_rl.validation import ConfigError
 from sweeps.backends import get_backend
 from sweeps.cli import load_config
-from sweeps.sweep_config import CONF_DIR, available_experiments
+from sweeps.sweep_config import CONF_DIR, available_experiments, grid_presets, run_extra, run_steps
 from sweeps.grid import default_name, expand_grid
 from sweeps.make import VARIABLES, sweep_argv
 
@@ -37,16 +37,16 @@ def test_a_single_run_composes_the_experiment_over_the_defaults():
 def test_the_sweep_runs_the_paper_ablation_with_the_experiment_first():
     config = config_of("experiment=kk")
     assert config.experiment == "kk"
-    assert config.mechanisms == ("baseline", "ar_paper", "ar", "lopti_paper")
-    assert config.steps is None  # the experiment's own trainer.total_steps
-    assert config.extra[0] == "experiment=kk"
+    assert grid_presets(config) == ("baseline", "ar_paper", "ar", "lopti_paper")
+    assert run_steps(config) is None  # the experiment's own trainer.total_steps
+    assert run_extra(config)[0] == "experiment=kk"
     specs = expand_grid(config)
     assert len(specs) == 4 * len(config.seeds)
     assert default_name(config).startswith("kk-")
     runs = get_backend(config.backend).plan(config, specs[:2], "kk-test", CONF_DIR.parent / "runs" / "kk-test", 1)
     assert all(run.overrides[0] == "experiment=kk" for run in runs), runs[0].overrides
     extra = config_of("experiment=kk", "extra=[trainer.lr=3e-4]")
-    assert extra.extra == ("experiment=kk", "trainer.lr=3e-4")  # EXTRA adds to the experiment, never replaces it
+    assert run_extra(extra) == ("experiment=kk", "trainer.lr=3e-4")  # EXTRA adds to the experiment, never replaces it
     assert config_of("experiment=kk", "seeds=1,2").seeds == (1, 2)
 
 
@@ -70,6 +70,6 @@ def test_long_addition_is_a_named_experiment_whose_sweep_runs_the_ablation():
     assert (run.sft.steps, run.trainer.lr, run.trainer.total_steps, run.trainer.val_every) == (200, 3e-5, 100, 10)
     assert run.task.params["test_size"] >= run.trainer.val_size == 1024
     config = config_of("experiment=long_addition")
-    assert config.mechanisms == ("baseline", "ar_paper", "ar", "lopti_paper", "ar_lopti_paper")
-    assert config.steps is None and config.extra[0] == "experiment=long_addition"
+    assert grid_presets(config) == ("baseline", "ar_paper", "ar", "lopti_paper", "ar_lopti_paper")
+    assert run_steps(config) is None and run_extra(config)[0] == "experiment=long_addition"
     assert len(expand_grid(config)) == 5 * len(config.seeds)

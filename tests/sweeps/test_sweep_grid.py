@@ -18,7 +18,8 @@ from sweeps.backends import get_backend
 from sweeps.cli import normalize_argv, split_extra
 from sweeps.grid import default_name
 from sweeps.plan import concurrency
-from sweeps.sweep_config import parse_extra
+from sweeps.sweep_config import (common_overrides, extra_axes, grid_alphas, grid_presets, parse_extra,
+                                 run_steps)
 from sweeps.grid import expand_grid
 from sweeps.manifest import Manifest
 from sweeps.tune import final_window_mean
@@ -257,15 +258,15 @@ def test_a_run_still_alive_from_an_earlier_driver_refuses_the_resume(tmp_path):
 
 def test_mechanism_presets_without_alpha_use_their_own_alpha_and_add_the_baseline():
     config = config_of("mechanisms=ar,lopti", "seeds=1")
-    assert config.alpha == () and config.mechanisms == ("baseline", "ar", "lopti")
-    assert config_of("seeds=1").alpha == (0.0, 0.5)  # no presets: the default alpha grid
+    assert grid_alphas(config) == () and grid_presets(config) == ("baseline", "ar", "lopti")
+    assert grid_alphas(config_of("seeds=1")) == (0.0, 0.5)  # no presets: the default alpha grid
     crossed = config_of("mechanisms=ar", "alpha=0.25", "add_baseline=false")
-    assert crossed.alphas == (0.25,) and crossed.mechanisms == ("ar",)
+    assert grid_alphas(crossed) == (0.25,) and grid_presets(crossed) == ("ar",)
 
 
 def test_default_sweep_is_two_alphas_by_eight_seeds_by_120_local_steps():
     config = config_of()
-    assert config.alphas == (0.0, 0.5) and config.seeds == tuple(range(1, 9)) and config.steps == 120
+    assert grid_alphas(config) == (0.0, 0.5) and config.seeds == tuple(range(1, 9)) and run_steps(config) == 120
     assert config_of("steps=50").steps == 50
     assert config_of("extra=[trainer.total_steps=30]").steps is None  # the override decides, given once
     assert config_of("local.steps=null").steps is None  # the trainer's own 400
@@ -340,8 +341,8 @@ def test_extra_is_read_once_per_sweep_and_the_runs_are_planned_from_typed_axes(t
 
     config = config_of("alpha=0.0,0.5", "seeds=1,2", "steps=3", "validate=false",
                        "extra=[trainer.lr=1e-4,3e-4 trainer.val_every=1]")
-    assert [str(item) for item in config.common] == ["trainer.val_every=1"]
-    assert [(axis.name, axis.values) for axis in config.extra_axes] == [("trainer.lr", ("0.0001", "0.0003"))]
+    assert [str(item) for item in common_overrides(config)] == ["trainer.val_every=1"]
+    assert [(axis.name, axis.values) for axis in extra_axes(config)] == [("trainer.lr", ("0.0001", "0.0003"))]
     parsed = []
     original = OverridesParser.parse_override
     monkeypatch.setattr(OverridesParser, "parse_override",

@@ -144,20 +144,21 @@ def test_every_default_make_help_states_is_the_schemas():
     """The "(default X)" of each ``#>`` line: a value of the sweep schema (resolved, as a sweep with no arguments
     gets it) or of the launcher's settings, or a rule the driver applies (JOBS, SWEEP)."""
     from sweeps.backends import get_backend
-    from sweeps.sweep_config import SweepConfig
+    from sweeps.cli import load_config
+    from sweeps.sweep_config import grid_alphas, run_steps
     from sweeps.launchers import launcher_class
 
     lines = [line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("#> ")]
     stated = dict(re.findall(r"^#> (\w+)\s.*\(default:? ([^)]*)\)", "\n".join(lines), flags=re.M))
-    config = SweepConfig()
+    config = load_config([])[1]
     assert stated == {
-        "ALPHA": ",".join(map(str, config.alphas)), "SEEDS": ",".join(map(str, config.seeds)),
-        "STEPS": f"{config.steps} on the local backend", "WARM_START": config.warm_start,
+        "ALPHA": ",".join(map(str, grid_alphas(config))), "SEEDS": ",".join(map(str, config.seeds)),
+        "STEPS": f"{run_steps(config)} on the local backend", "WARM_START": config.warm_start,
         "BACKEND": config.backend, "VERL_EXPERIMENT": get_backend("verl").settings().experiment, "LAUNCHER": config.launcher,
         "JOBS": "the core count; 1 in verl's CPU mode, whose runs each start a Ray cluster on every core",
         "SWEEP": "a hash of the grid",
     }
-    assert config.steps == config.backend_settings.steps and config.backend == "local"
+    assert run_steps(config) == config.backend_settings.steps and config.backend == "local"
     slurm = launcher_class("slurm").settings()
     for key, value in re.findall(r"slurm\.(\w+)=([\d.]+)", "\n".join(lines)):
         assert float(getattr(slurm, key)) == float(value), key

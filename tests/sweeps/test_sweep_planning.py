@@ -10,7 +10,6 @@ import pytest
 
 from analysis import power, statistics
 from dataflex_rl.validation import ConfigError
-from sweeps import seed_plan
 from sweeps.cli import main
 from sweeps.sweep_config import parse_sweep_config
 

@@ -82,7 +82,7 @@ def test_a_backend_brings_its_own_settings_block_with_the_dataclass_defaults():
     from sweeps.backends.verl import VerlSettings
 
     assert config_of().backend_settings == LocalSettings() == LocalSettings(steps=120, sft_warm_start=True)
-    assert config_of("local.steps=7").steps == 7  # the local backend's default for steps
+    assert sweep_config.run_steps(config_of("local.steps=7")) == 7  # the local backend's default for steps
     assert config_of("local.sft_warm_start=false").backend_settings.sft_warm_start is False
     verl = config_of("backend=verl", "verl.experiment=verl_cpu_tiny")
     assert verl.backend_settings == VerlSettings(experiment="verl_cpu_tiny")

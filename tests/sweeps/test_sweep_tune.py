@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 
 from dataflex_rl.validation import ConfigError
 from sweeps.cli import load_config
+from sweeps.sweep_config import run_steps
 from sweeps.tune import TUNE_KEYS, main, parse_tune_config
 
 from .conftest import SCRIPTED_TRAIN, runs_by_name
@@ -124,7 +125,7 @@ def test_default_study_searches_alpha_only_and_lr_is_an_opt_in() -> None:
     cfg, _ = load_config([], config_name="optuna", allowed_extra_keys=TUNE_KEYS)
     tune = parse_tune_config(cfg)
     assert [param.name for param in tune.search] == ["alpha"] and tune.sweep.seeds == (1, 2)
-    assert tune.sweep.steps == 120 and tune.final_window == 5 and tune.n_trials == 8
+    assert run_steps(tune.sweep) == 120 and tune.final_window == 5 and tune.n_trials == 8
     cfg, _ = load_config(["tune_lr=true"], config_name="optuna", allowed_extra_keys=TUNE_KEYS)
     with_lr = parse_tune_config(cfg)
     assert [param.name for param in with_lr.search] == ["alpha", "trainer.lr"]

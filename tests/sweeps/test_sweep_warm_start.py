@@ -14,6 +14,7 @@ from sweeps.backends import get_backend
 from sweeps.cli import load_config, main
 from sweeps.grid import expand_grid
 from sweeps.manifest import SweepMismatchError, check_sweep_settings
+from sweeps.sweep_config import common_overrides
 
 from .conftest import plan_of, read_manifest, tiny_extra
 
@@ -71,7 +72,7 @@ def test_per_seed_refuses_an_sft_seed_from_extra_naming_the_way_out():
         with pytest.raises(ConfigError, match=r"extra = 'sft\.seed=.*' is not allowed with warm_start=per_seed.*"
                                               r"warm_start=shared"):
             config_of("alpha=0.5", "seeds=1", extra)
-    assert config_of("alpha=0.5", "seeds=1", "warm_start=shared", "extra=[sft.seed=3]").common[0].value == "3"
+    assert common_overrides(config_of("alpha=0.5", "seeds=1", "warm_start=shared", "extra=[sft.seed=3]"))[0].value == "3"
     with pytest.raises(ConfigError, match=r"warm_start = 'each' is not allowed; allowed values: 'per_seed', 'shared'"):
         config_of("warm_start=each")
 

@@ -15,7 +15,6 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
 from dataflex_rl.dataflex_block import build_mechanism
 from dataflex_rl.mechanism import Mechanism, MechanismOutput
 from dataflex_rl.metrics import HISTOGRAM_EDGES, Histogram, prob_bucket_stats
-from dataflex_rl.scorers import masked_log_probs
 from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.verl.config import (EXAMPLE_OVERRIDES, LOSS_MODE, LOSS_MODE_KEY, POLICY_LOSS_KEY, ROUTE_OVERRIDES,
                                      TRAINER_MODE_HINT)
@@ -65,10 +64,9 @@ def route_mechanism(block_json: str) -> Mechanism:
 def mechanism_step(mechanism: Mechanism, step: int, fields: Mapping[str, torch.Tensor], *,
                    histograms: bool) -> tuple[MechanismOutput, dict[str, float]]:
     """:meth:`Mechanism.process` and its metrics with the gradient statistics by token probability."""
-    output = mechanism.process(step, fields, histograms=histograms)
-    response_mask = fields["response_mask"].bool()
-    token_probs = masked_log_probs(fields["old_log_probs"], response_mask).exp()
-    return output, {**output.metrics, **prob_bucket_stats(token_probs, output.advantages, response_mask)}
+    output = mechanism.process(step, fields, histograms=histograms)  # pi = exp(old_log_probs) once, in there
+    buckets = prob_bucket_stats(output.token_probs, output.advantages, fields["response_mask"].bool())
+    return output, {**output.metrics, **buckets}
 
 
 def histogram_bins(histograms: Mapping[str, Histogram], infix: str = "") -> dict[str, float]:

@@ -1,7 +1,5 @@
 """``python -m dataflex_rl.verl.check``: which dataflex routes can this environment run? (docs/verl.md)"""
 
-from __future__ import annotations
-
 import argparse
 import functools
 import importlib
@@ -12,25 +10,16 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from dataflex_rl.validation import ConfigError
 from dataflex_rl.verl import VERL_VERSION
 from dataflex_rl.verl.command import build_verl_command, experiment_environment, verl_overrides_of
-from dataflex_rl.verl.config import (
-    LOSS_MODE,
-    LOSS_MODE_KEY,
-    ROUTE_TRAINERS,
-    TRAINER_MODE_KEY,
-    TRAINER_MODES,
-    compose_verl_config,
-    route_of,
-    validate_config,
-)
+from dataflex_rl.verl.config import (LOSS_MODE, LOSS_MODE_KEY, ROUTE_TRAINERS, TRAINER_MODE_KEY, TRAINER_MODES,
+                                     compose_verl_config, route_of, validate_config)
+from dataflex_rl.verl.cpu import ENVIRONMENT as CPU_ENVIRONMENT, ROLLOUT_NAME
 
 PLUGIN_MODULE = "dataflex_rl.verl.plugin"  # what the entry point names
 TRAINER_MODULE = "dataflex_rl.verl.trainer"
-LOSS_MODULE = "dataflex_rl.verl.policy_loss"
 ENTRY_POINT_GROUP = "verl.plugins"
 # The routes (config.route_of) and, for each, (what, module, attribute) of the pieces of verl it builds on.
 ROUTES = {"policy_loss": f"the policy-loss route ({LOSS_MODE_KEY}={LOSS_MODE})",
@@ -60,26 +49,21 @@ DISTRIBUTIONS = {"verl": "verl", "torch": "torch", "transformers": "transformers
                  "sglang": "sglang", "transfer_queue": "TransferQueue", "tensordict": "tensordict", "ray": "ray",
                  "cachetools": "cachetools", "dataflex-rl": "dataflex-rl"}
 # Needed by verl's trainers (besides verl's own requirements); a missing one fails the check. TransferQueue: the
-# trainer modes only (verl_pieces).
+# trainer modes only (VERL_PIECES).
 REQUIRED = ("verl", "torch", "transformers", "tensordict", "ray", "cachetools")
 
 
 class Report:
+    """One line per check: ``ok``, ``FAIL`` (counted in :attr:`failures`), ``no`` (absent, not a failure), or a
+    note (mark ``""``)."""
+
     def __init__(self) -> None:
         self.failures: list[str] = []
 
-    def ok(self, what: str, detail: str = "") -> None:
-        print(f"ok    {what}" + (f": {detail}" if detail else ""), flush=True)
-
-    def fail(self, what: str, detail: str) -> None:
-        self.failures.append(what)
-        print(f"FAIL  {what}: {detail}", flush=True)
-
-    def absent(self, what: str, detail: str) -> None:
-        print(f"no    {what}: {detail}", flush=True)
-
-    def note(self, text: str) -> None:
-        print(f"      {text}", flush=True)
+    def line(self, mark: str, what: str, detail: str = "") -> None:
+        if mark == "FAIL":
+            self.failures.append(what)
+        print(f"{mark:<6}{what}" + (f": {detail}" if detail else ""), flush=True)
 
 
 def distribution_version(name: str) -> str | None:
@@ -93,32 +77,28 @@ def check_versions(report: Report) -> None:
     for label, distribution in DISTRIBUTIONS.items():
         version = distribution_version(distribution)
         if version is None and label in REQUIRED:
-            report.fail(f"{label} installed", f"not found; install it (pip install {distribution})")
+            report.line("FAIL", f"{label} installed", f"not found; install it (pip install {distribution})")
         elif label == "verl" and version != VERL_VERSION:
-            report.fail("verl version", f"{version}; this plugin is written against verl {VERL_VERSION}")
+            report.line("FAIL", "verl version", f"{version}; this plugin is written against verl {VERL_VERSION}")
         else:
-            report.ok(f"{label} version", version or "not installed (optional here)")
+            report.line("ok", f"{label} version", version or "not installed (optional here)")
 
 
 def check_cuda(report: Report) -> None:
     import torch
 
     if torch.cuda.is_available():
-        report.ok("CUDA", f"{torch.cuda.device_count()} device(s), torch built for CUDA {torch.version.cuda}")
+        report.line("ok", "CUDA", f"{torch.cuda.device_count()} device(s), torch built for CUDA {torch.version.cuda}")
     else:
-        report.note("CUDA: not available. verl's rollout and FSDP engine need GPUs; the checks below still hold.")
+        report.line("", "CUDA: not available. verl's rollout and FSDP engine need GPUs; the checks below still hold.")
 
 
-def verl_piece(module: str, attribute: str) -> Any:
-    return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
-
-
-def missing_pieces(pieces: tuple[tuple[str, str, str], ...]) -> dict[str, str]:
+def missing_pieces(pieces: Sequence[tuple[str, str, str]]) -> dict[str, str]:
     """``what -> why`` of each piece this verl lacks."""
     missing = {}
     for what, module, attribute in pieces:
         try:
-            verl_piece(module, attribute)
+            functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
         except Exception as error:  # ImportError, AttributeError, or whatever a broken install raises
             missing[what] = f"{module}.{attribute} is missing ({type(error).__name__}: {error})"
     return missing
@@ -131,31 +111,27 @@ def check_verl_pieces(report: Report) -> set[str]:
     for route, pieces in VERL_PIECES.items():
         missing = missing_pieces(pieces)
         for what, module, attribute in pieces:
-            if what not in missing:
-                report.ok(f"verl: {what}", f"{module}.{attribute}")
-            elif route == "policy_loss":
-                report.fail(f"verl: {what}", missing[what])
-            else:
-                report.absent(f"verl: {what}", missing[what])
+            mark = "ok" if what not in missing else "FAIL" if route == "policy_loss" else "no"
+            report.line(mark, f"verl: {what}", missing.get(what, f"{module}.{attribute}"))
         if not missing:
             supported.add(route)
     for what, reason in missing_pieces(CPU_PIECES).items():
-        report.fail(f"verl: {what}", reason)
+        report.line("FAIL", f"verl: {what}", reason)
     if "trainer" in supported:
-        registry = verl_piece("verl.trainer.ppo.v1.trainer_base", "TRAINER_REGISTRY")
+        registry = importlib.import_module("verl.trainer.ppo.v1.trainer_base").TRAINER_REGISTRY
         own = sorted(name for name, cls in registry.items() if not cls.__module__.startswith("dataflex_rl"))
-        report.ok("verl trainer modes", f"{', '.join(own)}; dataflex: {', '.join(TRAINER_MODES)}")
+        report.line("ok", "verl trainer modes", f"{', '.join(own)}; dataflex: {', '.join(TRAINER_MODES)}")
         absent = sorted(set(TRAINER_MODES.values()) - set(own))
         if absent:
-            report.fail("verl trainer modes", f"verl has no {absent}, which the dataflex trainers extend; install "
-                                              f"verl=={VERL_VERSION}")
+            report.line("FAIL", "verl trainer modes", f"verl has no {absent}, which the dataflex trainers extend; "
+                                                      f"install verl=={VERL_VERSION}")
             supported.discard("trainer")
     for route, text in ROUTES.items():
         if route in supported:
-            report.ok(f"route: {text}", "supported by this verl")
+            report.line("ok", f"route: {text}", "supported by this verl")
         else:
-            report.absent(f"route: {text}", f"not supported by this verl (install verl=={VERL_VERSION}"
-                                            f"{' and TransferQueue' if route == 'trainer' else ''})")
+            report.line("no", f"route: {text}", f"not supported by this verl (install verl=={VERL_VERSION}"
+                                                f"{' and TransferQueue' if route == 'trainer' else ''})")
     return supported
 
 
@@ -165,41 +141,11 @@ def check_plugin_import(report: Report) -> bool:
 
         importlib.import_module(PLUGIN_MODULE)
     except Exception:  # any import failure is what the user needs to see
-        report.fail(f"import {PLUGIN_MODULE}", "it raised (verl would only log this at DEBUG level):")
-        print(traceback.format_exc(), file=sys.stdout, flush=True)
+        report.line("FAIL", f"import {PLUGIN_MODULE}", "it raised (verl would only log this at DEBUG level):")
+        print(traceback.format_exc(), flush=True)
         return False
-    report.ok(f"import {PLUGIN_MODULE}")
+    report.line("ok", f"import {PLUGIN_MODULE}")
     return True
-
-
-def check_entry_point(report: Report, routes: set[str]) -> None:
-    found = [entry for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-             if entry.value == PLUGIN_MODULE]
-    if not found:
-        report.fail(f"entry point {ENTRY_POINT_GROUP}",
-                    f"no entry point names {PLUGIN_MODULE}; install the project (pip install --no-deps -e .)")
-        return
-    report.ok(f"entry point {ENTRY_POINT_GROUP}", f"{found[0].name} = {found[0].value}")
-    policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto")
-    if policy.strip().lower() == "none":
-        report.fail("VERL_USE_EXTERNAL_PLUGINS", "= none: verl loads no plugin; unset it or name 'dataflex' in it")
-    modes = list(TRAINER_MODES) if "trainer" in routes else []
-    code = (
-        "import verl\n"
-        "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
-        f"print({LOSS_MODE!r}, get_policy_loss_fn({LOSS_MODE!r}).__module__)\n"
-        f"for name in {modes!r}:\n"
-        "    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
-        "    cls = get_trainer_cls(name)\n"
-        "    print(name, cls.__module__, cls.verl_mode)\n"
-    )
-    lines, tail = fresh_python(code)
-    expected = [f"{LOSS_MODE} {LOSS_MODULE}", *(f"{name} {TRAINER_MODULE} {TRAINER_MODES[name]}" for name in modes)]
-    resolved = ", ".join([f"{LOSS_MODE_KEY}={LOSS_MODE}", *modes])
-    if lines is not None and lines[-len(expected):] == expected:
-        report.ok(f"verl resolves {resolved}", "(fresh process, entry point only)")
-    else:
-        report.fail(f"verl resolves {resolved}", f"in a fresh process (from {Path.home()}):\n{tail}")
 
 
 def fresh_python(code: str, environment: dict[str, str] | None = None) -> tuple[list[str] | None, str]:
@@ -208,6 +154,44 @@ def fresh_python(code: str, environment: dict[str, str] | None = None) -> tuple[
                             check=False, timeout=600, cwd=Path.home(), env={**os.environ, **(environment or {})})
     tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
     return (result.stdout.strip().splitlines() if result.returncode == 0 else None), tail
+
+
+def check_entry_point(report: Report, routes: set[str]) -> None:
+    found = [entry for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+             if entry.value == PLUGIN_MODULE]
+    if not found:
+        return report.line("FAIL", f"entry point {ENTRY_POINT_GROUP}",
+                           f"no entry point names {PLUGIN_MODULE}; install the project (pip install --no-deps -e .)")
+    report.line("ok", f"entry point {ENTRY_POINT_GROUP}", f"{found[0].name} = {found[0].value}")
+    if os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower() == "none":
+        report.line("FAIL", "VERL_USE_EXTERNAL_PLUGINS",
+                    "= none: verl loads no plugin; unset it or name 'dataflex' in it")
+    modes = list(TRAINER_MODES) if "trainer" in routes else []
+    lines, tail = fresh_python(
+        "import verl; from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+        f"print({LOSS_MODE!r}, get_policy_loss_fn({LOSS_MODE!r}).__module__)\n"
+        f"for name in {modes!r}:\n    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
+        "    print(name, get_trainer_cls(name).__module__, get_trainer_cls(name).verl_mode)\n")
+    expected = [f"{LOSS_MODE} dataflex_rl.verl.policy_loss",
+                *(f"{name} {TRAINER_MODULE} {TRAINER_MODES[name]}" for name in modes)]
+    resolved = ", ".join([f"{LOSS_MODE_KEY}={LOSS_MODE}", *modes])
+    if lines is not None and lines[-len(expected):] == expected:
+        report.line("ok", f"verl resolves {resolved}", "(fresh process, entry point only)")
+    else:
+        report.line("FAIL", f"verl resolves {resolved}", f"in a fresh process (from {Path.home()}):\n{tail}")
+
+
+def check_cpu_mode(report: Report) -> None:
+    lines, tail = fresh_python(
+        "import verl; from verl.utils.device import get_device_name; from verl.workers.engine.base import "
+        "EngineRegistry; from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+        f"print(get_device_name(), EngineRegistry.get_engine_cls('language_model', 'fsdp2').__name__, "
+        f"RolloutReplicaRegistry.get({ROLLOUT_NAME!r}).__name__)\n", CPU_ENVIRONMENT)
+    if lines and lines[-1].startswith("cpu "):
+        variables = " ".join(f"{name}={value}" for name, value in CPU_ENVIRONMENT.items())
+        report.line("ok", "verl CPU mode", f"{variables}: device, engine, rollout = {lines[-1]}")
+    else:
+        report.line("FAIL", "verl CPU mode", f"with {CPU_ENVIRONMENT} in a fresh process:\n{tail}")
 
 
 def check_command(report: Report, arguments: Sequence[str], routes: set[str] = frozenset(ROUTES)) -> None:
@@ -219,58 +203,34 @@ def check_command(report: Report, arguments: Sequence[str], routes: set[str] = f
             environment = experiment_environment(arguments[0])
         config = compose_verl_config(overrides)
     except ConfigError as error:
-        report.fail("verl config composes", str(error))
-        return
-    report.ok("verl config composes", f"{len(overrides)} overrides")
+        return report.line("FAIL", "verl config composes", str(error))
+    report.line("ok", "verl config composes", f"{len(overrides)} overrides")
     try:
         route = route_of(config)
     except ConfigError as error:
-        report.fail("route", str(error))
-        return
+        return report.line("FAIL", "route", str(error))
     if route not in routes:
-        report.fail("route", f"{ROUTES[route]} is not supported by this verl (see above)")
-        return
+        return report.line("FAIL", "route", f"{ROUTES[route]} is not supported by this verl (see above)")
     if route == "trainer":
         from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
 
         mode = config.trainer.v1.trainer_mode
         if get_trainer_cls(mode).__module__ != TRAINER_MODULE:
-            report.fail(TRAINER_MODE_KEY, f"{mode} resolves to {get_trainer_cls(mode)}")
+            report.line("FAIL", TRAINER_MODE_KEY, f"{mode} resolves to {get_trainer_cls(mode)}")
     where = (f"{TRAINER_MODE_KEY}={config.trainer.v1.trainer_mode}" if config.trainer.use_v1
              else f"verl's V0 trainer ({ROUTE_TRAINERS['v0']})")
-    report.ok("route", f"{ROUTES[route]} in {where}")
+    report.line("ok", "route", f"{ROUTES[route]} in {where}")
     try:
         mechanism, place = validate_config(config, environment or dict(os.environ))
     except ConfigError as error:
-        report.fail("dataflex block", str(error))
-        return
-    params = ", ".join(f"{key}={value}" for key, value in mechanism.config.actuator.params.items())
+        return report.line("FAIL", "dataflex block", str(error))
+    actuator = mechanism.config.actuator
+    params = ", ".join(f"{key}={value}" for key, value in actuator.params.items())
     staged = " (staged: one actor update per stage, per-stage KL and entropy)" if mechanism.staged else ""
-    report.ok("dataflex block", f"mechanism={mechanism.config.mechanism}{staged}, actuator="
-                                f"{mechanism.config.actuator.name}({params}), warmup_step={mechanism.warmup_step}")
-    report.ok("run store", f"{place.dir} (sweep {place.sweep}, run {place.name}, seed {place.seed})" if place
-              else "none (no dataflex_run.dir: only verl's own loggers record the run)")
-
-
-def check_cpu_mode(report: Report) -> None:
-    from dataflex_rl.verl.cpu import ENVIRONMENT
-
-    code = (
-        "import verl\n"
-        "from verl.utils.device import get_device_name\n"
-        "from verl.workers.engine.base import EngineRegistry\n"
-        "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
-        "from dataflex_rl.verl.cpu.patches import ROLLOUT_NAME\n"
-        "engine = EngineRegistry.get_engine_cls('language_model', 'fsdp2')\n"
-        "replica = RolloutReplicaRegistry.get(ROLLOUT_NAME)\n"
-        "print(get_device_name(), engine.__name__, replica.__name__)\n"
-    )
-    lines, tail = fresh_python(code, ENVIRONMENT)
-    if lines and lines[-1].startswith("cpu "):
-        report.ok("verl CPU mode", f"{' '.join(f'{k}={v}' for k, v in ENVIRONMENT.items())}: device, engine, "
-                                   f"rollout = {lines[-1]}")
-    else:
-        report.fail("verl CPU mode", f"with {ENVIRONMENT} in a fresh process:\n{tail}")
+    report.line("ok", "dataflex block", f"mechanism={mechanism.config.mechanism}{staged}, actuator={actuator.name}"
+                                        f"({params}), warmup_step={mechanism.warmup_step}")
+    report.line("ok", "run store", f"{place.dir} (sweep {place.sweep}, run {place.name}, seed {place.seed})" if place
+                else "none (no dataflex_run.dir: only verl's own loggers record the run)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,5 @@
 """``python -m dataflex_rl.verl.command``: the verl command line of an experiment (docs/verl.md)."""
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import os
@@ -23,15 +21,14 @@ from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.run_config import quiet_verl_import
 from dataflex_rl.verl.config import (DEFAULT_TRAINER_MODE, ROUTE_OVERRIDES, ROUTE_TRAINERS, TRAINER_MODE_KEY,
                                      TRAINER_MODES, VERL_ENTRY_MODULE, check_trainer_mode, validate_overrides)
-from dataflex_rl.verl.run_record import RUN_BLOCK
+from dataflex_rl.verl.cpu import ENVIRONMENT as CPU_ENVIRONMENT, PLATFORM
+from dataflex_rl.verl.run_record import BACKEND, RUN_BLOCK, WANDB_GROUP_VARIABLE, WANDB_TAGS_VARIABLE
 
 # The experiment variable that picks the trainer, and the experiment's per-mode block of verl overrides.
 TRAINER_MODE_VARIABLE = "trainer_mode"
 MODE_OVERRIDES_BLOCK = "trainer_modes"
 RECORD_MODULE = "dataflex_rl.verl.record"  # a policy-loss route run with a run store (dataflex_run.dir)
 EXPERIMENT_DIR = Path(__file__).resolve().parents[2] / "conf" / "verl_experiment"
-# An experiment's ``platform``: None (verl's own accelerator detection) or "cpu" (verl's CPU mode).
-PLATFORMS = (None, "cpu")
 
 
 def resolve_experiment(experiment: str | Path) -> Path:
@@ -52,9 +49,9 @@ def load_experiment(experiment: str | Path) -> DictConfig:
         config = OmegaConf.load(path)
     except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException) as error:
         raise ConfigError(f"{path}: not a valid verl experiment file: {type(error).__name__}: {error}") from None
-    if not isinstance(config, DictConfig) or config.get("backend") != "verl":
+    if not isinstance(config, DictConfig) or config.get("backend") != BACKEND:
         found = config.get("backend") if isinstance(config, DictConfig) else None
-        raise ConfigError(f"{path}: backend = {found!r} is not allowed: a verl experiment needs backend: verl")
+        raise ConfigError(f"{path}: backend = {found!r} is not allowed: a verl experiment needs backend: {BACKEND}")
     overrides = OmegaConf.select(config, "verl.overrides", throw_on_missing=False)
     if not OmegaConf.is_list(overrides):
         raise ConfigError(f"{path}: verl.overrides must be a list of verl overrides 'key=value'")
@@ -64,27 +61,21 @@ def load_experiment(experiment: str | Path) -> DictConfig:
         check_trainer_mode(mode, f"{path}: {MODE_OVERRIDES_BLOCK}.{mode}")
         if not OmegaConf.is_list(overrides):
             raise ConfigError(f"{path}: {MODE_OVERRIDES_BLOCK}.{mode} must be a list of verl overrides 'key=value'")
-    platform = config.get("platform")
-    if platform not in PLATFORMS:
-        raise ConfigError(f"{path}: platform = {platform!r} is not allowed: one of {list(PLATFORMS)} "
+    if config.get("platform") not in (None, PLATFORM):
+        raise ConfigError(f"{path}: platform = {config.get('platform')!r} is not allowed: one of [None, '{PLATFORM}'] "
                           f"(null: verl picks the accelerator; cpu: verl's CPU mode, dataflex_rl.verl.cpu)")
     return config
 
 
 def experiment_environment(experiment: str | Path | DictConfig) -> dict[str, str]:
     config = experiment if isinstance(experiment, DictConfig) else load_experiment(experiment)
-    if config.get("platform") == "cpu":
-        from dataflex_rl.verl.cpu import ENVIRONMENT
-
-        return dict(ENVIRONMENT)
-    return {}
+    return dict(CPU_ENVIRONMENT) if config.get("platform") == PLATFORM else {}
 
 
 def split_arguments(config: DictConfig, arguments: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
     variable_names = [name for name in config.verl if name != "overrides"] + [TRAINER_MODE_VARIABLE]
     variables: dict[str, str] = {}
-    dataflex_overrides: list[str] = []
-    verl_overrides: list[str] = []
+    dataflex_overrides, verl_overrides = [], []
     for argument in arguments:
         override = parse_override(argument)
         name = override.key.removeprefix("verl.")
@@ -156,7 +147,7 @@ def _resolved(config: DictConfig, key: str) -> list[str]:
 
 
 def wandb_environment(group: str, tags: Sequence[str] = ()) -> dict[str, str]:
-    return {"WANDB_RUN_GROUP": group, **({"WANDB_TAGS": ",".join(tags)} if tags else {})}
+    return {WANDB_GROUP_VARIABLE: group, **({WANDB_TAGS_VARIABLE: ",".join(tags)} if tags else {})}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,8 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.execve(command[0], command, {**os.environ, **environment})
 
 
-def verl_overrides_of(command: Sequence[str]) -> list[str]:
-    """The verl overrides of a command ``python -m <module> <overrides>``."""
+def verl_overrides_of(command: Sequence[str]) -> list[str]:  # of python -m <module> <overrides>
     return list(command[list(command).index("-m") + 2:])
 
 

@@ -1,11 +1,12 @@
 """A verl run's config: trainer modes, composing verl's config, and the trainer's build-time checks."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from dataflex_rl.compose import compose_config
 from dataflex_rl.dataflex_block import build_mechanism
 from dataflex_rl.mechanism import Mechanism
 from dataflex_rl.validation import ConfigError, check_keys, check_non_negative_int, to_plain
@@ -30,14 +31,13 @@ TRAINER_MODES = {"dataflex_sync": "sync", "dataflex_colocate_async": "colocate_a
 DEFAULT_TRAINER_MODE = "dataflex_sync"
 # What a refusal of the policy-loss route names as the way to run the rule instead.
 TRAINER_MODE_HINT = f"trainer.v1.trainer_mode={DEFAULT_TRAINER_MODE} (or {', '.join(list(TRAINER_MODES)[1:])})"
-SEPARATE_ASYNC = "dataflex_separate_async"  # the mode whose rollout pool needs a checkpoint engine
 CHECKPOINT_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
 EXAMPLE_OVERRIDES = ("+dataflex.mechanism=reweight +dataflex.scorer.name=token_prob "
                      "+dataflex.actuator.name=advantage_reweight +dataflex.actuator.params.alpha=0.5")
 STATS_BLOCK = "dataflex_stats"
 STATS_KEYS = ("prob_change_every",)
 BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
-OPTIM_PREFIX = "actor_rollout_ref.actor.optim"
+OPTIM_KEY = "actor_rollout_ref.actor.optim"
 # Besides the schedule type, the optimiser keys through which verl 0.9.1 warms the learning rate up.
 WARMUP_KEYS = ("lr_warmup_steps", "lr_warmup_steps_ratio")
 
@@ -53,14 +53,16 @@ def check_trainer_mode(mode: Any, where: str = TRAINER_MODE_KEY, *, with_route: 
     return mode
 
 
+def trainer_mode(config: Any) -> str | None:
+    """The V1 trainer mode of a composed config; None in verl's V0 trainer."""
+    return OmegaConf.select(config, TRAINER_MODE_KEY) if OmegaConf.select(config, USE_V1_KEY) else None
+
+
 def route_of(config: Any) -> str:
     """``"trainer"`` (a dataflex trainer reweights the batch's advantages) or ``"policy_loss"`` (verl's own trainer,
     the rule inside verl's policy loss); anything else is refused, naming both."""
-    from omegaconf import OmegaConf
-
-    loss_mode = OmegaConf.select(config, LOSS_MODE_KEY)
-    mode = OmegaConf.select(config, TRAINER_MODE_KEY) if OmegaConf.select(config, USE_V1_KEY) else None
-    if loss_mode == LOSS_MODE:
+    mode = trainer_mode(config)
+    if OmegaConf.select(config, LOSS_MODE_KEY) == LOSS_MODE:
         if mode in TRAINER_MODES:
             raise ConfigError(f"{LOSS_MODE_KEY} = {LOSS_MODE!r} is not allowed with {TRAINER_MODE_KEY}={mode}: that "
                               f"trainer reweights the advantages already, the loss would reweight them again; use "
@@ -74,17 +76,13 @@ def route_of(config: Any) -> str:
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
+    """verl's ``ppo_trainer`` config with ``overrides``, resolved, as ``python -m verl.trainer.main_ppo`` builds it."""
     import verl
 
-    config_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
+    config = compose_config("ppo_trainer", overrides, Path(verl.__file__).resolve().parent / "trainer" / "config")
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            config = compose(config_name="ppo_trainer", overrides=list(overrides))
         OmegaConf.resolve(config)
-    except Exception as error:  # Hydra's and OmegaConf's errors name the bad override
+    except Exception as error:  # an interpolation an override broke
         raise ConfigError(f"verl config does not compose: {type(error).__name__}: {error}") from None
     return config
 
@@ -95,24 +93,21 @@ def validate_overrides(overrides: Sequence[str], environment: Mapping[str, str] 
 
 
 def validate_config(config: Any, environment: Mapping[str, str] | None = None) -> tuple[Mechanism, Any]:
-    from omegaconf import OmegaConf
-
+    """What the trainer or the route's config class refuses when verl builds it, and the CPU mode's needs."""
+    from dataflex_rl.verl.cpu import CHECKPOINT_ENGINE_NAME, PLATFORM, ROLLOUT_NAME
     from dataflex_rl.verl.run_record import run_place
 
     route = route_of(config)
-    mode = OmegaConf.select(config, TRAINER_MODE_KEY) if OmegaConf.select(config, USE_V1_KEY) else None
-    if (environment or {}).get("VERL_PLATFORM") == "cpu":
-        from dataflex_rl.verl.cpu.patches import CPU_CHECKPOINT_ENGINE, ROLLOUT_NAME
-
+    if (environment or {}).get("VERL_PLATFORM") == PLATFORM:
         rollout = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
         if rollout != ROLLOUT_NAME:
             raise ConfigError(f"actor_rollout_ref.rollout.name = {rollout!r} is not allowed in verl's CPU mode: "
                               f"it needs {ROLLOUT_NAME} (vLLM, SGLang and TRT-LLM need GPUs)")
-        backend = OmegaConf.select(config, CHECKPOINT_BACKEND_KEY)
-        if TRAINER_MODES.get(mode, mode) == TRAINER_MODES[SEPARATE_ASYNC] and backend != CPU_CHECKPOINT_ENGINE:
+        backend, mode = OmegaConf.select(config, CHECKPOINT_BACKEND_KEY), trainer_mode(config)
+        if TRAINER_MODES.get(mode, mode) == "separate_async" and backend != CHECKPOINT_ENGINE_NAME:
             raise ConfigError(f"{CHECKPOINT_BACKEND_KEY} = {backend!r} is not allowed with {TRAINER_MODE_KEY}="
                               f"{mode} in verl's CPU mode: its rollout pool gets the weights through "
-                              f"{CPU_CHECKPOINT_ENGINE} (verl's engines need GPUs or RDMA)")
+                              f"{CHECKPOINT_ENGINE_NAME} (verl's engines need GPUs or RDMA)")
     if route == "trainer":
         mechanism = mechanism_from_verl_config(config)
         prob_change_every(config)
@@ -125,7 +120,6 @@ def check_route_config(config: Any) -> Mechanism:
     """The policy-loss route of a composed config: its config class built as verl's driver builds it (which runs
     the route's own checks, policy_loss.check_route), then what only the whole config shows."""
     from hydra.errors import InstantiationException
-    from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
     node = OmegaConf.select(config, POLICY_LOSS_KEY)
@@ -158,11 +152,27 @@ def mechanism_from_verl_config(config: Mapping[str, Any]) -> Mechanism:
         raise ConfigError(f"dataflex: missing; the dataflex trainers and the policy-loss route read the rule from a "
                           f"dataflex block on the verl command line, e.g. {EXAMPLE_OVERRIDES}")
     mechanism = build_mechanism(to_plain(block))
-    check_fields_available(config, mechanism)
+    plain = to_plain(config)
+    if "entropy" in mechanism.required_fields and lookup(plain, BYPASS_KEY):
+        raise ConfigError(
+            f"{BYPASS_KEY} = True is not allowed with dataflex.scorer.name = {mechanism.config.scorer.name!r}: "
+            f"under bypass mode verl computes no old-policy entropy; set {BYPASS_KEY}=False or use a scorer that "
+            f"reads old_log_probs only (token_prob)")
     if mechanism.staged:
-        check_constant_schedule(config, mechanism)
-        check_no_distillation(config, mechanism)
+        check_constant_schedule(lookup(plain, OPTIM_KEY) or {}, mechanism)
+        if lookup(plain, "distillation.enabled"):
+            raise ConfigError(
+                f"distillation.enabled = True is not allowed with dataflex.mechanism = "
+                f"{mechanism.config.mechanism!r}: its staged updates need the dataflex actor loss (per-stage KL and "
+                f"entropy), which replaces verl's distillation loss; turn distillation off or use a single-update "
+                f"mechanism (reweight)")
     return mechanism
+
+
+def lookup(plain: Any, key: str) -> Any:  # None where a level of the dotted key is missing
+    for part in key.split("."):
+        plain = plain.get(part) if isinstance(plain, Mapping) else None
+    return plain
 
 
 def prob_change_every(config: Mapping[str, Any]) -> int:
@@ -175,47 +185,20 @@ def prob_change_every(config: Mapping[str, Any]) -> int:
     return check_non_negative_int(f"{STATS_BLOCK}.prob_change_every", block.get("prob_change_every", 0))
 
 
-def check_fields_available(config: Mapping[str, Any], mechanism: Mechanism) -> None:
-    if "entropy" not in mechanism.required_fields:
-        return
-    correction = (config.get("algorithm") or {}).get("rollout_correction") or {}
-    if correction.get("bypass_mode", False):
-        raise ConfigError(
-            f"{BYPASS_KEY} = True is not allowed with dataflex.scorer.name = {mechanism.config.scorer.name!r}: "
-            f"under bypass mode verl computes no old-policy entropy; set {BYPASS_KEY}=False or use a scorer that "
-            f"reads old_log_probs only (token_prob)"
-        )
-
-
-def check_constant_schedule(config: Mapping[str, Any], mechanism: Mechanism) -> None:
-    optim = to_plain(config).get("actor_rollout_ref", {}).get("actor", {}).get("optim", {}) or {}
-    moving = []
+def check_constant_schedule(optim: Mapping[str, Any], mechanism: Mechanism) -> None:
+    """Each update stage steps verl's LR scheduler, which verl sizes for one update per step."""
     # warmup_style (FSDP's old name) overrides lr_scheduler_type when set; lr_decay_style is Megatron's.
-    if optim.get("warmup_style") is not None:
-        if optim["warmup_style"] != "constant":
-            moving.append(("warmup_style", optim["warmup_style"]))
-    elif optim.get("lr_scheduler_type", "constant") not in ("constant", None):
-        moving.append(("lr_scheduler_type", optim["lr_scheduler_type"]))
-    if optim.get("lr_decay_style", "constant") not in ("constant", None):
-        moving.append(("lr_decay_style", optim["lr_decay_style"]))
+    schedule = "warmup_style" if optim.get("warmup_style") is not None else "lr_scheduler_type"
+    moving = [(key, optim.get(key)) for key in (schedule, "lr_decay_style")
+              if optim.get(key) not in ("constant", None)]
     moving += [(key, optim[key]) for key in WARMUP_KEYS if (optim.get(key) or 0) > 0]
     if moving:
         key, value = moving[0]
         alias = " (verl's deprecated name of lr_scheduler_type, which it overrides)" if key == "warmup_style" else ""
         raise ConfigError(
-            f"{OPTIM_PREFIX}.{key} = {value!r} is not allowed with dataflex.mechanism = "
+            f"{OPTIM_KEY}.{key} = {value!r} is not allowed with dataflex.mechanism = "
             f"{mechanism.config.mechanism!r}{alias}: each of its update stages steps verl's LR scheduler, which verl "
             f"sizes for one update per step; use a constant schedule without warmup (lr_scheduler_type=constant, "
             f"warmup_style=null or constant, lr_decay_style=constant on Megatron, lr_warmup_steps=0, "
             f"lr_warmup_steps_ratio=0)"
-        )
-
-
-def check_no_distillation(config: Mapping[str, Any], mechanism: Mechanism) -> None:
-    distillation = to_plain(config).get("distillation") or {}
-    if isinstance(distillation, Mapping) and distillation.get("enabled"):
-        raise ConfigError(
-            f"distillation.enabled = True is not allowed with dataflex.mechanism = {mechanism.config.mechanism!r}: "
-            f"its staged updates need the dataflex actor loss (per-stage KL and entropy), which replaces verl's "
-            f"distillation loss; turn distillation off or use a single-update mechanism (reweight)"
         )

@@ -1,7 +1,5 @@
 """``python -m dataflex_rl.verl.data``: a registered task's problems as verl RL parquet files (docs/verl.md)."""
 
-from __future__ import annotations
-
 import argparse
 import json
 from collections.abc import Mapping, Sequence
@@ -24,13 +22,10 @@ SPLIT_FILES = (("train", TRAIN_FILE), ("test", TEST_FILE))
 
 def verl_row(problem: Problem, data_source: str, split: str, index: int) -> dict[str, Any]:
     task_class = verl_task(data_source)
-    return {
-        "data_source": data_source,
-        "prompt": task_class.verl_messages(problem),
-        "ability": task_class.verl_ability or task_class.name,
-        "reward_model": {"style": "rule", "ground_truth": json.dumps(problem.answer)},
-        "extra_info": {"split": split, "index": index, "difficulty": problem.difficulty, "key": problem.key},
-    }
+    return {"data_source": data_source, "prompt": task_class.verl_messages(problem),
+            "ability": task_class.verl_ability or task_class.name,
+            "reward_model": {"style": "rule", "ground_truth": json.dumps(problem.answer)},
+            "extra_info": {"split": split, "index": index, "difficulty": problem.difficulty, "key": problem.key}}
 
 
 def build_rows(task: str, params: Mapping[str, Any] | None, train_size: int, test_size: int,

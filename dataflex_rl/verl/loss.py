@@ -1,7 +1,5 @@
 """verl's actor loss with per-stage KL and entropy terms, for staged mechanisms (Lopti)."""
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Any
 

@@ -1,13 +1,7 @@
 """The policy-loss route: the run's token rule inside verl's policy loss, so any verl trainer runs it (docs/verl.md).
-
-``actor_rollout_ref.actor.policy_loss.loss_mode=dataflex`` picks :func:`dataflex_policy_loss` from verl's registry;
-the ``_target_`` override makes verl build the policy-loss config as ``DataflexPolicyLossConfig``
-(``route_config.py``), which carries the ``dataflex`` block to the actor workers (a registered loss is given only the
-actor's config). The loss sees one micro-batch of one data-parallel rank: the weights are mean-normalised and their
-statistics computed over that micro-batch's valid tokens. Imports neither TransferQueue nor verl's V1 trainers.
-"""
-
-from __future__ import annotations
+``DataflexPolicyLossConfig`` (route_config.py) carries the ``dataflex`` block to the actor workers; the loss sees one
+micro-batch of one data-parallel rank, whose valid tokens the weights are normalised over. Imports neither
+TransferQueue nor verl's V1 trainers."""
 
 import functools
 import json
@@ -21,29 +15,20 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
 from dataflex_rl.dataflex_block import build_mechanism
 from dataflex_rl.mechanism import Mechanism, MechanismOutput
 from dataflex_rl.metrics import HISTOGRAM_EDGES, Histogram, prob_bucket_stats
-from dataflex_rl.scorers import masked_log_probs
 from dataflex_rl.validation import ConfigError, to_plain
-from dataflex_rl.verl.config import (
-    EXAMPLE_OVERRIDES,
-    LOSS_MODE,
-    LOSS_MODE_KEY,
-    POLICY_LOSS_KEY,
-    ROUTE_OVERRIDES,
-    TRAINER_MODE_HINT,
-)
+from dataflex_rl.verl.config import (EXAMPLE_OVERRIDES, LOSS_MODE, LOSS_MODE_KEY, POLICY_LOSS_KEY, ROUTE_OVERRIDES,
+                                     TRAINER_MODE_HINT)
 
 # What verl's policy loss is given per token, in the mechanism's names (verl's loss calls them old_log_prob, ...).
 LOSS_FIELDS = frozenset({"old_log_probs", "response_mask", "advantages"})
 
 
-def check_config(config: Any) -> None:
-    """:func:`check_route` of the route's config as verl builds it (another loss mode: nothing to check)."""
-    if config.loss_mode == LOSS_MODE:
-        check_route(config.base_loss_mode, config.dataflex)
-
-
-def check_route(base_loss_mode: Any, block: Any) -> Mechanism:
-    """The rule the route runs, refused if verl's loss cannot run it, and the losses checked as registered."""
+def check_route(config: Any) -> None:
+    """The route's config as verl builds it (another loss mode: nothing to check): the rule refused if verl's loss
+    cannot run it, and the losses checked as registered."""
+    if config.loss_mode != LOSS_MODE:
+        return
+    block, base_loss_mode = config.dataflex, config.base_loss_mode
     if get_policy_loss_fn(LOSS_MODE) is not dataflex_policy_loss:
         raise ConfigError(f"{LOSS_MODE_KEY} = {LOSS_MODE!r}: verl's registry holds another loss under that name "
                           f"({get_policy_loss_fn(LOSS_MODE).__module__}); remove the plugin that registers it")
@@ -68,7 +53,6 @@ def check_route(base_loss_mode: Any, block: Any) -> Mechanism:
         allowed = sorted(set(POLICY_LOSS_REGISTRY) - {LOSS_MODE})
         raise ConfigError(f"{POLICY_LOSS_KEY}.base_loss_mode = {base_loss_mode!r} is not allowed: the loss under the "
                           f"rule is one of verl's registered policy losses {allowed}")
-    return mechanism
 
 
 @functools.lru_cache(maxsize=8)
@@ -80,28 +64,27 @@ def route_mechanism(block_json: str) -> Mechanism:
 def mechanism_step(mechanism: Mechanism, step: int, fields: Mapping[str, torch.Tensor], *,
                    histograms: bool) -> tuple[MechanismOutput, dict[str, float]]:
     """:meth:`Mechanism.process` and its metrics with the gradient statistics by token probability."""
-    output = mechanism.process(step, fields, histograms=histograms)
-    response_mask = fields["response_mask"].bool()
-    token_probs = masked_log_probs(fields["old_log_probs"], response_mask).exp()
-    return output, {**output.metrics, **prob_bucket_stats(token_probs, output.advantages, response_mask)}
+    output = mechanism.process(step, fields, histograms=histograms)  # pi = exp(old_log_probs) once, in there
+    buckets = prob_bucket_stats(output.token_probs, output.advantages, fields["response_mask"].bool())
+    return output, {**output.metrics, **buckets}
 
 
-def histogram_bins(histograms: Mapping[str, Histogram]) -> dict[str, float]:
-    """Each bin's count as a metric ``<name>/<bin>``: verl's metric path takes scalars only."""
-    return {f"{name}/{index:03d}": float(count) for name, histogram in histograms.items()
+def histogram_bins(histograms: Mapping[str, Histogram], infix: str = "") -> dict[str, float]:
+    """Each bin's count as a metric ``<name>/<infix><bin>``: verl's metric path takes scalars only."""
+    return {f"{name}/{infix}{index:03d}": float(count) for name, histogram in histograms.items()
             for index, count in enumerate(histogram.counts)}
 
 
-def histograms_from_bins(metrics: Mapping[str, Any]) -> tuple[dict[str, Histogram], dict[str, Any]]:
-    """:func:`histogram_bins` undone: the histograms, and the other metrics. verl averages a metric over a step's
-    micro-batches, so a bin holds the mean micro-batch's count, rounded here."""
-    rest = dict(metrics)
+def pop_histograms(metrics: dict[str, Any], infix: str = "") -> dict[str, Histogram]:
+    """:func:`histogram_bins` undone: the histograms, their bins taken out of ``metrics``. In the route verl
+    averages a metric over a step's micro-batches, so a bin holds the mean micro-batch's count, rounded here."""
     histograms = {}
     for name, edges in HISTOGRAM_EDGES.items():
-        bins = [rest.pop(f"{name}/{index:03d}", None) for index in range(len(edges) - 1)]
-        if all(count is not None for count in bins):
-            histograms[name] = Histogram(np.asarray(edges, dtype=np.float64), np.rint(bins).astype(np.int64))
-    return histograms, rest
+        names = [f"{name}/{infix}{index:03d}" for index in range(len(edges) - 1)]
+        if all(bin_name in metrics for bin_name in names):
+            counts = np.rint([metrics.pop(bin_name) for bin_name in names]).astype(np.int64)
+            histograms[name] = Histogram(np.asarray(edges, dtype=np.float64), counts)
+    return histograms
 
 
 @register_policy_loss(LOSS_MODE)

@@ -1,13 +1,7 @@
 """``python -m dataflex_rl.verl.record <verl overrides>``: a policy-loss route run of verl's own trainer, writing the
-project's run store from what verl's ``file`` logger writes (docs/verl.md, "The policy-loss route").
-
-verl's trainers take no logger plugins, so the run store of a route run is written here, beside verl: verl runs as
-a child process with its ``file`` logger on, and each line it writes (one per step, every metric verl logged) becomes
-the run store's step, with the route's histograms (one metric per bin) put back together. The dataflex trainer
-modes write their run store themselves and are refused here.
+project's run store (docs/verl.md). verl's trainers take no logger plugins, so verl runs as a child process with its
+``file`` logger on, and each line it writes (one per step) becomes the run store's step, histograms put back together.
 """
-
-from __future__ import annotations
 
 import collections
 import json
@@ -16,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +18,8 @@ from dataflex_rl import keys
 from dataflex_rl.interrupts import raise_on_sigterm
 from dataflex_rl.metrics import Histogram
 from dataflex_rl.overrides import hydra_value
-from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.run_config import quiet_verl_import
+from dataflex_rl.validation import ConfigError, to_plain
 from dataflex_rl.verl.config import POLICY_LOSS_KEY, VERL_ENTRY_MODULE, route_of, validate_overrides
 from dataflex_rl.verl.run_record import RUN_BLOCK, RunPlace, VerlRunRecord
 
@@ -46,14 +40,13 @@ class VerlExited(RuntimeError):
 
 def route_step(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Histogram]]:
     """One line of verl's file logger as the run store's metrics and histograms."""
-    from dataflex_rl.verl.policy_loss import histograms_from_bins
+    from dataflex_rl.verl.policy_loss import pop_histograms
 
-    renamed = {}
+    metrics = {}
     for key, value in data.items():
         bare = key.removeprefix(ACTOR_PREFIX)
-        renamed[bare if bare.startswith(ROUTE_PREFIXES) else key] = value
-    histograms, metrics = histograms_from_bins(renamed)
-    return metrics, histograms
+        metrics[bare if bare.startswith(ROUTE_PREFIXES) else key] = value
+    return metrics, pop_histograms(metrics)
 
 
 def resumed_step(config: Any) -> int:
@@ -85,12 +78,6 @@ class FileLog:
         return [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
 
 
-def copy_lines(stream: Iterable[str], tail: collections.deque) -> None:
-    for line in stream:
-        sys.stderr.write(line)
-        tail.append(line)
-
-
 def verl_command(overrides: Sequence[str], config: Any, record: VerlRunRecord) -> list[str]:
     """verl's command with its file logger on, the run's W&B name and identity, and the route's histograms."""
     loggers = to_plain(config.trainer.logger)
@@ -102,7 +89,7 @@ def verl_command(overrides: Sequence[str], config: Any, record: VerlRunRecord) -
 
 
 def record_run(overrides: Sequence[str], config: Any, dataflex: Any, place: RunPlace) -> int:
-    """Run verl and write the run store; verl's exit code."""
+    """verl's exit code."""
     record = VerlRunRecord(place, config, dataflex)
     log = FileLog(place.dir / FILE_LOG)
     log.path.unlink(missing_ok=True)  # verl truncates it at start: never read a previous session's lines
@@ -111,7 +98,13 @@ def record_run(overrides: Sequence[str], config: Any, dataflex: Any, place: RunP
     process = subprocess.Popen(verl_command(overrides, config, record), env=environment, stdin=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, errors="replace")
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-    copier = threading.Thread(target=copy_lines, args=(process.stderr, tail), daemon=True)
+
+    def copy_stderr() -> None:
+        for line in process.stderr:
+            sys.stderr.write(line)
+            tail.append(line)
+
+    copier = threading.Thread(target=copy_stderr, daemon=True)
     copier.start()
     try:
         while True:

@@ -5,8 +5,6 @@ the reason, in verl's driver before Ray starts: Hydra hides the cause of a ``_ta
 logs a plugin's import error at DEBUG level only.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, Optional
 
@@ -30,4 +28,4 @@ class DataflexPolicyLossConfig(PolicyLossConfig):
         except Exception as error:  # whatever a broken install raises is the reason the user needs
             raise ImportError(f"the policy-loss route dataflex_rl.verl.policy_loss does not import: "
                               f"{type(error).__name__}: {error}") from error
-        policy_loss.check_config(self)
+        policy_loss.check_route(self)

@@ -1,7 +1,5 @@
 """The run store of a verl run, placed by the optional ``dataflex_run`` block (docs/verl.md)."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import numbers
@@ -40,10 +38,9 @@ class RunPlace:
 
 
 def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
-    block = config.get(RUN_BLOCK)
+    block = to_plain(config.get(RUN_BLOCK))
     if block is None:
         return None
-    block = to_plain(block)
     if not isinstance(block, Mapping):
         raise ConfigError(f"{RUN_BLOCK} = {block!r} is not allowed: it must be a mapping with keys {RUN_KEYS}")
     check_keys(RUN_BLOCK, block, RUN_KEYS)
@@ -52,17 +49,15 @@ def run_place(config: Mapping[str, Any], mechanism: str) -> RunPlace | None:
     seed = block.get("seed", to_plain(config.get("data", {})).get("seed", 0))
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ConfigError(f"{RUN_BLOCK}.seed = {seed!r} is not allowed: it must be an integer")
+    warm_start = block.get("warm_start")
     directory = Path(str(block["dir"]))
     return RunPlace(
-        dir=directory,
+        dir=directory, name=str(block.get("name") or directory.name), seed=int(seed),
         sweep=str(block.get("sweep") or to_plain(config.get("trainer", {})).get("project_name") or "verl"),
-        name=str(block.get("name") or directory.name),
         mechanism_label=str(block.get("mechanism_label") or mechanism),
-        seed=int(seed),
         axes=tuple(str(key) for key in block.get("axes") or ()),
-        warm_start=None if block.get("warm_start") is None
-        else check_choice(f"{RUN_BLOCK}.warm_start", block["warm_start"], WARM_START_DESIGNS),
-    )
+        warm_start=None if warm_start is None else check_choice(f"{RUN_BLOCK}.warm_start", warm_start,
+                                                                WARM_START_DESIGNS))
 
 
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -76,15 +71,13 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def scalar(value: Any) -> float | None:
-    item = getattr(value, "item", None)
-    if item is not None and not isinstance(value, numbers.Real):
+    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
         try:
-            value = item()
+            value = value.item()
         except (ValueError, RuntimeError):  # more than one element
             return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        return None
-    return float(value)
+    finite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    return float(value) if finite else None
 
 
 class VerlRunRecord:
@@ -129,10 +122,8 @@ class VerlRunRecord:
 
     def finish(self, error: BaseException | None = None, traceback: str | None = None) -> None:
         """Close the run: completed, or failed (interrupted) by ``error`` with ``traceback`` (default: the error's)."""
-        if error is None:
-            self.store.close(COMPLETED)
-            return
-        state = INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED
-        formatted = traceback or "".join(traceback_module.format_exception(type(error), error, error.__traceback__))
-        self.store.record_error(state, error=f"{type(error).__name__}: {error}", traceback=formatted)
+        state = COMPLETED if error is None else INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED
+        if error is not None:
+            formatted = traceback or "".join(traceback_module.format_exception(error))
+            self.store.record_error(state, error=f"{type(error).__name__}: {error}", traceback=formatted)
         self.store.close(state)

@@ -1,11 +1,9 @@
-"""verl's V1 PPO trainers with the mechanism after the advantages (docs/verl.md)."""
-
-from __future__ import annotations
+"""verl's V1 PPO trainers with the mechanism after the advantages (docs/verl.md). The advantage step leaves what
+the actor update needs in TransferQueue beside the batch's rows, and the run store's histograms in the metrics."""
 
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -26,30 +24,42 @@ from dataflex_rl import keys
 from dataflex_rl.metrics import Histogram, prob_change_stats
 from dataflex_rl.run_config import environment_set
 from dataflex_rl.verl.config import TRAINER_MODES, mechanism_from_verl_config, prob_change_every
-from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
-from dataflex_rl.verl.policy_loss import mechanism_step
-from dataflex_rl.verl.run_record import VerlRunRecord, run_place
+from dataflex_rl.verl.policy_loss import histogram_bins, mechanism_step, pop_histograms
+from dataflex_rl.verl.run_record import BACKEND, VerlRunRecord, run_place
 
-# The fields every mechanism reads; only "advantages" is written back.
 MECHANISM_FIELDS = ("old_log_probs", "response_mask", "advantages")
 MECHANISM_TIMER = keys.TIMING_MECHANISM.removeprefix("timing_s/")
+# What the advantage step leaves in TransferQueue for the actor update (jagged like response_mask): stage i's tokens
+# of a staged mechanism (STAGE_FIELD + i), and verl's advantages before the mechanism on a step whose probability
+# change is measured. The workers fetch every field a batch handle lists, so they are handed a list without these.
+CARRIED_PREFIX = "dataflex_step_"
+STAGE_FIELD = f"{CARRIED_PREFIX}stage_"
+BASE_ADVANTAGES_FIELD = f"{CARRIED_PREFIX}base_advantages"
+# verl's MetricsAggregator sums a metric whose name holds "sum" over a step's sub-batches (parameter_sync_step), so
+# separate_async's mini-batches add up their histogram bins.
+HISTOGRAM_BIN_INFIX = "sum_"
 
 
-@dataclasses.dataclass(frozen=True)
-class PendingChange:
-    keys: tuple[str, ...]
-    old_log_probs: torch.Tensor
-    advantages: torch.Tensor
-    response_mask: torch.Tensor
+class WandbHistogramLogger:
+    """The mechanism's histograms to the W&B run verl opened in this process (verl's loggers take scalars only)."""
 
+    def __init__(self, mechanism_name: str) -> None:
+        self.tags = (BACKEND, mechanism_name)
+        self._tagged_run_id: str | None = None
 
-@dataclasses.dataclass
-class PendingStages:
-    keys: tuple[str, ...]
-    advantages: torch.Tensor
-    stage_masks: list[torch.Tensor]
-    nested_response_mask: torch.Tensor
+    def log(self, step: int, histograms: dict[str, Histogram]) -> None:
+        import wandb
+
+        run = wandb.run
+        if run is None or not histograms:
+            return
+        if self._tagged_run_id != run.id:
+            run.tags = tuple(dict.fromkeys([*(run.tags or ()), *self.tags]))
+            self._tagged_run_id = run.id
+        # W&B's np_histogram takes (counts, edges), like numpy.histogram returns them.
+        wandb.log({name: wandb.Histogram(np_histogram=(hist.counts.tolist(), hist.edges.tolist()))
+                   for name, hist in histograms.items()}, step=step)
 
 
 def merge_stage_metrics(per_stage: list[dict[str, Any]]) -> dict[str, float]:
@@ -62,8 +72,24 @@ def merge_stage_metrics(per_stage: list[dict[str, Any]]) -> dict[str, float]:
     return merged
 
 
+def put_response_fields(batch: KVBatchMeta, nested_response_mask: torch.Tensor, **fields: torch.Tensor) -> KVBatchMeta:
+    nested = {name: response_to_nested(values, nested_response_mask) for name, values in fields.items()}
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                           fields=TensorDict(nested, batch_size=len(batch)))
+
+
+def for_workers(batch: KVBatchMeta) -> KVBatchMeta:
+    if batch.fields is None:
+        return batch
+    return dataclasses.replace(batch, fields=[name for name in batch.fields if not name.startswith(CARRIED_PREFIX)])
+
+
 class DataflexTrainer:
     verl_mode: str = ""
+    # Built in __init__ from the config; the run store is open from the start of fit to its end.
+    prob_change_every = 0
+    run_place = None
+    run_record: VerlRunRecord | None = None
 
     def __init__(self, config: DictConfig) -> None:
         # Validate before verl builds anything, so a bad dataflex block stops the run before any worker starts.
@@ -71,7 +97,7 @@ class DataflexTrainer:
         self.prob_change_every = prob_change_every(config)
         self.run_place = run_place(config, self.mechanism.config.mechanism)
         loggers = config["trainer"].get("logger") or []
-        wandb = "wandb" in ([loggers] if isinstance(loggers, str) else list(loggers))
+        wandb = "wandb" in ([loggers] if isinstance(loggers, str) else loggers)
         self.histogram_logger = WandbHistogramLogger(self.mechanism.config.mechanism) if wandb else None
         super().__init__(config)  # type: ignore[call-arg]
 
@@ -83,14 +109,6 @@ class DataflexTrainer:
     @trainer_mode.setter
     def trainer_mode(self, registered_name: str) -> None:
         """Ignore the registered name verl's base class assigns."""
-
-    pending_stages: PendingStages | None = None
-    pending_change: PendingChange | None = None
-    prob_change_every = 0
-    pending_histograms: dict[str, Histogram] = {}
-    run_record: VerlRunRecord | None = None
-    run_place = None
-    _train_begun = False
 
     def _setup(self) -> None:
         super()._setup()
@@ -118,20 +136,16 @@ class DataflexTrainer:
             raise
         self.run_record.finish()
 
-    def on_train_begin(self) -> None:
-        self._train_begun = True
-        super().on_train_begin()
-
     def _validate(self) -> dict[str, float]:
-        """verl's validation; the one before training goes to the run store here."""
+        """verl's validation; the one before training (global step 0) goes to the run store here."""
         val_metrics = super()._validate()
-        if self.run_record is not None and not self._train_begun and self.global_steps == 0:
+        if self.run_record is not None and self.global_steps == 0:
             self.run_record.log_step(0, val_metrics, {})
         return val_metrics
 
     def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch) -> None:
+        histograms = pop_histograms(metrics, HISTOGRAM_BIN_INFIX)
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        histograms, self.pending_histograms = self.pending_histograms, {}
         if self.run_record is not None:
             self.run_record.log_step(global_steps, metrics, histograms)
 
@@ -143,66 +157,63 @@ class DataflexTrainer:
     def _apply_mechanism(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         names = [*MECHANISM_FIELDS, *sorted(self.mechanism.required_fields - set(MECHANISM_FIELDS))]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=names)
-        nested_response_mask = data["response_mask"]
-        padded = data.to_padded_tensor()
-        fields = {name: padded[name] for name in names}
-
-        self.pending_change = None
-        if self.prob_change_every and self.global_steps % self.prob_change_every == 0:
-            self.pending_change = PendingChange(tuple(batch.keys), fields["old_log_probs"], fields["advantages"],
-                                                fields["response_mask"].bool())
+        fields = dict(data.to_padded_tensor().items())
         want_histograms = self.histogram_logger is not None or self.run_record is not None
         output, step_metrics = mechanism_step(self.mechanism, self.global_steps, fields, histograms=want_histograms)
         metrics.update(step_metrics)
         if self.histogram_logger is not None:
             self.histogram_logger.log(self.global_steps, output.histograms)
-        # separate_async runs the advantage step once per mini-batch of a step: the step's histograms add up.
-        self.pending_histograms = merge_histograms(self.pending_histograms, output.histograms)
-
-        self.pending_stages = None
-        if output.stage_masks is not None:
-            self.pending_stages = PendingStages(tuple(batch.keys), output.advantages, list(output.stage_masks),
-                                                nested_response_mask)
-        return put_response_fields(batch, nested_response_mask, advantages=output.advantages)
+        if self.run_record is not None:
+            metrics.update(histogram_bins(output.histograms, HISTOGRAM_BIN_INFIX))
+        carried = {f"{STAGE_FIELD}{index}": stage_mask.to(data["response_mask"].dtype)
+                   for index, stage_mask in enumerate(output.stage_masks or ())}
+        if self.prob_change_every and self.global_steps % self.prob_change_every == 0:
+            carried[BASE_ADVANTAGES_FIELD] = fields["advantages"]
+        return put_response_fields(batch, data["response_mask"], advantages=output.advantages, **carried)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        batch = self.update_in_stages(batch, metrics)
-        change, self.pending_change = self.pending_change, None
-        if change is not None:
-            metrics.update(self.probability_changes(batch, change))
+        listed, batch = batch.fields or (), for_workers(batch)
+        stages = sum(name.startswith(STAGE_FIELD) for name in listed)
+        if stages:
+            self.update_in_stages(batch, stages, metrics)
+        else:
+            batch = super()._update_actor(batch, metrics=metrics)
+            metrics[keys.UPDATE_STAGES] = 1.0
+        if BASE_ADVANTAGES_FIELD in listed:
+            metrics.update(self.probability_changes(batch))
         return batch
 
-    def probability_changes(self, batch: KVBatchMeta, change: PendingChange) -> dict[str, float]:
-        check_same_batch(change.keys, batch)
+    def update_in_stages(self, batch: KVBatchMeta, stages: int, metrics: dict) -> None:
+        """One actor update per stage, on the stage's advantages and mask; then the queue holds all advantages."""
+        stage_fields = [f"{STAGE_FIELD}{index}" for index in range(stages)]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["response_mask", "advantages", *stage_fields])
+        padded = data.to_padded_tensor()
+        advantages = padded["advantages"]
+        per_stage = []
+        for name in stage_fields:
+            stage_advantages = torch.where(padded[name].bool(), advantages, 0.0).to(advantages.dtype)
+            # The workers read the fields the handle lists, so each stage passes the handle put returned.
+            stage_batch = put_response_fields(batch, data["response_mask"], advantages=stage_advantages,
+                                              **{STAGE_MASK_FIELD: padded[name]})
+            stage_metrics: dict = {}
+            super()._update_actor(for_workers(stage_batch), metrics=stage_metrics)
+            per_stage.append(stage_metrics)
+        put_response_fields(batch, data["response_mask"], advantages=advantages)
+        metrics.update(merge_stage_metrics(per_stage))
+        metrics[keys.UPDATE_STAGES] = float(stages)
+
+    def probability_changes(self, batch: KVBatchMeta) -> dict[str, float]:
+        """How the update moved each token's probability: one more ``compute_log_prob`` of the updated actor."""
         batch.extra_info.update({"calculate_entropy": False, "compute_loss": False,
                                  "temperature": self.config.actor_rollout_ref.rollout.temperature})
         self.actor_rollout_wg.compute_log_prob(batch)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["log_probs", "response_mask"])
+                               select_fields=["log_probs", "old_log_probs", BASE_ADVANTAGES_FIELD, "response_mask"])
         data["new_log_probs"] = response_from_nested(data.pop("log_probs"), data["response_mask"])
-        new_log_probs = data.to_padded_tensor()["new_log_probs"]
-        return prob_change_stats(change.old_log_probs, new_log_probs, change.advantages, change.response_mask)
-
-    def update_in_stages(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        stages, self.pending_stages = self.pending_stages, None
-        if stages is None:
-            batch = super()._update_actor(batch, metrics=metrics)
-            metrics[keys.UPDATE_STAGES] = 1.0
-            return batch
-        check_same_batch(stages.keys, batch)
-        # The workers read the fields the handle lists, so each stage passes the handle put returned.
-        per_stage = []
-        for stage_mask in stages.stage_masks:
-            stage_advantages = torch.where(stage_mask, stages.advantages, 0.0).to(stages.advantages.dtype)
-            stage_batch = put_response_fields(batch, stages.nested_response_mask, advantages=stage_advantages,
-                                              **{STAGE_MASK_FIELD: stage_mask.to(stages.nested_response_mask.dtype)})
-            stage_metrics: dict = {}
-            super()._update_actor(stage_batch, metrics=stage_metrics)
-            per_stage.append(stage_metrics)
-        put_response_fields(batch, stages.nested_response_mask, advantages=stages.advantages)
-        metrics.update(merge_stage_metrics(per_stage))
-        metrics[keys.UPDATE_STAGES] = float(len(stages.stage_masks))
-        return batch
+        padded = data.to_padded_tensor()
+        return prob_change_stats(padded["old_log_probs"], padded["new_log_probs"], padded[BASE_ADVANTAGES_FIELD],
+                                 padded["response_mask"])
 
 
 class DataflexSyncTrainer(DataflexTrainer, PPOTrainerSync):
@@ -218,34 +229,7 @@ class DataflexSeparateAsyncTrainer(DataflexTrainer, PPOTrainerSeparateAsync):
 
 
 TRAINERS: dict[str, type[DataflexTrainer]] = {
-    cls_name: cls
+    name: register_trainer(name)(cls)
     for cls in (DataflexSyncTrainer, DataflexColocateAsyncTrainer, DataflexSeparateAsyncTrainer)
-    for cls_name, mode in TRAINER_MODES.items() if mode == cls.verl_mode
+    for name, mode in TRAINER_MODES.items() if mode == cls.verl_mode
 }
-if set(TRAINERS) != set(TRAINER_MODES):
-    raise ImportError(f"dataflex trainers {sorted(TRAINERS)} do not cover the modes {sorted(TRAINER_MODES)}")
-for _name, _cls in TRAINERS.items():
-    register_trainer(_name)(_cls)
-
-
-def check_same_batch(advantage_keys: tuple[str, ...], batch: KVBatchMeta) -> None:
-    if advantage_keys != tuple(batch.keys):
-        raise RuntimeError(f"the actor update got a different batch (or order) than the advantage step: "
-                           f"{len(batch.keys)} keys vs {len(advantage_keys)}")
-
-
-def merge_histograms(held: Mapping[str, Histogram], new: Mapping[str, Histogram]) -> dict[str, Histogram]:
-    merged = dict(held)
-    for name, value in new.items():
-        if name in merged:
-            if not np.array_equal(merged[name].edges, value.edges):
-                raise ValueError(f"histogram {name}: the mini-batches' bin edges differ")
-            value = Histogram(value.edges, merged[name].counts + value.counts)
-        merged[name] = value
-    return merged
-
-
-def put_response_fields(batch: KVBatchMeta, nested_response_mask: torch.Tensor, **fields: torch.Tensor) -> KVBatchMeta:
-    nested = {name: response_to_nested(values, nested_response_mask) for name, values in fields.items()}
-    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                           fields=TensorDict(nested, batch_size=len(batch)))

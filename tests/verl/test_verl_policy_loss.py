@@ -24,7 +24,7 @@ from dataflex_rl import ConfigError, build_mechanism
 from dataflex_rl.metrics import HISTOGRAM_EDGES
 from dataflex_rl.verl.command import build_verl_command, experiment_environment, verl_overrides_of
 from dataflex_rl.verl.config import LOSS_MODE, ROUTE_CONFIG_CLASS, validate_overrides
-from dataflex_rl.verl.policy_loss import histogram_bins, histograms_from_bins
+from dataflex_rl.verl.policy_loss import histogram_bins, pop_histograms
 from dataflex_rl.verl.route_config import DataflexPolicyLossConfig
 
 from tiny_actor import StubActorWorkerGroup, TinyLM, batch_of, grpo_advantages, make_rows, padded  # noqa: E402
@@ -164,7 +164,8 @@ def test_histograms_travel_as_one_metric_per_bin():
     output = build_mechanism(block(0.5)).process(0, mechanism_fields(loss_inputs()), histograms=True)
     bins = histogram_bins(output.histograms)
     assert len(bins) == sum(len(HISTOGRAM_EDGES[name]) - 1 for name in output.histograms)
-    histograms, rest = histograms_from_bins({**bins, "actor/pg_loss": 0.5})
+    rest = {**bins, "actor/pg_loss": 0.5}
+    histograms = pop_histograms(rest)
     assert rest == {"actor/pg_loss": 0.5}
     for name, histogram in output.histograms.items():
         assert (histograms[name].counts == histogram.counts).all() and (histograms[name].edges == histogram.edges).all()

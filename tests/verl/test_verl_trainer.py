@@ -16,14 +16,16 @@ import torch
 from omegaconf import OmegaConf
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, get_trainer_cls
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.trainer.ppo.v1.utils import MetricsAggregator
 
 from dataflex_rl import ConfigError, build_mechanism, keys
 from dataflex_rl.verl.config import DEFAULT_TRAINER_MODE as TRAINER_NAME, mechanism_from_verl_config, prob_change_every
-from dataflex_rl.verl.histograms import WandbHistogramLogger
 from dataflex_rl.verl.loss import STAGE_MASK_FIELD
-from dataflex_rl.verl.trainer import MECHANISM_TIMER, DataflexSyncTrainer
+from dataflex_rl.verl.policy_loss import pop_histograms
+from dataflex_rl.verl.trainer import (BASE_ADVANTAGES_FIELD, HISTOGRAM_BIN_INFIX, MECHANISM_TIMER, STAGE_FIELD,
+                                      DataflexSyncTrainer, WandbHistogramLogger)
 
 PARTITION = "train"
 
@@ -303,6 +305,32 @@ def test_histograms_go_to_the_wandb_run_at_the_global_step(verl_config, queues, 
     assert run.tags == ("sweep-a", "verl", "reweight")
 
 
+def test_the_run_stores_histograms_add_up_over_a_steps_sub_batches(verl_config, queues, monkeypatch):
+    """separate_async runs the advantage step once per mini-batch: the bins ride in each one's metrics, verl's
+    MetricsAggregator sums them, and _compute_metrics takes them out for the run store before verl logs."""
+    monkeypatch.setattr(PPOTrainer, "_compute_metrics", lambda *args, **kwargs: None)
+    set_dataflex(verl_config, dataflex_block(alpha=0.5))
+    verl_config.actor_rollout_ref.rollout.n = 4
+    logged = []
+    trainer = stub_trainer(verl_config, global_steps=1)
+    trainer.run_record = SimpleNamespace(log_step=lambda *args: logged.append(args))
+    aggregator, expected = MetricsAggregator(), {}
+    for seed in (1, 2):
+        rows = random_rows(seed=seed, prompts=2, group=4)
+        metrics: dict = {}
+        trainer._compute_advantage(fill_queue(queues.new(), rows, with_rollout_log_probs=False), metrics=metrics)
+        aggregator.add_step_metrics(metrics, sample_count=len(rows))
+        for name, histogram in pop_histograms(dict(metrics), HISTOGRAM_BIN_INFIX).items():
+            expected[name] = expected.get(name, 0) + histogram.counts
+    step_metrics = aggregator.get_aggregated_metrics()
+    trainer._compute_metrics(None, step_metrics, {}, global_steps=1, epoch=0)
+    [(step, metrics, histograms)] = logged
+    assert step == 1 and set(histograms) == set(expected) == {keys.HIST_WEIGHT, keys.HIST_TOKEN_PROB}
+    for name, counts in expected.items():
+        assert (histograms[name].counts == counts).all()
+    assert metrics is step_metrics and not any(name.startswith("dataflex/hist/") for name in metrics)
+
+
 # --- staged updates (Lopti) -----------------------------------------------------------------------------------------
 def lopti_block(eta: float = 0.5, alpha: float = 0.0, warmup_step: int = 0) -> dict:
     return {
@@ -340,7 +368,7 @@ def run_step(verl_config, rows, *, global_steps, queues):
     metrics: dict = {}
     batch = trainer._compute_advantage(batch, metrics=metrics)
     batch = trainer._update_actor(batch, metrics=metrics)
-    assert trainer.pending_stages is None  # taken by the update
+    assert not any(name.startswith("dataflex_step_") for name in batch.fields)  # the workers never fetch them
     return queue, batch, metrics, trainer.actor_rollout_wg
 
 
@@ -439,18 +467,25 @@ def test_lopti_before_warmup_and_reweight_run_one_plain_update(verl_config, queu
     assert metrics["actor/pg_loss"] == 0.0 and metrics[keys.UPDATE_STAGES] == 1.0
 
 
-def test_stages_of_another_batch_are_refused(verl_config, queues):
-    set_dataflex(verl_config, lopti_block())
+def test_the_stages_ride_with_their_rows(verl_config, queues):
+    """Each row's stage masks are TransferQueue fields of that row: a handle listing the rows in another order
+    updates every row with its own stage's advantages."""
+    set_dataflex(verl_config, lopti_block(alpha=0.5))
     verl_config.actor_rollout_ref.rollout.n = 4
+    rows = random_rows(seed=19, prompts=2, group=4)
+    _, _, _, in_order = run_step(verl_config, rows, global_steps=1, queues=queues)
     queue = queues.new()
-    batch = fill_queue(queue, random_rows(seed=19, prompts=2, group=4), with_rollout_log_probs=False)
+    batch = fill_queue(queue, rows, with_rollout_log_probs=False)
     trainer = stub_trainer(verl_config, global_steps=1)
     trainer.actor_rollout_wg = RecordingActorGroup(queues)
     batch = trainer._compute_advantage(batch, metrics={})
-    reordered = KVBatchMeta(keys=list(reversed(batch.keys)), tags=batch.tags, partition_id=batch.partition_id)
-    with pytest.raises(RuntimeError, match="different batch"):
-        trainer._update_actor(reordered, metrics={})
-    assert trainer.actor_rollout_wg.seen_advantages == []
+    assert queue.puts[-1] == ("advantages", f"{STAGE_FIELD}0", f"{STAGE_FIELD}1")
+    reordered = KVBatchMeta(keys=list(reversed(batch.keys)), tags=batch.tags, partition_id=batch.partition_id,
+                            fields=batch.fields)
+    trainer._update_actor(reordered, metrics={})
+    assert len(trainer.actor_rollout_wg.seen_advantages) == 2
+    for ours, theirs in zip(trainer.actor_rollout_wg.seen_advantages, in_order.seen_advantages, strict=True):
+        assert torch.equal(ours, theirs.flip(0))
 
 
 # --- token rules that read the old policy's entropy -----------------------------------------------------------------
@@ -506,6 +541,10 @@ class FakeActorWorkers:
     def __init__(self, queue, shift: dict[str, float]) -> None:
         self.queue, self.shift, self.calls = queue, shift, []
 
+    def update_actor(self, batch) -> dict:
+        self.calls.append("update_actor")
+        return {"metrics": {"pg_loss": [0.0], "mfu": 0.5}}
+
     def compute_log_prob(self, batch):
         self.calls.append(dict(batch.extra_info))
         for key in batch.keys:
@@ -526,25 +565,27 @@ def test_probability_change_reads_the_updated_actors_log_probs(verl_config, queu
     batch = fill_queue(queue, rows, with_rollout_log_probs=False)
     trainer = stub_trainer(verl_config, global_steps=1)
     trainer.prob_change_every = prob_change_every(verl_config)
-    trainer._compute_advantage(batch, metrics={})
-    assert trainer.pending_change is None  # step 1: not measured (every 2 steps)
+    assert BASE_ADVANTAGES_FIELD not in trainer._compute_advantage(batch, metrics={}).fields  # step 1: not measured
     trainer.global_steps = 2
-    trainer._compute_advantage(fill_queue(queue, rows, with_rollout_log_probs=False), metrics={})
-    change = trainer.pending_change
-    assert change is not None and change.keys == tuple(batch.keys)
+    batch = trainer._compute_advantage(fill_queue(queue, rows, with_rollout_log_probs=False), metrics={})
+    assert BASE_ADVANTAGES_FIELD in batch.fields
+    change = SimpleNamespace(**{name: padded(queue, batch, field) for name, field in (
+        ("old_log_probs", "old_log_probs"), ("advantages", BASE_ADVANTAGES_FIELD), ("response_mask", "response_mask"))})
+    change.response_mask = change.response_mask.bool()
     # the advantages kept are verl's, before the mechanism reweighted them
     assert not torch.equal(change.advantages, padded(queue, batch, "advantages"))
     signs = {key: float(torch.sign(change.advantages[index][change.response_mask[index]].sum()))
              for index, key in enumerate(batch.keys)}
     trainer.actor_rollout_wg = FakeActorWorkers(queue, {key: 0.1 * sign for key, sign in signs.items()})
-    trainer.pending_change = None
-    stats = trainer.probability_changes(batch, change)
-    assert trainer.actor_rollout_wg.calls[0]["calculate_entropy"] is False
+    metrics: dict = {}
+    trainer._update_actor(batch, metrics=metrics)
+    update, measure = trainer.actor_rollout_wg.calls  # the measurement reads the updated actor
+    assert update == "update_actor" and measure["calculate_entropy"] is False
     # Each row's advantage has one sign (GRPO: one per response); its tokens moved that way unless clipped at pi = 1.
     old = change.old_log_probs[change.response_mask]
     expected = prob_change_stats_reference(change, signs, batch.keys)
-    assert stats[keys.PROB_CHANGE_CORRECT_SHARE] == pytest.approx(expected)
-    assert 0.5 < stats[keys.PROB_CHANGE_CORRECT_SHARE] <= 1.0 and bool((old < 0).any())
+    assert metrics[keys.PROB_CHANGE_CORRECT_SHARE] == pytest.approx(expected)
+    assert 0.5 < metrics[keys.PROB_CHANGE_CORRECT_SHARE] <= 1.0 and bool((old < 0).any())
 
 
 def prob_change_stats_reference(change, signs, keys_in_order) -> float:

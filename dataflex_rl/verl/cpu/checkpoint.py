@@ -1,7 +1,5 @@
 """The ``dataflex_cpu`` checkpoint engine: separate_async's weight sync through Ray's object store."""
 
-from __future__ import annotations
-
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -15,8 +13,10 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 @ray.remote(num_cpus=0)
 class WeightMailbox:
+    """One sync's tensors, put by trainer rank 0 and read by every rollout worker."""
+
     def __init__(self) -> None:
-        self.state: dict[str, torch.Tensor] | None = None
+        self.state: dict[str, torch.Tensor] = {}
         self.ready = asyncio.Event()
 
     async def put(self, state: dict[str, torch.Tensor]) -> None:
@@ -25,21 +25,18 @@ class WeightMailbox:
 
     async def get(self) -> dict[str, torch.Tensor]:
         await self.ready.wait()
-        assert self.state is not None
         return self.state
 
 
 class CPUCheckpointEngine(CheckpointEngine):
     # The trainer's handle of the current sync's mailbox: Ray ends an actor when its creator drops the last handle.
     current_mailbox: Any = None
+    mailbox: Any = None
 
     def __init__(self, bucket_size: int, is_master: bool = False, **unused: Any) -> None:
-        self.bucket_size = bucket_size
-        self.is_master = is_master
-        self.mailbox: Any = None
+        self.bucket_size, self.is_master = bucket_size, is_master
 
-    def prepare(self) -> dict[str, Any]:
-        """Nothing to allocate: no device buffers."""
+    def prepare(self) -> dict[str, Any]:  # no device buffers to allocate
         return {}
 
     @classmethod
@@ -67,6 +64,5 @@ class CPUCheckpointEngine(CheckpointEngine):
         return {}
 
     async def receive_weights(self, global_steps: int | None = None) -> AsyncIterator[tuple[str, torch.Tensor]]:
-        state = await self.mailbox.get.remote()
-        for name, tensor in state.items():
+        for name, tensor in (await self.mailbox.get.remote()).items():
             yield name, tensor

@@ -1,7 +1,5 @@
 """``python -m dataflex_rl.verl.cpu.prepare``: model, tokenizer and data folder of a CPU-mode run."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import logging

@@ -1,7 +1,5 @@
 """The ``dataflex_cpu`` rollout: verl's generation server on the CPU with the project's sampler."""
 
-from __future__ import annotations
-
 import asyncio
 import dataclasses
 import hashlib
@@ -13,6 +11,9 @@ from typing import Any
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from transformers import AutoModelForCausalLM
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 from verl.workers.rollout.schemas import AsyncRolloutRequestStateEnum
@@ -74,16 +75,11 @@ def aborted_output(global_steps: int | None) -> TokenOutput:
 
 
 class CPURolloutServer:
-    def __init__(self, config: Any, model_config: Any, replica_rank: int) -> None:
-        from transformers import AutoModelForCausalLM
-        from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.config import HFModelConfig
-
+    def __init__(self, config: Any, model_config: Any) -> None:
         # As verl's vLLM server does: the replica hands over DictConfigs, the server works on verl's dataclasses.
         self.config = config = omega_conf_to_dataclass(config)
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        self.replica_rank = replica_rank
         self.model = AutoModelForCausalLM.from_pretrained(model_config.local_path, dtype=torch.float32,
                                                           local_files_only=True).eval()
         # The project's KV-cached sampler where it covers the architecture exactly, else HF generate.
@@ -94,14 +90,11 @@ class CPURolloutServer:
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
         self.seed = int(getattr(config, "seed", 0) or 0)
         self.global_steps: int | None = None
-        self.version = 0
-        self.occurrences: Counter = Counter()
-        self.pending: list[Request] = []
+        self.version, self.occurrences, self.pending, self.rejecting = 0, Counter(), [], False
         self.batcher: asyncio.Task | None = None
         self.lock = asyncio.Lock()
         self.running = asyncio.Event()  # cleared between abort_all_requests and resume_generation
         self.running.set()
-        self.rejecting = False
 
     def max_tokens(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
         """The response budget, as verl's vLLM server computes it."""
@@ -121,16 +114,11 @@ class CPURolloutServer:
             await self.running.wait()
         prompt_ids = [int(token) for token in prompt_ids]
         key = (self.version, tuple(prompt_ids))
-        occurrence = self.occurrences[key]
         self.occurrences[key] += 1
-        request = Request(
-            prompt_ids=prompt_ids,
-            temperature=float(sampling_params.get("temperature") or 0.0),
-            max_tokens=self.max_tokens(prompt_ids, sampling_params),
-            want_log_probs=bool(sampling_params.get("logprobs")),
-            seed=request_seed(self.seed, self.version, prompt_ids, occurrence),
-            future=asyncio.get_running_loop().create_future(),
-        )
+        request = Request(prompt_ids, float(sampling_params.get("temperature") or 0.0),
+                          self.max_tokens(prompt_ids, sampling_params), bool(sampling_params.get("logprobs")),
+                          request_seed(self.seed, self.version, prompt_ids, self.occurrences[key] - 1),
+                          asyncio.get_running_loop().create_future())
         self.pending.append(request)
         if self.batcher is None or self.batcher.done():
             self.batcher = asyncio.get_running_loop().create_task(self.run_batches())
@@ -174,9 +162,8 @@ class CPURolloutServer:
                 tokens = tokens[: tokens.index(self.eos_token_id) + 1]
             wanted = request.want_log_probs and log_probs is not None
             token_log_probs = log_probs[row, : len(tokens)].tolist() if wanted else None
-            outputs.append(TokenOutput(token_ids=tokens, log_probs=token_log_probs,
-                                       stop_reason=AsyncRolloutRequestStateEnum.COMPLETED.value,
-                                       extra_fields={"global_steps": self.global_steps}))
+            outputs.append(TokenOutput(token_ids=tokens, log_probs=token_log_probs, extra_fields={
+                "global_steps": self.global_steps}, stop_reason=AsyncRolloutRequestStateEnum.COMPLETED.value))
         return outputs
 
     async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> str:
@@ -187,20 +174,15 @@ class CPURolloutServer:
             if unexpected or set(missing) - tied:
                 raise ValueError(f"weights sent to the rollout do not match its model: missing "
                                  f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-            self.global_steps = global_steps
-            self.version += 1
+            self.global_steps, self.version = global_steps, self.version + 1
             self.occurrences.clear()
             held = dict(self.model.state_dict())
             return weights_digest((name, held[name]) for name in state)
 
-    async def ready(self) -> bool:
-        return True
-
     async def abort_all_requests(self, reject_request: bool = False, **unused: Any) -> dict[str, Any]:
         """Pause: end the requests not yet in a sampler call ``aborted``."""
         self.running.clear()
-        self.rejecting = reject_request
-        waiting, self.pending = self.pending, []
+        self.rejecting, waiting, self.pending = reject_request, self.pending, []
         for request in waiting:
             request.future.set_result(aborted_output(self.global_steps))
         return {"aborted_count": len(waiting), "request_ids": []}
@@ -210,18 +192,17 @@ class CPURolloutServer:
         self.running.set()
 
 
-async def _nothing_to_do(self: CPURolloutServer, *args: Any, **kwargs: Any) -> None:
-    """What verl calls on every server with nothing to do on the CPU."""
+async def _nothing_to_do(*args: Any, **kwargs: Any) -> None:
+    """What verl calls with nothing to do on the CPU (no device memory to free or fill, no profiler)."""
 
 
-for _name in ("sleep", "wake_up", "clear_kv_cache", "release_kv_cache", "resume_kv_cache", "start_profile",
+for _name in ("ready", "sleep", "wake_up", "clear_kv_cache", "release_kv_cache", "resume_kv_cache", "start_profile",
               "stop_profile"):
     setattr(CPURolloutServer, _name, _nothing_to_do)
 
 
 class CPURolloutReplica(RolloutReplica):
-    def rollout_worker_use_gpu(self) -> bool:
-        """The server needs no (logical) GPU."""
+    def rollout_worker_use_gpu(self) -> bool:  # the server needs no (logical) GPU
         return False
 
     async def launch_servers(self) -> None:
@@ -231,14 +212,10 @@ class CPURolloutReplica(RolloutReplica):
         node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         name = server_name(self.replica_rank, self.name_suffix)
         server = ray.remote(CPURolloutServer).options(
-            name=name,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            max_concurrency=self.max_concurrency,
-        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            max_concurrency=self.max_concurrency).remote(config=self.config, model_config=self.model_config)
         await server.ready.remote()
-        self.servers = [server]
-        self._server_handle = server
-        self._server_address = f"ray-actor:{name}"
+        self.servers, self._server_handle, self._server_address = [server], server, f"ray-actor:{name}"
 
 
 class CPUServerAdapter(BaseRollout):
@@ -248,14 +225,9 @@ class CPUServerAdapter(BaseRollout):
         replica_size = (self.config.tensor_model_parallel_size * self.config.data_parallel_size
                         * self.config.pipeline_model_parallel_size)
         self.replica_rank = rank // replica_size if replica_rank == -1 else replica_rank
-        self.sends = rank % replica_size == 0
-        self.server: Any = None
+        self.sends, self.server = rank % replica_size == 0, None
 
-    async def resume(self, tags: list[str]) -> None:
-        """Nothing was released."""
-
-    async def release(self) -> None:
-        """No device memory to release."""
+    resume = release = _nothing_to_do
 
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], wire_format: str = "named_tensors",
                              **kwargs: Any) -> None:

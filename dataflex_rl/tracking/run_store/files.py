@@ -15,17 +15,11 @@ from typing import Any
 
 LOG = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-META_FILE = "meta.json"
-STATUS_FILE = "status.json"
+CONFIG_FILE, META_FILE, STATUS_FILE = "config.yaml", "meta.json", "status.json"
 SWEEP_FILE = "sweep.json"  # a sweep folder's record, beside its run folders (written by sweeps.manifest)
-METRICS_JSONL = "metrics.jsonl"
-METRICS_PARQUET = "metrics.parquet"
-HISTOGRAMS_JSONL = "histograms.jsonl"
-HISTOGRAMS_PARQUET = "histograms.parquet"
-LOCK_FILE = ".run.lock"
-RESERVE_FILE = ".status.reserve"
-CHECKPOINT_DIR = "checkpoints"
+METRICS_JSONL, METRICS_PARQUET = "metrics.jsonl", "metrics.parquet"
+HISTOGRAMS_JSONL, HISTOGRAMS_PARQUET = "histograms.jsonl", "histograms.parquet"
+LOCK_FILE, RESERVE_FILE, CHECKPOINT_DIR = ".run.lock", ".status.reserve", "checkpoints"
 
 
 class RunStoreError(ValueError):
@@ -37,18 +31,15 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
-def _current_umask() -> int:
+def file_mode() -> int:
+    """``0o666`` less the umask, read from /proc where it can be (``os.umask`` can only be read by setting it)."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
         with open("/proc/self/status", encoding="ascii") as handle:
             line = next(line for line in handle if line.startswith("Umask:"))
-        return int(line.split()[1], 8)
+        return 0o666 & ~int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
-    return mask
-
-
-def file_mode() -> int:
-    return 0o666 & ~_current_umask()
+    return 0o666 & ~mask
 
 
 def pretty_json(obj: Any) -> bytes:
@@ -90,13 +81,10 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str]) -> list[str]:
     """Delete temp files an interrupted write left in the run folder and its ``checkpoints/`` (names returned)."""
     run_dir = pathlib.Path(run_dir)
     removed = []
-    for folder in (run_dir, run_dir / CHECKPOINT_DIR):
-        if not folder.is_dir():
-            continue
-        for path in folder.iterdir():
-            if path.name.startswith(".") and path.name.endswith(".tmp") and path.is_file():
-                path.unlink(missing_ok=True)
-                removed.append(path.name)
+    for path in (*run_dir.glob(".*.tmp"), *(run_dir / CHECKPOINT_DIR).glob(".*.tmp")):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
     if removed:
         LOG.info("%s: removed temp files left by an interrupted write: %s", run_dir, ", ".join(removed))
     return removed

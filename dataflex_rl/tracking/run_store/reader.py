@@ -19,8 +19,7 @@ from dataflex_rl.tracking.run_store.files import (CONFIG_FILE, HISTOGRAMS_JSONL,
                                                  METRICS_JSONL, METRICS_PARQUET, STATUS_FILE, SWEEP_FILE,
                                                  RunStoreError, read_json_object)
 from dataflex_rl.tracking.run_store import schema
-from dataflex_rl.tracking.run_store.jsonl import read_jsonl
-from dataflex_rl.tracking.run_store.arrow import histograms_table, metrics_table
+from dataflex_rl.tracking.run_store.logs import histograms_table, metrics_table, read_jsonl
 
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader parses a config ~10x faster
 
@@ -102,21 +101,20 @@ def read_metrics_table(run_dir: str | os.PathLike[str], keys: Sequence[str] | No
     ``parquet``, ``jsonl`` or None for :func:`metrics_source`'s)."""
     run_dir = pathlib.Path(run_dir)
     source = source or metrics_source(run_dir)
+    if source not in ("parquet", "jsonl", None):
+        raise ValueError(f"source = {source!r} is not allowed: use 'parquet', 'jsonl' or None")
+    if source is None:
+        return pa.table({"step": pa.array([], type=pa.int64())})
     path = run_dir / (METRICS_PARQUET if source == "parquet" else METRICS_JSONL)
-    if source is not None and not path.is_file():
+    if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     if source == "parquet":
         names = [name for name in pq.read_schema(path).names if name != "step"]
         return pq.read_table(path, columns=["step", *_select_keys(names, keys)])
-    if source == "jsonl":
-        records = read_jsonl(path, skip_bad=skip_bad)
-        names = sorted({key for record in records for key in record if key != "step"})
-        wanted = set(_select_keys(names, keys))
-        return metrics_table([{"step": record["step"], **{k: _number_or_none(v) for k, v in record.items()
-                                                           if k in wanted}} for record in records], source=str(path))
-    if source is None:
-        return pa.table({"step": pa.array([], type=pa.int64())})
-    raise ValueError(f"source = {source!r} is not allowed: use 'parquet', 'jsonl' or None")
+    records = read_jsonl(path, skip_bad=skip_bad)
+    wanted = set(_select_keys(sorted({key for record in records for key in record} - {"step"}), keys))
+    return metrics_table([{"step": record["step"], **{key: _number_or_none(value) for key, value in record.items()
+                                                       if key in wanted}} for record in records], source=str(path))
 
 
 def _select_keys(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:

@@ -57,11 +57,9 @@ class SpaceReserve:
 
     def release(self) -> bool:
         """Delete the reserve, giving its blocks back; whether there was one."""
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        existed = self.path.exists()
+        self.path.unlink(missing_ok=True)
+        return existed
 
 
 def write_status(run_dir: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
@@ -76,10 +74,17 @@ def write_status(run_dir: pathlib.Path, status: Mapping[str, Any], reserve: Spac
 
 
 def write_despite_full_disk(path: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
-    """Write ``status`` to ``path``, each attempt needing less free space (docs/run_store.md)."""
+    """Write ``status`` to ``path``, each attempt needing less free space (docs/run_store.md); the last one writes
+    over the old file's blocks."""
     if not (_written(path, status) or (reserve.release() and _written(path, status))
             or _written(path, shortened(status, SHORT_TRACEBACK_CHARS))):
-        _overwrite_in_place(path, shortened(status, LAST_RESORT_CHARS))
+        data = pretty_json(shortened(status, LAST_RESORT_CHARS))
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, file_mode())
+        try:
+            os.pwrite(descriptor, data, 0)
+            os.ftruncate(descriptor, len(data))
+        finally:
+            os.close(descriptor)
 
 
 def _written(path: pathlib.Path, status: Mapping[str, Any]) -> bool:
@@ -99,13 +104,3 @@ def shortened(status: Mapping[str, Any], limit: int) -> dict[str, Any]:
         if isinstance(text, str) and len(text) > limit:
             result[key] = "...(cut)\n" + text[-limit:]
     return result
-
-
-def _overwrite_in_place(path: pathlib.Path, obj: Mapping[str, Any]) -> None:
-    data = pretty_json(obj)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, file_mode())
-    try:
-        os.pwrite(descriptor, data, 0)
-        os.ftruncate(descriptor, len(data))
-    finally:
-        os.close(descriptor)

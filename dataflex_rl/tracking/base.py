@@ -85,7 +85,6 @@ class MultiLogger:
             self._call("log_histogram", step, name, edges, counts)
 
     def close(self, state: str = COMPLETED) -> None:
-        """Close every enabled logger once; later calls do nothing."""
         check_state(state, close=True)
         if not self._closed:
             self._closed = True

@@ -35,7 +35,6 @@ def warm_start_record(design: str | None, checkpoint: str | None, sft_seed: int 
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
-    """12 hex digits of :func:`~dataflex_rl.hashing.stable_hash` of the whole config."""
     return stable_hash(config, 12)
 
 
@@ -159,10 +158,7 @@ class RunIdentity:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as ``meta.json`` records them; ``axes`` only for a run of a grid."""
-        fields = dataclasses.asdict(self)
-        if not fields["axes"]:
-            del fields["axes"]
-        return fields
+        return {name: value for name, value in dataclasses.asdict(self).items() if name != "axes" or value}
 
 
 # Two numeric factor values are one arm when they agree within a relative 1e-5 (an absolute 1e-8 near 0): every table

@@ -33,10 +33,8 @@ def utc_now() -> str:
 
 def file_mode() -> int:
     """``0o666`` less the umask, read from /proc where it can be (``os.umask`` can only be read by setting it)."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/self/status", encoding="ascii") as handle:
-            line = next(line for line in handle if line.startswith("Umask:"))
-        return 0o666 & ~int(line.split()[1], 8)
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status", encoding="ascii") as status:
+        return 0o666 & ~int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
@@ -64,16 +62,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a hidden temp path beside ``path`` (``.<name>.<random>.tmp``, mode :func:`file_mode`)."""
     path = pathlib.Path(path)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(descriptor)
     try:
-        os.fchmod(descriptor, file_mode())
-    finally:
-        os.close(descriptor)
-    try:
+        os.chmod(temporary, file_mode())
         yield temporary
         os.replace(temporary, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+        pathlib.Path(temporary).unlink(missing_ok=True)
         raise
 
 
@@ -93,15 +88,13 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str]) -> list[str]:
 def read_json_object(path: pathlib.Path) -> dict[str, Any] | None:
     """A JSON object file, None when absent; :class:`RunStoreError` naming the file when it cannot be parsed."""
     try:
-        text = path.read_text(encoding="utf-8")
+        payload = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as error:
-        raise RunStoreError(f"{path} cannot be read: {error}") from error
-    try:
-        payload = json.loads(text)
     except json.JSONDecodeError as error:
         raise RunStoreError(f"{path} is not valid JSON ({error}); it may have been cut short") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise RunStoreError(f"{path} cannot be read: {error}") from error
     if not isinstance(payload, dict):
         raise RunStoreError(f"{path} holds a {type(payload).__name__}, expected a JSON object")
     return payload

@@ -180,10 +180,9 @@ class RunStore:
         meta: dict[str, Any] = {
             **identity.to_dict(), "config_fingerprint": fingerprint, "versions": package_versions(),
             "host": socket.gethostname(), **environment_record(previous, numeric_environment(), now),
-            "start_time": previous.get("start_time", now), "end_time": None, "wall_time_s": None}
-        if "start_time" in previous:
-            meta["resume_times"] = [*previous.get("resume_times", []), now]
-        meta.update(extra or {})
+            "start_time": previous.get("start_time", now), "end_time": None, "wall_time_s": None,
+            **({"resume_times": [*previous.get("resume_times", []), now]} if "start_time" in previous else {}),
+            **(extra or {})}
         atomic_write_json(self.path(META_FILE), meta)
         return meta
 

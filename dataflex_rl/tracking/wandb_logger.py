@@ -121,8 +121,7 @@ class WandbLogger:
         LOG.warning("W&B unavailable: %s; the run store still has everything", reason)
 
     @property
-    def active(self) -> bool:
-        """Whether a W&B run is live (False when disabled, unavailable or closed)."""
+    def active(self) -> bool:  # False when disabled, unavailable or closed
         return self.run is not None
 
     def log_config(self, config: dict) -> None:

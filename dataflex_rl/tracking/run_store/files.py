@@ -40,8 +40,7 @@ def file_mode() -> int:
     return 0o666 & ~mask
 
 
-def pretty_json(obj: Any) -> bytes:
-    """``obj`` as the store's JSON files hold it: indented, ``NaN``/``Infinity`` allowed, UTF-8, final newline."""
+def pretty_json(obj: Any) -> bytes:  # as the store's JSON files hold it
     return (json.dumps(obj, indent=2, allow_nan=True, ensure_ascii=False) + "\n").encode("utf-8")
 
 

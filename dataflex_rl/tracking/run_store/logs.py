@@ -28,14 +28,10 @@ def dumps_line(record: Mapping[str, Any]) -> bytes:
 
 
 def read_jsonl(path: str | os.PathLike[str], *, skip_bad: bool = False) -> list[dict[str, Any]]:
-    """Records of a run-store jsonl file (``[]`` when missing)."""
-    return read_jsonl_with_tail(pathlib.Path(path), skip_bad=skip_bad)[0]
-
-
-def read_jsonl_with_tail(path: pathlib.Path, skip_bad: bool = False) -> tuple[list[dict[str, Any]], bool]:
-    """``(records, whether a partial last line was dropped)``; otherwise as :func:`read_jsonl`."""
+    """Records of a run-store jsonl file (``[]`` when missing); a partial last line is dropped with a warning."""
+    path = pathlib.Path(path)
     if not path.exists():
-        return [], False
+        return []
     # A file ending in "\n" leaves an empty tail; anything else there is a line without its newline.
     *lines, tail = path.read_bytes().split(b"\n")
     records, bad_lines = [], []
@@ -54,7 +50,7 @@ def read_jsonl_with_tail(path: pathlib.Path, skip_bad: bool = False) -> tuple[li
         LOG.warning("%s: dropped a partial last line (%d bytes) left by an interrupted write", path, len(tail))
     elif last:
         records.append(last)
-    return records, last is None
+    return records
 
 
 def _parse_record(line: bytes) -> dict[str, Any] | None:

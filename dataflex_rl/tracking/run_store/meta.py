@@ -30,21 +30,16 @@ ATEN_CPU_CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
 _CPUINFO = "/proc/cpuinfo"
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open(_CPUINFO, encoding="utf-8", errors="replace") as cpuinfo:
-        for line in cpuinfo:
-            name, _, value = line.partition(":")
-            if name.strip() == "model name" and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine()
-
-
 def numeric_environment() -> dict[str, Any]:
     """What decides a run's floating-point results on the CPU, as ``meta.json``'s ``environment`` records it."""
     import torch  # imported here: the trainers have it loaded; the rest of the run store does not need it
 
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open(_CPUINFO, encoding="utf-8", errors="replace") as cpuinfo:
+        cpu = next((value.strip() for name, _, value in (line.partition(":") for line in cpuinfo)
+                    if name.strip() == "model name" and value.strip()), cpu)
     blas = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
-    return {"cpu": _cpu_model(),
+    return {"cpu": cpu,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "aten_cpu_capability": os.environ.get(ATEN_CPU_CAPABILITY_VARIABLE),
             "blas": blas.group(1) if blas else None, "threads": torch.get_num_threads(), "machine": platform.machine()}

@@ -52,7 +52,6 @@ def _is_number(value: Any) -> bool:
 
 
 def config_fingerprint(config: Mapping[str, Any]) -> str:
-    """16 hex digits of ``stable_hash`` of ``config`` without the ignored and growing keys."""
     flat = flatten_config(to_plain(config))
     ignored = FINGERPRINT_IGNORED + FINGERPRINT_GROWING
     return stable_hash({key: value for key, value in flat.items() if not _matches(key, ignored)}, 16)

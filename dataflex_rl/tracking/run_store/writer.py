@@ -21,7 +21,7 @@ from dataflex_rl.tracking.run_store.files import (CONFIG_FILE, HISTOGRAMS_JSONL,
                                                  META_FILE, METRICS_JSONL, METRICS_PARQUET, RunStoreError,
                                                  atomic_write_bytes, atomic_write_json, utc_now)
 from dataflex_rl.tracking.run_store.logs import (append_record, dumps_line, histograms_table, metrics_table,
-                                                open_for_append, read_jsonl, read_jsonl_with_tail, write_parquet)
+                                                open_for_append, read_jsonl, write_parquet)
 from dataflex_rl.tracking.run_store.meta import environment_record, numeric_environment, package_versions
 from dataflex_rl.tracking.run_store.reader import read_config, read_meta, read_status
 from dataflex_rl.tracking.run_store.status import COMPLETED, FAILED, SpaceReserve, check_state, write_status
@@ -52,21 +52,6 @@ def _tolerant(reader: Callable[[pathlib.Path], Any], run_dir: pathlib.Path) -> A
     except (RunStoreError, OSError) as error:
         LOG.warning("%s", error)
         return None
-
-
-def _histogram_record(step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> dict[str, Any]:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"histogram name {name!r} is not allowed: it must be a non-empty string")
-    where = f"histogram {name!r} at step {step}"
-    edges, counts = [float(edge) for edge in _as_list(edges)], _as_list(counts)
-    if len(edges) != len(counts) + 1 or not counts:
-        raise ValueError(f"{where}: got {len(edges)} edges and {len(counts)} counts; k >= 1 bins need k + 1 edges")
-    if any(not left < right for left, right in itertools.pairwise(edges)):
-        raise ValueError(f"{where}: edges must be strictly increasing, got {edges}")
-    for count in counts:
-        if not (float(count) >= 0 and float(count).is_integer()):
-            raise ValueError(f"{where}: count {count!r} is not an integer >= 0")
-    return {"step": step, "name": name, "edges": edges, "counts": [int(float(count)) for count in counts]}
 
 
 class RunLockedError(ConfigError):
@@ -232,7 +217,20 @@ class RunStore:
 
     def log_histogram(self, step: int, name: str, edges: Sequence[float], counts: Sequence[int]) -> None:
         """Append one histogram to ``histograms.jsonl``: ``k + 1`` increasing edges, ``k`` integer counts >= 0."""
-        self._append(HISTOGRAMS_JSONL, _histogram_record(_check_step(step), name, edges, counts))
+        step = _check_step(step)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"histogram name {name!r} is not allowed: it must be a non-empty string")
+        where = f"histogram {name!r} at step {step}"
+        edges, counts = [float(edge) for edge in _as_list(edges)], _as_list(counts)
+        if len(edges) != len(counts) + 1 or not counts:
+            raise ValueError(f"{where}: got {len(edges)} edges and {len(counts)} counts; k >= 1 bins need k + 1 edges")
+        if any(not left < right for left, right in itertools.pairwise(edges)):
+            raise ValueError(f"{where}: edges must be strictly increasing, got {edges}")
+        for count in counts:
+            if not (float(count) >= 0 and float(count).is_integer()):
+                raise ValueError(f"{where}: count {count!r} is not an integer >= 0")
+        counts = [int(float(count)) for count in counts]
+        self._append(HISTOGRAMS_JSONL, {"step": step, "name": name, "edges": edges, "counts": counts})
 
     def close(self, state: str = COMPLETED, *, end_time: str | None = None) -> None:
         """Compact the jsonl to parquet, stamp ``end_time``, set the final status; a second call does nothing."""
@@ -291,13 +289,12 @@ class RunStore:
         for file_name, parquet_name in _LOGS.items():
             path = self.path(file_name)
             self.path(parquet_name).unlink(missing_ok=True)
-            if not path.exists():
-                continue
-            records, partial = read_jsonl_with_tail(path)
+            records = read_jsonl(path)
             kept = [record for record in records if keep(record)]
             dropped += len(records) - len(kept)
-            if len(kept) != len(records) or partial:
-                atomic_write_bytes(path, b"".join(dumps_line(record) for record in kept))
+            text = b"".join(dumps_line(record) for record in kept)
+            if path.exists() and text != path.read_bytes():  # lines dropped, or a partial last line
+                atomic_write_bytes(path, text)
         self._last_metrics_step = None
         return dropped
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import logging
@@ -95,12 +96,9 @@ class RunLock:
 
     def holder(self) -> str:
         """The pid recorded in the lock file (the live holder's while the lock is held), or ``"unknown"``."""
-        try:
-            with open(self.path, "rb") as handle:
-                recorded = handle.read(64)  # enough for any pid; more was not written by a RunLock
-        except OSError:
-            return "unknown"
-        return recorded.decode("ascii", "replace").strip() or "unknown"
+        with contextlib.suppress(OSError), open(self.path, "rb") as handle:  # 64 bytes: enough for any pid
+            return handle.read(64).decode("ascii", "replace").strip() or "unknown"
+        return "unknown"
 
     def release(self) -> None:
         if self._lock.is_locked:

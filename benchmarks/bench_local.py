@@ -59,87 +59,96 @@ def wandb_service_cpu() -> float:
     return total
 
 
-def measure(rounds: int, steps_per_side: int, sizes: list[int], overrides: list[str]) -> dict:
-    """Interleaved rounds of one trainer whose levers are switched between steps, so every side sees the same machine
-    load and the same (slowly training) weights; validations of the default size with each sampler and of each of
-    ``sizes`` (a held-out pool that large) with the default one."""
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="bench-local-") as directory:
-        trainer, loggers = build_trainer(Path(directory) / "run", [f"task.test_size={max(sizes)}", *overrides])
-        default_items = trainer.val_problems
-        pool = trainer.task.test_problems(max(sizes), seed=trainer.trainer.val_seed)
+class LeverBench:
+    """One trainer whose levers are switched between steps, so every side sees the same machine load and the same
+    (slowly training) weights; each step's parts are kept in ``results``, the "after" step's FLOPs in ``flops``."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer, self.results, self.flops, self.numbers = trainer, {}, [], itertools.count(1)
+        self.shapes = [(module.in_features, module.out_features) for name, module in trainer.model.named_modules()
+                       if isinstance(module, torch.nn.Linear) and name != "lm_head"]  # the LM head is counted apart
         # Every measured step runs the exact bucket gradients, as the step numbered exact_every would.
         every, exact_pass, rollout = trainer.config.stats.exact_every, trainer.exact_bucket_gradients, trainer.rollout
         trainer.exact_bucket_gradients = lambda step, *args: exact_pass(every or step, *args)
-        last = {}  # the last rollout, whose token counts give the step's FLOPs
 
         def keep_rollout(step: int):
-            last["rollout"] = rollout(step)
-            return last["rollout"]
+            self.rollout = rollout(step)  # its token counts give the step's FLOPs
+            return self.rollout
 
         trainer.rollout = keep_rollout
-        shapes = [(module.in_features, module.out_features) for name, module in trainer.model.named_modules()
-                  if isinstance(module, torch.nn.Linear) and name != "lm_head"]  # the LM head is counted apart
-        results: dict[str, list[float]] = {}
-        flops, rates, numbers = [], [], itertools.count(1)  # per round: the "after" step's FLOPs, the matmul rate
 
-        def step(name: str) -> None:
-            trainer.sampler, trainer.pack, threads, trainer.compile = SIDES[name]
-            torch.set_num_threads(threads)
-            number = next(numbers)
-            metrics = trainer.train_step(number)
-            start = time.perf_counter()
-            trainer.log(number, metrics)
-            torch.set_num_threads(1)
-            exact = metrics.get(keys.TIMING_EXACT_GRAD, 0.0)
-            parts = {"plain": metrics[keys.TIMING_STEP] - exact, "exact": exact, "log": time.perf_counter() - start}
-            for part, value in {**parts, **{part: metrics[key] for part, key in PARTS.items()}}.items():
-                results.setdefault(f"{name}/{part}", []).append(value)
-            if name == "after":
-                flops.append(step_flops(last["rollout"].batch, shapes, trainer.model.config.vocab_size,
-                                        trainer.model.config.hidden_size))
+    def step(self, name: str) -> None:
+        """One training step and its logging with the levers of side ``name``."""
+        trainer, number = self.trainer, next(self.numbers)
+        trainer.sampler, trainer.pack, threads, trainer.compile = SIDES[name]
+        torch.set_num_threads(threads)
+        metrics = trainer.train_step(number)
+        start = time.perf_counter()
+        trainer.log(number, metrics)
+        torch.set_num_threads(1)
+        exact = metrics.get(keys.TIMING_EXACT_GRAD, 0.0)
+        parts = {"plain": metrics[keys.TIMING_STEP] - exact, "exact": exact, "log": time.perf_counter() - start}
+        for part, value in {**parts, **{part: metrics[key] for part, key in PARTS.items()}}.items():
+            self.results.setdefault(f"{name}/{part}", []).append(value)
+        if name == "after":
+            config = trainer.model.config
+            self.flops.append(step_flops(self.rollout.batch, self.shapes, config.vocab_size, config.hidden_size))
 
-        def validate(sampler: str, items: list) -> None:
-            trainer.sampler, trainer.val_problems = sampler, items
-            trainer.validate()
+    def validate(self, sampler: str, items: list) -> None:
+        self.trainer.sampler, self.trainer.val_problems = sampler, items
+        self.trainer.validate()
 
-        sides = {**{name: lambda name=name: [step(name) for _ in range(steps_per_side)] for name in SIDES},
-                 "validate/hf": lambda: validate("hf", default_items),
-                 "validate/cached": lambda: validate("cached", default_items),
-                 **{f"validate {size}": lambda size=size: validate("cached", pool[:size]) for size in sizes},
-                 "matmul": lambda: rates.append(matmul_rate(shapes, int(flops[-1]["tokens"])))}
+
+def measure(rounds: int, steps_per_side: int, sizes: list[int], overrides: list[str]) -> dict:
+    """Interleaved rounds of every lever's steps, validations of the default size with each sampler and of each of
+    ``sizes`` (from a held-out pool that large) with the default one, and the matmul rate."""
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="bench-local-") as directory:
+        trainer, loggers = build_trainer(Path(directory) / "run", [f"task.test_size={max(sizes)}", *overrides])
+        bench, rates, default_items = LeverBench(trainer), [], trainer.val_problems
+        pool = trainer.task.test_problems(max(sizes), seed=trainer.trainer.val_seed)
+        sides = {**{name: lambda name=name: [bench.step(name) for _ in range(steps_per_side)] for name in SIDES},
+                 "validate/hf": lambda: bench.validate("hf", default_items),
+                 "validate/cached": lambda: bench.validate("cached", default_items),
+                 **{f"validate {size}": lambda size=size: bench.validate("cached", pool[:size]) for size in sizes},
+                 "matmul": lambda: rates.append(matmul_rate(bench.shapes, int(bench.flops[-1]["tokens"])))}
         with loggers:
             interleaved({name: side for name, side in sides.items() if name != "compiled"}, rounds=0)  # warm-up
             # The compiled update's first step compiles (or loads the persistent cache): its extra time, apart.
             start = time.perf_counter()
-            step("compiled")
-            compile_s = time.perf_counter() - start - min(results["after/plain"])
-            results.clear()
-            flops.clear()
-            rates.clear()
+            bench.step("compiled")
+            compile_s = time.perf_counter() - start - min(bench.results["after/plain"])
+            for measured in (bench.results, bench.flops, rates):
+                measured.clear()
             cpu_start = wandb_service_cpu()
             timed = interleaved(sides, rounds=rounds, warmup=0)
-            logged = sum(len(results[f"{side}/plain"]) for side in SIDES)
+            logged = sum(len(bench.results[f"{side}/plain"]) for side in SIDES)
             service_cpu = (wandb_service_cpu() - cpu_start) / max(logged, 1)
-    return {"results": {**results, **timed}, "flops": flops, "rates": rates, "service_cpu": service_cpu,
+    return {"results": {**bench.results, **timed}, "flops": bench.flops, "rates": rates, "service_cpu": service_cpu,
             "config": trainer.config, "compile_s": compile_s, "sizes": sizes, "default_items": len(default_items)}
+
+
+def default_steps(measured: dict, name: str, sampler: str) -> list[float]:
+    """Per step of side ``name``: a plain step plus its share of a ``total_steps`` run's validations (with
+    ``sampler``), exact gradients and logging (W&B's service process too)."""
+    results, share = measured["results"], amortised(measured["config"])
+    plain, validate = results[f"{name}/plain"], results[f"validate/{sampler}"]
+    return [plain[i] + share["exact"] * results[f"{name}/exact"][i] + results[f"{name}/log"][i]
+            + share["validate"] * validate[i * len(validate) // len(plain)] + measured["service_cpu"]
+            for i in range(len(plain))]
+
+
+def amortised(config) -> dict[str, float]:
+    """Validations and exact-gradient passes per step of a ``total_steps`` run at the config's schedule."""
+    total = max(config.trainer.total_steps, 1)
+    exact = total // config.stats.exact_every if config.stats.exact_every else 0
+    return {"validate": config.trainer.evaluations / total, "exact": exact / total}
 
 
 def rows_from(measured: dict) -> list[Row]:
     results, config, rates = measured["results"], measured["config"], measured["rates"]
-    total = max(config.trainer.total_steps, 1)
-    # Validations and exact-gradient passes per step of a total_steps run at the config's schedule.
-    share = {"validate": config.trainer.evaluations / total,
-             "exact": (total // config.stats.exact_every if config.stats.exact_every else 0) / total}
-
-    def default_steps(name: str, sampler: str) -> list[float]:
-        """Per step: a plain step plus its share of validation, exact gradients and logging (W&B's service too)."""
-        plain, validate = results[f"{name}/plain"], results[f"validate/{sampler}"]
-        return [plain[i] + share["exact"] * results[f"{name}/exact"][i] + results[f"{name}/log"][i]
-                + share["validate"] * validate[i * len(validate) // len(plain)] + measured["service_cpu"]
-                for i in range(len(plain))]
-
-    before, after = default_steps("before", "hf"), default_steps("after", "cached")
+    share = amortised(config)
+    before, after = default_steps(measured, "before", "hf"), default_steps(measured, "after", "cached")
     # Useful FLOPs of each round's step (validation and exact passes add a few percent; left out).
     useful = [count["rollout"] + count["update"] for count in measured["flops"]]
     achieved = {side: [useful[i * len(useful) // len(steps)] / seconds / 1e9 for i, seconds in enumerate(steps)]
@@ -164,7 +173,7 @@ def rows_from(measured: dict) -> list[Row]:
                 note=f"first step's compile/cache load {measured['compile_s']:.0f} s vs {saved:.0f} s saved over "
                      f"{config.trainer.total_steps} steps: {verdict}"),
             Row("local step", "default step: 1 -> 2 threads (both levers on)", "s", min_median(after),
-                min_median(default_steps("after, 2 threads", "cached")), note="> 1x: one thread is faster"),
+                min_median(default_steps(measured, "after, 2 threads", "cached")), note="> 1x: one thread is faster"),
             Row("local step", f"validation ({measured['default_items']} greedy prompts): hf -> cached", "s",
                 min_median(results["validate/hf"]), min_median(results["validate/cached"]),
                 note=f"{share['validate']:.3f} per step"),

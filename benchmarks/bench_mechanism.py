@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -54,10 +55,29 @@ def apply_rows(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+def reference_step(rows: int, length: int, device: torch.device, synchronize: Callable[[], None]) -> Callable[[], None]:
+    """Forward and backward of the stand-in actor (embedding, 2 encoder layers of width 64, a 512-token LM head, the
+    log-probs of the given tokens; bfloat16 autocast on CUDA) on ``rows`` random sequences of ``length``."""
+    tokens = torch.randint(REFERENCE_VOCAB, (rows, length), generator=torch.Generator().manual_seed(1)).to(device)
+    layer = torch.nn.TransformerEncoderLayer(REFERENCE_WIDTH, nhead=4, dim_feedforward=4 * REFERENCE_WIDTH,
+                                             batch_first=True)
+    model = torch.nn.Sequential(torch.nn.Embedding(REFERENCE_VOCAB, REFERENCE_WIDTH),
+                                torch.nn.TransformerEncoder(layer, REFERENCE_LAYERS, enable_nested_tensor=False),
+                                torch.nn.Linear(REFERENCE_WIDTH, REFERENCE_VOCAB)).to(device)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            log_probs = model(tokens).float().log_softmax(-1).gather(-1, tokens.unsqueeze(-1))
+        log_probs.mean().backward()
+        model.zero_grad(set_to_none=True)
+        synchronize()
+
+    return step
+
+
 def share_rows(args: argparse.Namespace) -> list[Row]:
-    """``process`` (histograms on, as verl's trainer calls it once per step) on a verl-like batch against the forward
-    and backward of a stand-in actor on ``ref_rows`` rows, scaled to ``bs`` rows; one row per ``old_log_probs``
-    dtype."""
+    """``process`` (histograms on, as verl's trainer calls it once per step) on a verl-like batch against
+    :func:`reference_step` on ``ref_rows`` rows, scaled to ``bs`` rows; one row per ``old_log_probs`` dtype."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ref_rows = args.ref_rows or (16 if device.type == "cuda" else 1)
     generator = torch.Generator().manual_seed(0)
@@ -65,27 +85,13 @@ def share_rows(args: argparse.Namespace) -> list[Row]:
     fields = {"old_log_probs": -torch.rand(args.bs, args.length, generator=generator) * 5, "response_mask": mask,
               "advantages": torch.randn(args.bs, 1, generator=generator).expand(args.bs, args.length) * mask}
     fields = {name: value.to(device) for name, value in fields.items()}
-    tokens = torch.randint(REFERENCE_VOCAB, (ref_rows, args.length), generator=torch.Generator().manual_seed(1))
-    tokens = tokens.to(device)
-    layer = torch.nn.TransformerEncoderLayer(REFERENCE_WIDTH, nhead=4, dim_feedforward=4 * REFERENCE_WIDTH,
-                                             batch_first=True)
-    model = torch.nn.Sequential(torch.nn.Embedding(REFERENCE_VOCAB, REFERENCE_WIDTH),
-                                torch.nn.TransformerEncoder(layer, REFERENCE_LAYERS, enable_nested_tensor=False),
-                                torch.nn.Linear(REFERENCE_WIDTH, REFERENCE_VOCAB)).to(device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-
-    def reference_step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            log_probs = model(tokens).float().log_softmax(-1).gather(-1, tokens.unsqueeze(-1))
-        log_probs.mean().backward()
-        model.zero_grad(set_to_none=True)
-        synchronize()
-
     mechanism = build_mechanism({"actuator": {"name": "advantage_reweight", "params": {"alpha": args.alpha}}})
     dtypes = (torch.float32, torch.bfloat16)
     sides = {str(dtype): lambda batch={**fields, "old_log_probs": fields["old_log_probs"].to(dtype)}: (
         mechanism.process(1, batch, histograms=True), synchronize()) for dtype in dtypes}
-    times = interleaved({"reference": reference_step, **sides}, rounds=args.step_rounds, warmup=2)
+    times = interleaved({"reference": reference_step(ref_rows, args.length, device, synchronize), **sides},
+                        rounds=args.step_rounds, warmup=2)
     reference, scale = min_median(times["reference"], 1e3 * args.bs / ref_rows), args.bs / ref_rows
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
     rows = []

@@ -24,16 +24,16 @@ def main(argv=None) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:
         root = args.out or Path(scratch)
 
-        def sweep(jobs: int, alphas: str = alphas, steps: int = args.steps) -> None:
+        def sweep(jobs: int, alphas: str = alphas, steps: int = args.steps, name: str | None = None) -> None:
             """One whole sweep (driver and runs), its output silenced."""
-            name = f"jobs{jobs}-{next(names)}"
+            name = name or f"jobs{jobs}-{next(names)}"
             with contextlib.redirect_stdout(io.StringIO()):
                 code = sweep_main([f"alpha={alphas}", "seeds=1", f"jobs={jobs}", "threads=1", f"steps={steps}",
                                    f"root={root}", f"name={name}", "add_baseline=false", "report=false"])
             if code != 0:
                 raise RuntimeError(f"sweep {name} exited with {code}; see {root / name / 'logs'}")
 
-        sweep(1, "0.5", 1)  # warm-up: the SFT cache (the default one), imports, page cache
+        sweep(1, "0.5", 1, "warmup")  # the SFT cache (the default one), imports, page cache
         times = interleaved({"1": lambda: sweep(1), "cores": lambda: sweep(cores)}, rounds=args.rounds, warmup=0)
     one, many = ([cores * args.steps * 3600 / seconds for seconds in times[side]] for side in ("1", "cores"))
     efficiency = [m / o / cores for m, o in zip(sorted(many), sorted(one), strict=True)]

@@ -8,26 +8,23 @@ import importlib
 import sys
 import traceback
 
-from benchmarks.common import Row, format_table
+from benchmarks.common import format_table
 from dataflex_rl.registry import plugin_modules
 
 
 def main(argv: list[str] | None = None) -> int:
     modules = plugin_modules("benchmarks", prefix="bench_")
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("names", nargs="*", metavar="name", help=f"one of {', '.join(sorted(modules))} (default: all)")
-    wanted = parser.parse_args(argv).names
-    unknown = sorted(set(wanted) - set(modules))
-    if unknown:
-        parser.error(f"unknown benchmark {', '.join(unknown)}; allowed: {', '.join(sorted(modules))}")
-    failures = 0
-    rows: list[Row] = []
-    for name, module in modules.items():
-        if wanted and name not in wanted:
-            continue
+    parser.add_argument("names", nargs="*", metavar="name", help=f"one of {', '.join(modules)} (default: all)")
+    names = parser.parse_args(argv).names
+    if set(names) - set(modules):
+        parser.error(f"unknown benchmark {', '.join(sorted(set(names) - set(modules)))}; allowed: {', '.join(modules)}")
+    wanted = [name for name in modules if name in names or not names]
+    rows, failures = [], 0
+    for name in wanted:
         print(f"== bench_{name}", flush=True)
         try:
-            rows += importlib.import_module(module).main([])
+            rows += importlib.import_module(modules[name]).main([])
         except Exception:  # one broken benchmark must not hide the others
             failures += 1
             traceback.print_exc()

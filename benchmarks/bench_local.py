@@ -1,77 +1,51 @@
-"""Local backend: the default step, each speed lever before/after, and the achieved GFLOP/s against this machine's
-matmul rate (docs/performance.md)."""
+"""Local backend: the default step, each speed lever before/after, the achieved GFLOP/s against this machine's matmul
+rate, and the cost of evaluation: validations of N items against a training step and their share of a run (what it
+holds fixed: docs/performance.md)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
+import itertools
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import Row, format_table, interleaved, min_median
+from benchmarks.common import Row, build_trainer, interleaved, min_median, options, printed
+from dataflex_rl import keys
 
-BEFORE = ("hf", False)  # HF generate, HF forward over the padded batch: the trainer before its own decoder
-AFTER = ("cached", True)  # the defaults: KV-cached sampler, packed forward
-
-
-def build_trainer(run_dir: Path, overrides: list[str]):
-    """The default run's trainer, built as ``dataflex_rl.local.train`` builds it (loggers entered by the caller)."""
-    from dataflex_rl import build_mechanism
-    from dataflex_rl.compose import compose_train_config
-    from dataflex_rl.run_config import parse_train_config
-    from dataflex_rl.tinylm.sft import warm_start
-    from dataflex_rl.local.trainer import GRPOTrainer
-    from dataflex_rl.tasks import build_task
-    from dataflex_rl.tracking import RunIdentity, RunStore, build_loggers
-
-    resolved = compose_train_config([f"run_dir={run_dir}", *overrides])
-    config = parse_train_config(resolved)
-    task = build_task(config.task.name, config.task.params)
-    model, tokenizer, _ = warm_start(config.model, config.task, config.sft, task)
-    identity = RunIdentity.for_config(resolved, sweep="bench", run="bench", backend="local", mechanism="reweight",
-                                      alpha=float(config.dataflex.alpha or 0.0), seed=config.seed)
-    loggers = build_loggers(config.logger, RunStore(run_dir), identity, resolved)
-    trainer = GRPOTrainer(config, task, model, tokenizer, build_mechanism(config.dataflex), loggers,
-                          run_dir / "checkpoints")
-    return trainer, loggers
-
-
-def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
-    """``(in, out)`` of every linear layer of the decoder layers (the LM head is counted apart)."""
-    return [(module.in_features, module.out_features) for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and name != "lm_head"]
+# side -> (sampler, pack, threads, compiled update). "before" is the trainer before its own decoder (HF generate, HF
+# forward over the padded batch), "after" its defaults (the KV-cached sampler, the packed forward).
+SIDES = {"before": ("hf", False, 1, False), "after": ("cached", True, 1, False),
+         "sampler only": ("cached", False, 1, False), "pack only": ("hf", True, 1, False),
+         "after, 2 threads": ("cached", True, 2, False), "compiled": ("cached", True, 1, True)}
+PARTS = {"rollout": keys.TIMING_GEN, "update": keys.TIMING_UPDATE, "mechanism": keys.TIMING_MECHANISM}
 
 
 def step_flops(batch, shapes: list[tuple[int, int]], vocab: int, hidden: int) -> dict[str, float]:
-    """FLOPs one step needs with each distinct prompt run once and no padding."""
+    """FLOPs one step needs with each distinct prompt run once and no padding (linear layers, 2 per weight per token
+    forward, 6 forward and backward, and the LM head where a log-prob is read)."""
     from dataflex_rl.tinylm.decoder import distinct_prompts
 
-    per_token = 2 * sum(i * o for i, o in shapes)
-    prompt_mask = batch.attention_mask[:, : batch.prompt_length]
+    per_token, head = 2 * sum(fan_in * fan_out for fan_in, fan_out in shapes), 2 * vocab * hidden
     first, _ = distinct_prompts(batch.input_ids[:, : batch.prompt_length])
-    tokens = float(prompt_mask[first].sum()) + float(batch.response_mask.sum())
-    generated = float(batch.response_mask.sum())
-    head = 2 * vocab * hidden
-    rows = batch.input_ids.shape[0]
+    tokens = float(batch.attention_mask[:, : batch.prompt_length][first].sum()) + float(batch.response_mask.sum())
+    generated, rows = float(batch.response_mask.sum()), batch.input_ids.shape[0]
     return {"rollout": per_token * tokens + head * generated,
             "update": 3 * (per_token * (tokens - rows) + head * generated), "tokens": tokens - rows}
 
 
-def matmul_rate(shapes: list[tuple[int, int]], tokens: int, repeats: int = 3) -> float:
-    """GFLOP/s of single-thread ``torch.mm`` over the update's products of every linear layer (best of repeats)."""
-    generator = torch.Generator().manual_seed(0)
-    products = []
+def matmul_rate(shapes: list[tuple[int, int]], tokens: int) -> float:
+    """GFLOP/s of this thread's ``torch.mm`` over the update's products of every linear layer (best of 3)."""
+    generator, products = torch.Generator().manual_seed(0), []
     for fan_in, fan_out in shapes:
-        x = torch.randn(tokens, fan_in, generator=generator)
+        x, grad = torch.randn(tokens, fan_in, generator=generator), torch.randn(tokens, fan_out, generator=generator)
         weight = torch.randn(fan_out, fan_in, generator=generator)
-        grad = torch.randn(tokens, fan_out, generator=generator)
         products += [(x, weight.t()), (grad, weight), (grad.t(), x)]
     flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in products)
-    best = min(interleaved({"mm": lambda: [torch.mm(a, b) for a, b in products]}, rounds=repeats)["mm"])
-    return flops / best / 1e9
+    return flops / min(interleaved({"mm": lambda: [torch.mm(a, b) for a, b in products]}, rounds=3)["mm"]) / 1e9
 
 
 def wandb_service_cpu() -> float:
@@ -86,88 +60,82 @@ def wandb_service_cpu() -> float:
 
 
 class LeverBench:
-    """One trainer whose levers are switched between steps."""
+    """One trainer whose levers are switched between steps, so every side sees the same machine load and the same
+    (slowly training) weights; each step's parts are kept in ``results``, the "after" step's FLOPs in ``flops``."""
 
     def __init__(self, trainer) -> None:
-        self.trainer = trainer
-        self.results: dict[str, list[float]] = {}
-        self.step_number = 0
+        self.trainer, self.results, self.flops, self.numbers = trainer, {}, [], itertools.count(1)
+        self.shapes = [(module.in_features, module.out_features) for name, module in trainer.model.named_modules()
+                       if isinstance(module, torch.nn.Linear) and name != "lm_head"]  # the LM head is counted apart
         # Every measured step runs the exact bucket gradients, as the step numbered exact_every would.
-        every = trainer.config.stats.exact_every
-        exact_pass = trainer.exact_bucket_gradients
+        every, exact_pass, rollout = trainer.config.stats.exact_every, trainer.exact_bucket_gradients, trainer.rollout
         trainer.exact_bucket_gradients = lambda step, *args: exact_pass(every or step, *args)
-        self.batch = None  # the last rollout's batch, whose token counts give the step's FLOPs
-        rollout = trainer.rollout
 
-        def keep_batch(step):
-            result = rollout(step)
-            self.batch = result.batch
-            return result
+        def keep_rollout(step: int):
+            self.rollout = rollout(step)  # its token counts give the step's FLOPs
+            return self.rollout
 
-        trainer.rollout = keep_batch
+        trainer.rollout = keep_rollout
 
-    def step(self, name: str, sampler: str, pack: bool, threads: int = 1, compiled: bool = False) -> None:
-        """One training step (and its logging) with the given levers, recorded under ``name``."""
-        from dataflex_rl import keys
-
-        trainer = self.trainer
-        trainer.sampler, trainer.pack, trainer.compile = sampler, pack, compiled
+    def step(self, name: str) -> None:
+        """One training step and its logging with the levers of side ``name``."""
+        trainer, number = self.trainer, next(self.numbers)
+        trainer.sampler, trainer.pack, threads, trainer.compile = SIDES[name]
         torch.set_num_threads(threads)
-        self.step_number += 1
-        metrics = trainer.train_step(self.step_number)
-        log_start = time.perf_counter()
-        trainer.log(self.step_number, metrics)
-        log_seconds = time.perf_counter() - log_start
+        metrics = trainer.train_step(number)
+        start = time.perf_counter()
+        trainer.log(number, metrics)
         torch.set_num_threads(1)
         exact = metrics.get(keys.TIMING_EXACT_GRAD, 0.0)
-        for part, value in (("plain", metrics[keys.TIMING_STEP] - exact), ("exact", exact),
-                            ("rollout", metrics[keys.TIMING_GEN]), ("update", metrics[keys.TIMING_UPDATE]),
-                            ("mechanism", metrics[keys.TIMING_MECHANISM]), ("log", log_seconds)):
+        parts = {"plain": metrics[keys.TIMING_STEP] - exact, "exact": exact, "log": time.perf_counter() - start}
+        for part, value in {**parts, **{part: metrics[key] for part, key in PARTS.items()}}.items():
             self.results.setdefault(f"{name}/{part}", []).append(value)
+        if name == "after":
+            config = trainer.model.config
+            self.flops.append(step_flops(self.rollout.batch, self.shapes, config.vocab_size, config.hidden_size))
 
-    def validate(self, sampler: str) -> None:
-        self.trainer.sampler = sampler
-        start = time.perf_counter()
+    def validate(self, sampler: str, items: list) -> None:
+        self.trainer.sampler, self.trainer.val_problems = sampler, items
         self.trainer.validate()
-        self.results.setdefault(f"validate/{sampler}", []).append(time.perf_counter() - start)
 
 
-def measure(rounds: int, steps_per_side: int, overrides: list[str]) -> dict:
+def measure(rounds: int, steps_per_side: int, sizes: list[int], overrides: list[str]) -> dict:
+    """Interleaved rounds of every lever's steps, validations of the default size with each sampler and of each of
+    ``sizes`` (from a held-out pool that large) with the default one, and the matmul rate."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-local-") as directory:
-        trainer, loggers = build_trainer(Path(directory) / "run", overrides)
-        bench = LeverBench(trainer)
-        shapes = linear_shapes(trainer.model)
-        vocab, hidden = trainer.model.config.vocab_size, trainer.model.config.hidden_size
-        flops: list[dict[str, float]] = []
-        rates: list[float] = []
+        trainer, loggers = build_trainer(Path(directory) / "run", [f"task.test_size={max(sizes)}", *overrides])
+        bench, rates, default_items = LeverBench(trainer), [], trainer.val_problems
+        pool = trainer.task.test_problems(max(sizes), seed=trainer.trainer.val_seed)
+        sides = {**{name: lambda name=name: [bench.step(name) for _ in range(steps_per_side)] for name in SIDES},
+                 "validate/hf": lambda: bench.validate("hf", default_items),
+                 "validate/cached": lambda: bench.validate("cached", default_items),
+                 **{f"validate {size}": lambda size=size: bench.validate("cached", pool[:size]) for size in sizes},
+                 "matmul": lambda: rates.append(matmul_rate(bench.shapes, int(bench.flops[-1]["tokens"])))}
         with loggers:
-            sides = {"before": lambda: bench.step("before", *BEFORE),
-                     "after": lambda: bench.step("after", *AFTER),
-                     "sampler only": lambda: bench.step("sampler only", "cached", False),
-                     "pack only": lambda: bench.step("pack only", "hf", True),
-                     "after, 2 threads": lambda: bench.step("after, 2 threads", *AFTER, threads=2)}
-            for side in sides.values():  # warm-up
-                side()
+            interleaved({name: side for name, side in sides.items() if name != "compiled"}, rounds=0)  # warm-up
             # The compiled update's first step compiles (or loads the persistent cache): its extra time, apart.
             start = time.perf_counter()
-            bench.step("compiled", *AFTER, compiled=True)
+            bench.step("compiled")
             compile_s = time.perf_counter() - start - min(bench.results["after/plain"])
-            sides["after, compiled update"] = lambda: bench.step("compiled", *AFTER, compiled=True)
-            bench.results.clear()
-            cpu_start, logged_start = wandb_service_cpu(), bench.step_number
-            for index in range(rounds):
-                for name in (list(sides) if index % 2 == 0 else list(sides)[::-1]):
-                    for _ in range(steps_per_side):
-                        sides[name]()
-                    if name == "after":
-                        flops.append(step_flops(bench.batch, shapes, vocab, hidden))
-                for sampler in (("hf", "cached") if index % 2 == 0 else ("cached", "hf")):
-                    bench.validate(sampler)
-                rates.append(matmul_rate(shapes, int(flops[-1]["tokens"])))
-            service_cpu = (wandb_service_cpu() - cpu_start) / max(bench.step_number - logged_start, 1)
-    return {"results": bench.results, "flops": flops, "rates": rates, "service_cpu": service_cpu,
-            "config": trainer.config, "compile_s": compile_s}
+            for measured in (bench.results, bench.flops, rates):
+                measured.clear()
+            cpu_start = wandb_service_cpu()
+            timed = interleaved(sides, rounds=rounds, warmup=0)
+            logged = sum(len(bench.results[f"{side}/plain"]) for side in SIDES)
+            service_cpu = (wandb_service_cpu() - cpu_start) / max(logged, 1)
+    return {"results": {**bench.results, **timed}, "flops": bench.flops, "rates": rates, "service_cpu": service_cpu,
+            "config": trainer.config, "compile_s": compile_s, "sizes": sizes, "default_items": len(default_items)}
+
+
+def default_steps(measured: dict, name: str, sampler: str) -> list[float]:
+    """Per step of side ``name``: a plain step plus its share of a ``total_steps`` run's validations (with
+    ``sampler``), exact gradients and logging (W&B's service process too)."""
+    results, share = measured["results"], amortised(measured["config"])
+    plain, validate = results[f"{name}/plain"], results[f"validate/{sampler}"]
+    return [plain[i] + share["exact"] * results[f"{name}/exact"][i] + results[f"{name}/log"][i]
+            + share["validate"] * validate[i * len(validate) // len(plain)] + measured["service_cpu"]
+            for i in range(len(plain))]
 
 
 def amortised(config) -> dict[str, float]:
@@ -177,80 +145,70 @@ def amortised(config) -> dict[str, float]:
     return {"validate": config.trainer.evaluations / total, "exact": exact / total}
 
 
-def default_steps(measured: dict, name: str, sampler: str) -> list[float]:
-    """Per round: a plain step plus its share of validation, exact gradients and logging (W&B service included)."""
-    results, share = measured["results"], amortised(measured["config"])
-    count = len(results[f"{name}/plain"])
-    per_round = count // len(results[f"validate/{sampler}"])
-    validate = [value for value in results[f"validate/{sampler}"] for _ in range(per_round)]
-    return [results[f"{name}/plain"][i] + share["exact"] * results[f"{name}/exact"][i] + results[f"{name}/log"][i]
-            + share["validate"] * validate[i] + measured["service_cpu"] for i in range(count)]
-
-
 def rows_from(measured: dict) -> list[Row]:
-    results, config = measured["results"], measured["config"]
-    before, after = default_steps(measured, "before", "hf"), default_steps(measured, "after", "cached")
-    two_threads = default_steps(measured, "after, 2 threads", "cached")
+    results, config, rates = measured["results"], measured["config"], measured["rates"]
     share = amortised(config)
+    before, after = default_steps(measured, "before", "hf"), default_steps(measured, "after", "cached")
     # Useful FLOPs of each round's step (validation and exact passes add a few percent; left out).
-    useful = [f["rollout"] + f["update"] for f in measured["flops"]]
-    per_round = len(after) // len(useful)
-    rate = measured["rates"]
-
-    def achieved(steps: list[float]) -> list[float]:
-        return [useful[i // per_round] / seconds / 1e9 for i, seconds in enumerate(steps)]
-
-    def of_rate(steps: list[float]) -> list[float]:
-        return [value / rate[i // per_round] for i, value in enumerate(achieved(steps))]
-
-    rows = [Row("local step", "default step (before: HF generate + padded HF forward)", "s", min_median(before),
+    useful = [count["rollout"] + count["update"] for count in measured["flops"]]
+    achieved = {side: [useful[i * len(useful) // len(steps)] / seconds / 1e9 for i, seconds in enumerate(steps)]
+                for side, steps in (("before", before), ("after", after))}
+    of_rate = {side: [value / rates[i * len(rates) // len(values)] for i, value in enumerate(values)]
+               for side, values in achieved.items()}
+    eager, compiled = min_median(results["after/update"]), min_median(results["compiled/update"])
+    # The smaller of the two estimates (from the minima, from the medians): a noisy round must not flip the verdict.
+    saved = min(eager[0] - compiled[0], eager[1] - compiled[1]) * config.trainer.total_steps
+    verdict = "pays" if saved > measured["compile_s"] else "does not pay"
+    parts = {"rollout": sum(results["after/rollout"]), "update": sum(results["after/update"]),
+             "mechanism + statistics": sum(results["after/mechanism"]),
+             "exact gradients (amortised)": share["exact"] * sum(results["after/exact"]),
+             "logging (main thread + W&B service)": sum(results["after/log"]) + measured["service_cpu"] * len(after)}
+    return [Row("local step", "default step (before: HF generate + padded HF forward)", "s", min_median(before),
                 min_median(after), note="goal: >= 1.5x faster (ratio <= 0.67x)"),
             Row("local step", "rollout: sampler=hf -> cached", "s", min_median(results["before/rollout"]),
                 min_median(results["sampler only/rollout"])),
             Row("local step", "update: pack=false -> true", "s", min_median(results["before/update"]),
                 min_median(results["pack only/update"])),
-            compile_row(results, measured["compile_s"], config.trainer.total_steps),
+            Row("local step", "update: eager -> trainer.compile=true", "s", eager, compiled,
+                note=f"first step's compile/cache load {measured['compile_s']:.0f} s vs {saved:.0f} s saved over "
+                     f"{config.trainer.total_steps} steps: {verdict}"),
             Row("local step", "default step: 1 -> 2 threads (both levers on)", "s", min_median(after),
-                min_median(two_threads), note="> 1x: one thread is faster"),
-            Row("local step", "validation (256 greedy prompts): hf -> cached", "s",
+                min_median(default_steps(measured, "after, 2 threads", "cached")), note="> 1x: one thread is faster"),
+            Row("local step", f"validation ({measured['default_items']} greedy prompts): hf -> cached", "s",
                 min_median(results["validate/hf"]), min_median(results["validate/cached"]),
                 note=f"{share['validate']:.3f} per step"),
-            Row("local step", "achieved GFLOP/s (useful FLOPs / default step)", "GFLOP/s", min_median(achieved(before)),
-                min_median(achieved(after)), note=f"1-thread matmul on the model's shapes: "
-                f"{min(rate):.1f} / {sorted(rate)[len(rate) // 2]:.1f} GFLOP/s"),
-            Row("local step", "achieved share of that matmul rate (same round)", "", min_median(of_rate(before)),
-                min_median(of_rate(after)), note="goal: >= 0.55")]
-    step_total = sum(after)
-    parts = {"rollout": sum(results["after/rollout"]), "update": sum(results["after/update"]),
-             "mechanism + statistics": sum(results["after/mechanism"]),
-             "exact gradients (amortised)": share["exact"] * sum(results["after/exact"]),
-             "logging (main thread + W&B service)": sum(results["after/log"])
-             + measured["service_cpu"] * len(after)}
-    note = ", ".join(f"{name} {value / step_total:.1%}" for name, value in parts.items())
-    rows.append(Row("local step", "shares of the default step", "s", None, min_median(after), note=note))
+            Row("local step", "achieved GFLOP/s (useful FLOPs / default step)", "GFLOP/s",
+                min_median(achieved["before"]), min_median(achieved["after"]),
+                note="1-thread matmul on the model's shapes: {:.1f} / {:.1f} GFLOP/s".format(*min_median(rates))),
+            Row("local step", "achieved share of that matmul rate (same round)", "", min_median(of_rate["before"]),
+                min_median(of_rate["after"]), note="goal: >= 0.55"),
+            Row("local step", "shares of the default step", "s", None, min_median(after),
+                note=", ".join(f"{name} {value / sum(after):.1%}" for name, value in parts.items())),
+            *eval_rows(measured)]
+
+
+def eval_rows(measured: dict) -> list[Row]:
+    """Validations of each size against a training step (its exact gradients, every ``stats.exact_every`` steps, left
+    out), and the share of a run's wall time evaluation takes at the old and the default schedule."""
+    results, trainer = measured["results"], measured["config"].trainer
+    step, sizes = min_median(results["after/plain"]), measured["sizes"]
+    rows = [Row("eval", f"validation of {size} items", "s", step, min_median(results[f"validate {size}"]),
+                note="before: a training step, 1 thread") for size in sizes]
+    for label, size, every in (("old", 256, 25), ("default", trainer.val_size, trainer.val_every)):
+        if size in sizes:  # evaluation / (training + evaluation) of a total_steps run
+            count = dataclasses.replace(trainer, val_every=every).evaluations
+            shares = [count * evaluation / (trainer.total_steps * training + count * evaluation)
+                      for training, evaluation in zip(step, min_median(results[f"validate {size}"]), strict=True)]
+            rows.append(Row("eval", f"evaluation share of a {trainer.total_steps}-step run, {label} schedule ({size} "
+                            f"items every {every} steps)", "", None, (shares[0], shares[1])))
     return rows
-
-
-def compile_row(results: dict[str, list[float]], compile_s: float, total_steps: int) -> Row:
-    """The update, eager against ``trainer.compile=true``, and whether compiling pays within a default run."""
-    eager, compiled = min_median(results["after/update"]), min_median(results["compiled/update"])
-    # The smaller of the two estimates (from the minima, from the medians): a noisy round must not flip the verdict.
-    saved = min(eager[0] - compiled[0], eager[1] - compiled[1]) * total_steps
-    verdict = "pays" if saved > compile_s else "does not pay"
-    return Row("local step", "update: eager -> trainer.compile=true", "s", eager, compiled,
-               note=f"first step's compile/cache load {compile_s:.0f} s vs {saved:.0f} s saved over "
-                    f"{total_steps} steps: {verdict}")
 
 
 def main(argv=None) -> list[Row]:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps-per-side", type=int, default=1)
-    parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
-    args = parser.parse_args(argv)
-    rows = rows_from(measure(args.rounds, args.steps_per_side, args.override))
-    print(format_table(rows))
-    return rows
+    args = options(__doc__, argv, rounds=5, steps_per_side=1, sizes=("256,1024,2048,4096", "validation sizes"),
+                   override=([], "extra Hydra override (repeatable)"))
+    sizes = [int(size) for size in args.sizes.split(",")]
+    return printed(rows_from(measure(args.rounds, args.steps_per_side, sizes, args.override)))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Mechanism: ``apply`` (eager, compiled, integer mask) against plain torch (target: at most 1.5x), and its share of a
-training step at verl's batch size (docs/performance.md)."""
+training step at verl's batch size (what it holds fixed: docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.common import Row, format_table, interleaved, min_median
+from benchmarks.common import Row, interleaved, min_median, options, printed
 from dataflex_rl import build_mechanism
 
 REFERENCE_VOCAB, REFERENCE_WIDTH, REFERENCE_LAYERS = 512, 64, 2
@@ -23,10 +23,42 @@ def plain_reweight(advantages: torch.Tensor, old_log_probs: torch.Tensor, respon
     return torch.where(response_mask, advantages * (weights / (weights.sum() / mask.sum())), advantages)
 
 
-def reference_step(rows: int, length: int, device: torch.device) -> Callable[[], None]:
-    """Forward and backward of the stand-in actor (docs/performance.md) on ``rows`` random sequences of ``length``."""
-    generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(REFERENCE_VOCAB, (rows, length), generator=generator).to(device)
+def apply_rows(args: argparse.Namespace) -> list[Row]:
+    """``apply`` eager, compiled and compiled on verl's integer mask against :func:`plain_reweight`."""
+    generator = torch.Generator().manual_seed(0)
+    fields = {"old_log_probs": -torch.rand(args.bs, args.length, generator=generator) * 5,
+              "response_mask": torch.rand(args.bs, args.length, generator=generator) > 0.1,
+              "advantages": torch.randn(args.bs, args.length, generator=generator)}
+    # verl hands the response mask over as integers (a slice of the attention mask); the local trainer as bools.
+    verl_fields = {**fields, "response_mask": fields["response_mask"].long()}
+    block = {"actuator": {"name": "advantage_reweight", "params": {"alpha": args.alpha}}}
+    eager, compiled = build_mechanism(block), build_mechanism(block, compile=True)
+    start = time.perf_counter()
+    compiled.apply(1, fields)
+    compile_s = time.perf_counter() - start
+
+    def plain() -> torch.Tensor:
+        return plain_reweight(fields["advantages"], fields["old_log_probs"], fields["response_mask"], args.alpha)
+
+    torch.testing.assert_close(eager.apply(1, fields)[0], plain())  # the same computation
+    times = interleaved({"plain": plain, "eager": lambda: eager.apply(1, fields),
+                         "compiled": lambda: compiled.apply(1, fields),
+                         "compiled, int mask": lambda: compiled.apply(1, verl_fields)}, rounds=args.rounds, warmup=2)
+    rows = []
+    for name in ("eager", "compiled", "compiled, int mask"):
+        after = min_median(times[name], 1e3)
+        verdict = "OK" if after[1] / min_median(times["plain"], 1e3)[1] <= 1.5 else "over target"
+        rows.append(Row("mechanism", f"apply ({name}) vs the plain computation, ({args.bs}, {args.length}), "
+                        f"{torch.get_num_threads()} thread(s)", "ms", min_median(times["plain"], 1e3), after,
+                        note=f"target <= 1.5x: {verdict}" + (f"; compiling took {compile_s:.0f} s"
+                                                             if name == "compiled" else "")))
+    return rows
+
+
+def reference_step(rows: int, length: int, device: torch.device, synchronize: Callable[[], None]) -> Callable[[], None]:
+    """Forward and backward of the stand-in actor (embedding, 2 encoder layers of width 64, a 512-token LM head, the
+    log-probs of the given tokens; bfloat16 autocast on CUDA) on ``rows`` random sequences of ``length``."""
+    tokens = torch.randint(REFERENCE_VOCAB, (rows, length), generator=torch.Generator().manual_seed(1)).to(device)
     layer = torch.nn.TransformerEncoderLayer(REFERENCE_WIDTH, nhead=4, dim_feedforward=4 * REFERENCE_WIDTH,
                                              batch_first=True)
     model = torch.nn.Sequential(torch.nn.Embedding(REFERENCE_VOCAB, REFERENCE_WIDTH),
@@ -38,18 +70,14 @@ def reference_step(rows: int, length: int, device: torch.device) -> Callable[[],
             log_probs = model(tokens).float().log_softmax(-1).gather(-1, tokens.unsqueeze(-1))
         log_probs.mean().backward()
         model.zero_grad(set_to_none=True)
-        synchronize(device)
+        synchronize()
 
     return step
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def step_share(args: argparse.Namespace) -> list[Row]:
-    """The mechanism's share of a step (docs/performance.md), one row per ``old_log_probs`` dtype."""
+def share_rows(args: argparse.Namespace) -> list[Row]:
+    """``process`` (histograms on, as verl's trainer calls it once per step) on a verl-like batch against
+    :func:`reference_step` on ``ref_rows`` rows, scaled to ``bs`` rows; one row per ``old_log_probs`` dtype."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ref_rows = args.ref_rows or (16 if device.type == "cuda" else 1)
     generator = torch.Generator().manual_seed(0)
@@ -57,72 +85,34 @@ def step_share(args: argparse.Namespace) -> list[Row]:
     fields = {"old_log_probs": -torch.rand(args.bs, args.length, generator=generator) * 5, "response_mask": mask,
               "advantages": torch.randn(args.bs, 1, generator=generator).expand(args.bs, args.length) * mask}
     fields = {name: value.to(device) for name, value in fields.items()}
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     mechanism = build_mechanism({"actuator": {"name": "advantage_reweight", "params": {"alpha": args.alpha}}})
-    sides = {"reference": reference_step(ref_rows, args.length, device)}
-    for dtype in (torch.float32, torch.bfloat16):
-        batch = {**fields, "old_log_probs": fields["old_log_probs"].to(dtype)}
-        sides[str(dtype)] = lambda batch=batch: (mechanism.process(1, batch, histograms=True), synchronize(device))
-    times = interleaved(sides, rounds=args.step_rounds, warmup=2)
-    scale = args.bs / ref_rows
-    reference = min_median([seconds * 1e3 * scale for seconds in times["reference"]])
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
+    dtypes = (torch.float32, torch.bfloat16)
+    sides = {str(dtype): lambda batch={**fields, "old_log_probs": fields["old_log_probs"].to(dtype)}: (
+        mechanism.process(1, batch, histograms=True), synchronize()) for dtype in dtypes}
+    times = interleaved({"reference": reference_step(ref_rows, args.length, device, synchronize), **sides},
+                        rounds=args.step_rounds, warmup=2)
+    reference, scale = min_median(times["reference"], 1e3 * args.bs / ref_rows), args.bs / ref_rows
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
     rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        mechanism_ms = min_median([seconds * 1e3 for seconds in times[str(dtype)]])
+    for dtype in dtypes:
+        mechanism_ms = min_median(times[str(dtype)], 1e3)
         share = mechanism_ms[1] / reference[1]
         rows.append(Row("mechanism", f"process share of a step, ({args.bs}, {args.length}), old_log_probs "
-                        f"{str(dtype).removeprefix('torch.')}, {name}", "ms", reference, mechanism_ms, ratio=share,
+                        f"{str(dtype).removeprefix('torch.')}, {where}", "ms", reference, mechanism_ms, ratio=share,
                         note=f"before: stand-in actor step ({ref_rows} row(s) x {scale:g}); share {share:.2%} "
                              f"(an upper bound)"))
     return rows
 
 
 def main(argv=None) -> list[Row]:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--bs", type=int, default=512)
-    parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--alpha", type=float, default=0.5)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (runs default to 1)")
-    parser.add_argument("--ref-rows", type=int, default=0,
-                        help="rows of the stand-in actor step timed per round (default: 16 on CUDA, 1 on the CPU)")
-    parser.add_argument("--step-rounds", type=int, default=5, help="rounds of the share-of-a-step comparison")
-    parser.add_argument("--only-share", action="store_true", help="only the share of a step (no torch.compile)")
-    args = parser.parse_args(argv)
+    args = options(__doc__, argv, bs=512, length=4096, rounds=15, alpha=0.5,
+                   threads=(1, "torch threads (runs default to 1)"),
+                   ref_rows=(0, "rows of the stand-in actor step timed per round (default: 16 on CUDA, 1 on the CPU)"),
+                   step_rounds=(5, "rounds of the share-of-a-step comparison"),
+                   only_share=(False, "only the share of a step (no torch.compile)"))
     torch.set_num_threads(args.threads)
-    rows = []
-    if not args.only_share:
-        generator = torch.Generator().manual_seed(0)
-        old_log_probs = -torch.rand(args.bs, args.length, generator=generator) * 5
-        response_mask = torch.rand(args.bs, args.length, generator=generator) > 0.1
-        advantages = torch.randn(args.bs, args.length, generator=generator)
-        fields = {"old_log_probs": old_log_probs, "response_mask": response_mask, "advantages": advantages}
-        # verl hands the response mask over as integers (a slice of the attention mask); the local trainer as bools.
-        verl_fields = {**fields, "response_mask": response_mask.long()}
-        block = {"actuator": {"name": "advantage_reweight", "params": {"alpha": args.alpha}}}
-        eager = build_mechanism(block)
-        compiled = build_mechanism(block, compile=True)
-        compile_start = time.perf_counter()
-        compiled.apply(1, fields)
-        compile_s = time.perf_counter() - compile_start
-        reference = plain_reweight(advantages, old_log_probs, response_mask, args.alpha)
-        torch.testing.assert_close(eager.apply(1, fields)[0], reference)  # the same computation
-
-        times = interleaved({"plain": lambda: plain_reweight(advantages, old_log_probs, response_mask, args.alpha),
-                             "eager": lambda: eager.apply(1, fields), "compiled": lambda: compiled.apply(1, fields),
-                             "compiled, int mask": lambda: compiled.apply(1, verl_fields)},
-                            rounds=args.rounds, warmup=2)
-        plain = min_median([seconds * 1e3 for seconds in times["plain"]])
-        for name in ("eager", "compiled", "compiled, int mask"):
-            after = min_median([seconds * 1e3 for seconds in times[name]])
-            verdict = "OK" if after[1] / plain[1] <= 1.5 else "over target"
-            rows.append(Row("mechanism", f"apply ({name}) vs the plain computation, ({args.bs}, {args.length}), "
-                            f"{torch.get_num_threads()} thread(s)", "ms", plain, after,
-                            note=f"target <= 1.5x: {verdict}" + (f"; compiling took {compile_s:.0f} s"
-                                                                 if name == "compiled" else "")))
-    rows += step_share(args)
-    print(format_table(rows))
-    return rows
+    return printed([*([] if args.only_share else apply_rows(args)), *share_rows(args)])
 
 
 if __name__ == "__main__":

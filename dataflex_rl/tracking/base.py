@@ -36,11 +36,6 @@ class Logger(Protocol):
 # name -> class of an optional logger, with a frozen dataclass ``Config`` and ``from_config`` (docs/sweeps.md).
 LOGGERS: Registry[Any] = Registry("logger")
 
-
-def logger_name(logger: object) -> str:
-    return str(getattr(logger, "name", None) or type(logger).__name__)
-
-
 # Errors of the machine, named first even when a library wraps them (torch: a full disk -> "unexpected pos ...").
 _MACHINE_ERRNOS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
 
@@ -53,24 +48,26 @@ def describe_error(error: BaseException) -> str:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in _MACHINE_ERRNOS:
-            reason = _MACHINE_ERRNOS[current.errno]
             where = f" ({current.filename})" if current.filename else ""
-            return text if current is error else f"{reason}{where}; while: {text}"
+            return text if current is error else f"{_MACHINE_ERRNOS[current.errno]}{where}; while: {text}"
         current = current.__cause__ or current.__context__
     return text
 
 
+def _name(logger: object) -> str:
+    return str(getattr(logger, "name", None) or type(logger).__name__)
+
+
 class MultiLogger:
-    """Fans every call out to ``loggers`` in order."""
+    """Fans every call out to ``loggers`` in order; an optional logger that fails is disabled and the others go on,
+    a ``critical`` one's error stops the run."""
 
     def __init__(self, loggers: Iterable[Logger], *, critical: Iterable[Logger] = (), hist_every: int = 1) -> None:
         self.loggers: list[Logger] = list(loggers)
         self._critical_ids = {id(logger) for logger in critical}
-        unknown = [logger for logger in critical if all(logger is not known for known in self.loggers)]
+        unknown = [_name(logger) for logger in critical if all(logger is not known for known in self.loggers)]
         if unknown:
-            raise ValueError(
-                f"critical loggers must be among the loggers; not found: {[logger_name(x) for x in unknown]}"
-            )
+            raise ValueError(f"critical loggers must be among the loggers; not found: {unknown}")
         if isinstance(hist_every, bool) or not isinstance(hist_every, int) or hist_every < 0:
             raise ValueError(f"hist_every = {hist_every!r} is not allowed: it must be an integer >= 0 (0 = never)")
         self.hist_every = hist_every
@@ -88,12 +85,10 @@ class MultiLogger:
             self._call("log_histogram", step, name, edges, counts)
 
     def close(self, state: str = COMPLETED) -> None:
-        """Close every enabled logger once; later calls do nothing."""
         check_state(state, close=True)
-        if self._closed:
-            return
-        self._closed = True
-        self._call("close", state)
+        if not self._closed:
+            self._closed = True
+            self._call("close", state)
 
     def wants_histogram(self, step: int) -> bool:
         """Whether :meth:`log_histogram` at ``step`` is forwarded, so a trainer can skip computing it."""
@@ -103,19 +98,16 @@ class MultiLogger:
     def active(self) -> list[Logger]:
         return [logger for logger in self.loggers if id(logger) not in self._disabled]
 
-    def _call(self, method: str, *args: Any) -> None:
-        for logger in self.active:
-            self._call_one(logger, method, *args)
-
-    def _call_one(self, logger: Logger, method: str, *args: Any) -> None:
-        try:
-            getattr(logger, method)(*args)
-        except Exception as error:  # any failure of an optional logger must not stop training
-            if id(logger) in self._critical_ids:
-                raise
-            self._disabled.add(id(logger))
-            LOG.warning("logger %s failed in %s (%s: %s); it is disabled for the rest of the run, the others go on",
-                        logger_name(logger), method, type(error).__name__, error)
+    def _call(self, method: str, *args: Any, only: Iterable[Logger] | None = None) -> None:
+        for logger in self.active if only is None else only:
+            try:
+                getattr(logger, method)(*args)
+            except Exception as error:  # any failure of an optional logger must not stop training
+                if id(logger) in self._critical_ids:
+                    raise
+                self._disabled.add(id(logger))
+                LOG.warning("logger %s failed in %s (%s: %s); it is disabled for the rest of the run, the others "
+                            "go on", _name(logger), method, type(error).__name__, error)
 
     def __enter__(self) -> MultiLogger:
         return self
@@ -126,9 +118,7 @@ class MultiLogger:
             self.close(COMPLETED)
             return
         state = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else FAILED
-        error = describe_error(exc)
         formatted = "".join(traceback_module.format_exception(exc_type, exc, tb))
-        for logger in self.active:
-            if callable(getattr(logger, "record_error", None)):
-                self._call_one(logger, "record_error", state, error, formatted)
+        recording = [logger for logger in self.active if callable(getattr(logger, "record_error", None))]
+        self._call("record_error", state, describe_error(exc), formatted, only=recording)
         self.close(state)

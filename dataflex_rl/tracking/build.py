@@ -14,33 +14,25 @@ from dataflex_rl.tracking.base import LOGGERS, MultiLogger
 from dataflex_rl.tracking.console import ConsoleLogger
 from dataflex_rl.tracking.identity import RunIdentity
 from dataflex_rl.tracking.run_store import RunStore
-from dataflex_rl.validation import ConfigError, check_keys, check_non_negative_int, to_plain
+from dataflex_rl.validation import ConfigError, check_int_at_least, check_keys, check_non_negative_int, to_plain
 
 LOG = logging.getLogger(__name__)
 
 COMMON_KEYS = ("hist_every", "console_every")
 # The optional loggers a run has unless told otherwise (the logger group's defaults list is built from it).
 DEFAULT_LOGGERS = ("wandb",)
-# In-tree optional loggers live in modules named after their registry name: dataflex_rl/tracking/<name>_logger.py.
-MODULE_SUFFIX = "_logger"
+
+
+def in_tree_loggers() -> list[str]:
+    """The optional loggers of this package: one module ``dataflex_rl/tracking/<name>_logger.py`` each."""
+    return sorted(plugin_modules(__package__, suffix="_logger"))
 
 
 def logger_class(name: str) -> Any:
     """The class registered as ``name``, importing ``dataflex_rl.tracking.<name>_logger`` first if needed."""
-    if name not in LOGGERS and isinstance(name, str):
-        module = plugin_modules(__package__, suffix=MODULE_SUFFIX).get(name)
-        if module is not None:
-            importlib.import_module(module)
+    if name not in LOGGERS and name in in_tree_loggers():
+        importlib.import_module(f"{__package__}.{name}_logger")
     return LOGGERS.get(name)
-
-
-def in_tree_loggers() -> list[str]:
-    return sorted(plugin_modules(__package__, suffix=MODULE_SUFFIX))
-
-
-def available_loggers() -> list[str]:
-    """Registered logger names plus in-tree ``*_logger`` modules not imported yet (for error messages)."""
-    return sorted({*LOGGERS.names(), *in_tree_loggers()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +46,7 @@ class LoggerConfig:
 
     def __post_init__(self) -> None:
         check_non_negative_int("logger.hist_every", self.hist_every)
-        check_non_negative_int("logger.console_every", self.console_every)
-        if self.console_every < 1:
-            raise ConfigError(
-                f"logger.console_every = {self.console_every!r} is not allowed: it must be an integer >= 1"
-            )
+        check_int_at_least("logger.console_every", self.console_every, 1)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names that are not fields: an optional logger's settings by name.
@@ -70,37 +58,33 @@ class LoggerConfig:
         )
 
 
-def parse_logger_block(name: str, block: Any) -> Any:
-    """``logger.<name>`` checked by the registered class's ``Config`` (null: its defaults)."""
-    config_cls = logger_class(name).Config
-    allowed = [field.name for field in dataclasses.fields(config_cls)]
-    block = {} if block is None else block
-    if not isinstance(block, Mapping):
-        raise ConfigError(
-            f"logger.{name} = {block!r} is not allowed: it must be a mapping with keys {', '.join(allowed)}"
-        )
-    check_keys(f"logger.{name}", block, allowed)
-    return config_cls(**block)
-
-
 def parse_logger_config(cfg: Mapping[str, Any] | LoggerConfig | None) -> LoggerConfig:
-    """Validate the ``logger`` block (None: the defaults); each other key names an optional logger to run."""
+    """Validate the ``logger`` block (None: the defaults); each other key names an optional logger to run, checked by
+    its registered class's ``Config`` (a null block: its defaults)."""
     if isinstance(cfg, LoggerConfig):
         return cfg
     if cfg is None:
         return LoggerConfig()
     plain = to_plain(cfg)
+    allowed = (*COMMON_KEYS, *sorted({*LOGGERS.names(), *in_tree_loggers()}))
     if not isinstance(plain, Mapping):
-        raise ConfigError(f"logger = {plain!r} is not allowed: it must be a mapping with keys "
-                          f"{', '.join((*COMMON_KEYS, *available_loggers()))}")
+        raise ConfigError(f"logger = {plain!r} is not allowed: it must be a mapping with keys {', '.join(allowed)}")
     names = [key for key in plain if key not in COMMON_KEYS]
     try:  # each other key names an optional logger (registered, or an in-tree module that registers it)
         for name in names:
             logger_class(name)
     except KeyError:  # RegistryError
-        check_keys("logger", plain, (*COMMON_KEYS, *available_loggers()))
-    return LoggerConfig(**{key: plain[key] for key in COMMON_KEYS if key in plain},
-                        loggers={name: parse_logger_block(name, plain[name]) for name in names})
+        check_keys("logger", plain, allowed)
+    loggers = {}
+    for name in names:
+        config_cls, block = logger_class(name).Config, {} if plain[name] is None else plain[name]
+        fields = [field.name for field in dataclasses.fields(config_cls)]
+        if not isinstance(block, Mapping):
+            raise ConfigError(f"logger.{name} = {block!r} is not allowed: it must be a mapping with keys "
+                              f"{', '.join(fields)}")
+        check_keys(f"logger.{name}", block, fields)
+        loggers[name] = config_cls(**block)
+    return LoggerConfig(**{key: plain[key] for key in COMMON_KEYS if key in plain}, loggers=loggers)
 
 
 def build_loggers(logger_cfg: Mapping[str, Any] | LoggerConfig | None, run_store: RunStore, identity: RunIdentity,

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from dataflex_rl import keys
 from dataflex_rl.tracking.run_store import COMPLETED
+from dataflex_rl.validation import check_int_at_least
 
 LOG = logging.getLogger(__name__)
 
@@ -20,9 +21,7 @@ class ConsoleLogger:
     name = "console"
 
     def __init__(self, every: int = 10, metric_keys: Sequence[str] = DEFAULT_KEYS, log: logging.Logger = LOG) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"console every = {every!r} is not allowed: it must be an integer >= 1")
-        self.every = every
+        self.every = check_int_at_least("console every", every, 1)
         self.metric_keys = tuple(metric_keys)
         self.log = log
         self._last_step: int | None = None

@@ -3,6 +3,7 @@ what ``meta.json`` and W&B record: docs/run_store.md."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,7 +25,6 @@ SEED_AXIS = "seed"
 # Factor names shown by a short label in run names and W&B job types (the others by their key's last part).
 SHORT_LABELS = {"alpha": "a", "seed": "s"}
 _AXIS_VALUE_TYPES = (str, int, float, bool, type(None))
-_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
 _NUMERIC_TEXT = re.compile(r"[-+]?(\d|\.\d)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _WANDB_TEXT_LIMIT = 64
@@ -35,13 +35,12 @@ def warm_start_record(design: str | None, checkpoint: str | None, sft_seed: int 
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
-    """12 hex digits of :func:`~dataflex_rl.hashing.stable_hash` of the whole config."""
     return stable_hash(config, 12)
 
 
 def git_commit(path: str | pathlib.Path | None = None) -> str | None:
     """Full commit hash of the git checkout holding ``path`` (default: the sources), or None; never raises."""
-    where = pathlib.Path(path) if path is not None else _PACKAGE_DIR
+    where = pathlib.Path(path) if path is not None else pathlib.Path(__file__).resolve().parent.parent
     try:
         result = subprocess.run(["git", "-C", str(where), "rev-parse", "--verify", "--quiet", "HEAD"],
                                 capture_output=True, text=True, timeout=5, check=False)
@@ -112,25 +111,24 @@ class RunIdentity:
     axes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        def refuse(name: str, must: str) -> None:
+            raise ValueError(f"RunIdentity.{name} = {getattr(self, name)!r} is not allowed: it must {must}")
+
         for name in ("sweep", "run", "backend", "mechanism", "config_hash"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"RunIdentity.{name} = {value!r} is not allowed: it must be a non-empty string")
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                refuse(name, "be a non-empty string")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, numbers.Real) or not math.isfinite(self.alpha):
-            raise ValueError(f"RunIdentity.alpha = {self.alpha!r} is not allowed: it must be a finite number")
+            refuse("alpha", "be a finite number")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"RunIdentity.seed = {self.seed!r} is not allowed: it must be an integer")
+            refuse("seed", "be an integer")
         if self.git_commit is not None and not isinstance(self.git_commit, str):
-            raise ValueError(f"RunIdentity.git_commit = {self.git_commit!r} is not allowed: it must be a str or None")
-        if not isinstance(self.axes, Mapping) or not all(
-                isinstance(name, str) and name and isinstance(value, _AXIS_VALUE_TYPES)
-                for name, value in self.axes.items()):
-            raise ValueError(f"RunIdentity.axes = {self.axes!r} is not allowed: it must map factor names to "
-                             f"str, int, float, bool or None")
-        object.__setattr__(self, "axes", dict(self.axes))
+            refuse("git_commit", "be a str or None")
+        if not isinstance(self.axes, Mapping) or not all(isinstance(name, str) and name and isinstance(
+                value, _AXIS_VALUE_TYPES) for name, value in self.axes.items()):
+            refuse("axes", "map factor names to str, int, float, bool or None")
         # Plain types (not numpy scalars) so JSON and names are stable.
-        object.__setattr__(self, "alpha", float(self.alpha))
-        object.__setattr__(self, "seed", int(self.seed))
+        for name, plain in (("axes", dict), ("alpha", float), ("seed", int)):
+            object.__setattr__(self, name, plain(getattr(self, name)))
 
     @classmethod
     def for_config(cls, config: Mapping[str, Any], *, sweep: str, run: str, backend: str, mechanism: str,
@@ -160,10 +158,7 @@ class RunIdentity:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as ``meta.json`` records them; ``axes`` only for a run of a grid."""
-        fields = dataclasses.asdict(self)
-        if not fields["axes"]:
-            del fields["axes"]
-        return fields
+        return {name: value for name, value in dataclasses.asdict(self).items() if name != "axes" or value}
 
 
 # Two numeric factor values are one arm when they agree within a relative 1e-5 (an absolute 1e-8 near 0): every table
@@ -175,14 +170,11 @@ SAME_ARM_ABSOLUTE = 1e-8
 
 def as_number(value: Any) -> float | None:
     """A factor value as a float when it is a number or a number's text (``'3e-05'``), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
-    try:
+    with contextlib.suppress(ValueError):
         return float(value) if isinstance(value, str) and _NUMERIC_TEXT.match(value) else None
-    except ValueError:
-        return None
+    return None
 
 
 def same_arm(first: Any, second: Any) -> bool:

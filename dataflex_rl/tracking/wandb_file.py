@@ -90,11 +90,9 @@ def read_run(path: str | pathlib.Path) -> OfflineRun:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.run_id, run.name, run.group = record.run.run_id, record.run.display_name, record.run.run_group
-            run.job_type = record.run.job_type
-            run.tags = tuple(record.run.tags)
-            _config_items(record.run.config.update, run.config)
-        elif kind == "config":
-            _config_items(record.config.update, run.config)
+            run.job_type, run.tags = record.run.job_type, tuple(record.run.tags)
+        if kind in ("run", "config"):  # the run's config, then its later updates
+            _config_items((record.run.config if kind == "run" else record.config).update, run.config)
         elif kind == "exit":
             run.exit_code = int(record.exit.exit_code)
     return run

@@ -20,7 +20,6 @@ LOG = logging.getLogger(__name__)
 
 WANDB_MODES = ("offline", "online", "disabled")
 TAG_MAX_LENGTH = 64  # W&B refuses longer tags
-UNAVAILABLE_MESSAGE = "W&B unavailable: %s; the run store still has everything"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +33,11 @@ class WandbConfig:
 
     def __post_init__(self) -> None:
         check_choice("logger.wandb.mode", self.mode, WANDB_MODES)
-        if not isinstance(self.project, str) or not self.project:
-            raise ConfigError(f"logger.wandb.project = {self.project!r} is not allowed: it must be a non-empty string")
-        if self.entity is not None and (not isinstance(self.entity, str) or not self.entity):
-            raise ConfigError(
-                f"logger.wandb.entity = {self.entity!r} is not allowed: it must be a non-empty string or null"
-            )
+        for key, nullable in (("project", False), ("entity", True)):
+            value = getattr(self, key)
+            if not (isinstance(value, str) and value or nullable and value is None):
+                raise ConfigError(f"logger.wandb.{key} = {value!r} is not allowed: it must be a non-empty string"
+                                  + (" or null" if nullable else ""))
         if isinstance(self.tags, str) or not isinstance(self.tags, (list, tuple)):
             raise ConfigError(f"logger.wandb.tags = {self.tags!r} is not allowed: it must be a list of strings")
         for tag in self.tags:
@@ -88,8 +86,7 @@ class WandbLogger:
 
     def __init__(self, *, identity: RunIdentity, run_dir: str | pathlib.Path, config: Mapping[str, Any],
                  settings: WandbConfig = WandbConfig()) -> None:
-        self.settings = settings
-        self.identity = identity
+        self.settings, self.identity = settings, identity
         self.run: Any = None
         self.unavailable_reason: str | None = None
         if settings.mode != "disabled":
@@ -121,11 +118,10 @@ class WandbLogger:
 
     def _unavailable(self, reason: str) -> None:
         self.unavailable_reason = reason
-        LOG.warning(UNAVAILABLE_MESSAGE, reason)
+        LOG.warning("W&B unavailable: %s; the run store still has everything", reason)
 
     @property
-    def active(self) -> bool:
-        """Whether a W&B run is live (False when disabled, unavailable or closed)."""
+    def active(self) -> bool:  # False when disabled, unavailable or closed
         return self.run is not None
 
     def log_config(self, config: dict) -> None:

@@ -15,17 +15,11 @@ from typing import Any
 
 LOG = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-META_FILE = "meta.json"
-STATUS_FILE = "status.json"
+CONFIG_FILE, META_FILE, STATUS_FILE = "config.yaml", "meta.json", "status.json"
 SWEEP_FILE = "sweep.json"  # a sweep folder's record, beside its run folders (written by sweeps.manifest)
-METRICS_JSONL = "metrics.jsonl"
-METRICS_PARQUET = "metrics.parquet"
-HISTOGRAMS_JSONL = "histograms.jsonl"
-HISTOGRAMS_PARQUET = "histograms.parquet"
-LOCK_FILE = ".run.lock"
-RESERVE_FILE = ".status.reserve"
-CHECKPOINT_DIR = "checkpoints"
+METRICS_JSONL, METRICS_PARQUET = "metrics.jsonl", "metrics.parquet"
+HISTOGRAMS_JSONL, HISTOGRAMS_PARQUET = "histograms.jsonl", "histograms.parquet"
+LOCK_FILE, RESERVE_FILE, CHECKPOINT_DIR = ".run.lock", ".status.reserve", "checkpoints"
 
 
 class RunStoreError(ValueError):
@@ -37,22 +31,16 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
-def _current_umask() -> int:
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/self/status", encoding="ascii") as handle:
-            line = next(line for line in handle if line.startswith("Umask:"))
-        return int(line.split()[1], 8)
+def file_mode() -> int:
+    """``0o666`` less the umask, read from /proc where it can be (``os.umask`` can only be read by setting it)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status", encoding="ascii") as status:
+        return 0o666 & ~int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
-def file_mode() -> int:
-    return 0o666 & ~_current_umask()
-
-
-def pretty_json(obj: Any) -> bytes:
-    """``obj`` as the store's JSON files hold it: indented, ``NaN``/``Infinity`` allowed, UTF-8, final newline."""
+def pretty_json(obj: Any) -> bytes:  # as the store's JSON files hold it
     return (json.dumps(obj, indent=2, allow_nan=True, ensure_ascii=False) + "\n").encode("utf-8")
 
 
@@ -73,16 +61,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a hidden temp path beside ``path`` (``.<name>.<random>.tmp``, mode :func:`file_mode`)."""
     path = pathlib.Path(path)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(descriptor)
     try:
-        os.fchmod(descriptor, file_mode())
-    finally:
-        os.close(descriptor)
-    try:
+        os.chmod(temporary, file_mode())
         yield temporary
         os.replace(temporary, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+        pathlib.Path(temporary).unlink(missing_ok=True)
         raise
 
 
@@ -90,13 +75,10 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str]) -> list[str]:
     """Delete temp files an interrupted write left in the run folder and its ``checkpoints/`` (names returned)."""
     run_dir = pathlib.Path(run_dir)
     removed = []
-    for folder in (run_dir, run_dir / CHECKPOINT_DIR):
-        if not folder.is_dir():
-            continue
-        for path in folder.iterdir():
-            if path.name.startswith(".") and path.name.endswith(".tmp") and path.is_file():
-                path.unlink(missing_ok=True)
-                removed.append(path.name)
+    for path in (*run_dir.glob(".*.tmp"), *(run_dir / CHECKPOINT_DIR).glob(".*.tmp")):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
     if removed:
         LOG.info("%s: removed temp files left by an interrupted write: %s", run_dir, ", ".join(removed))
     return removed
@@ -105,15 +87,13 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str]) -> list[str]:
 def read_json_object(path: pathlib.Path) -> dict[str, Any] | None:
     """A JSON object file, None when absent; :class:`RunStoreError` naming the file when it cannot be parsed."""
     try:
-        text = path.read_text(encoding="utf-8")
+        payload = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as error:
-        raise RunStoreError(f"{path} cannot be read: {error}") from error
-    try:
-        payload = json.loads(text)
     except json.JSONDecodeError as error:
         raise RunStoreError(f"{path} is not valid JSON ({error}); it may have been cut short") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise RunStoreError(f"{path} cannot be read: {error}") from error
     if not isinstance(payload, dict):
         raise RunStoreError(f"{path} holds a {type(payload).__name__}, expected a JSON object")
     return payload

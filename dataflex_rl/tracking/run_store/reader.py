@@ -19,8 +19,7 @@ from dataflex_rl.tracking.run_store.files import (CONFIG_FILE, HISTOGRAMS_JSONL,
                                                  METRICS_JSONL, METRICS_PARQUET, STATUS_FILE, SWEEP_FILE,
                                                  RunStoreError, read_json_object)
 from dataflex_rl.tracking.run_store import schema
-from dataflex_rl.tracking.run_store.jsonl import read_jsonl
-from dataflex_rl.tracking.run_store.arrow import histograms_table, metrics_table
+from dataflex_rl.tracking.run_store.logs import histograms_table, metrics_table, read_jsonl
 
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader parses a config ~10x faster
 
@@ -40,6 +39,11 @@ def run_record_files(path: str | os.PathLike[str]) -> list[str]:
     return [name for name in (META_FILE, STATUS_FILE) if (pathlib.Path(path) / name).is_file()]
 
 
+def _checked(path: pathlib.Path, file_schema: Any) -> dict[str, Any] | None:
+    payload = read_json_object(path)
+    return None if payload is None else schema.check_schema(path, payload, file_schema)
+
+
 def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``status.json`` of a run: ``{"state", "step", "updated", "error", "traceback"}``; None before the run started."""
     return _checked(pathlib.Path(run_dir) / STATUS_FILE, schema.STATUS)
@@ -53,11 +57,6 @@ def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 def read_sweep_record(sweep_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``sweep.json`` of a sweep folder (its grid, runs and invocations); None when absent."""
     return _checked(pathlib.Path(sweep_dir) / SWEEP_FILE, schema.SWEEP)
-
-
-def _checked(path: pathlib.Path, file_schema: Any) -> dict[str, Any] | None:
-    payload = read_json_object(path)
-    return None if payload is None else schema.check_schema(path, payload, file_schema)
 
 
 def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -78,12 +77,9 @@ def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def metrics_source(run_dir: str | os.PathLike[str]) -> str | None:
     """Where a run's metrics are read from: ``"parquet"`` (closed run), ``"jsonl"`` (open or crashed), or None."""
-    run_dir = pathlib.Path(run_dir)
-    if (run_dir / METRICS_PARQUET).is_file():
-        return "parquet"
-    if (run_dir / METRICS_JSONL).is_file():
-        return "jsonl"
-    return None
+    found = [source for source, name in (("parquet", METRICS_PARQUET), ("jsonl", METRICS_JSONL))
+             if (pathlib.Path(run_dir) / name).is_file()]
+    return found[0] if found else None
 
 
 def read_metrics(run_dir: str | os.PathLike[str], keys: Sequence[str] | None = None, *, source: str | None = None,
@@ -102,35 +98,30 @@ def read_metrics_table(run_dir: str | os.PathLike[str], keys: Sequence[str] | No
     ``parquet``, ``jsonl`` or None for :func:`metrics_source`'s)."""
     run_dir = pathlib.Path(run_dir)
     source = source or metrics_source(run_dir)
+    if source not in ("parquet", "jsonl", None):
+        raise ValueError(f"source = {source!r} is not allowed: use 'parquet', 'jsonl' or None")
+    if source is None:
+        return pa.table({"step": pa.array([], type=pa.int64())})
     path = run_dir / (METRICS_PARQUET if source == "parquet" else METRICS_JSONL)
-    if source is not None and not path.is_file():
+    if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     if source == "parquet":
         names = [name for name in pq.read_schema(path).names if name != "step"]
         return pq.read_table(path, columns=["step", *_select_keys(names, keys)])
-    if source == "jsonl":
-        records = read_jsonl(path, skip_bad=skip_bad)
-        names = sorted({key for record in records for key in record if key != "step"})
-        wanted = set(_select_keys(names, keys))
-        return metrics_table([{"step": record["step"], **{k: _number_or_none(v) for k, v in record.items()
-                                                           if k in wanted}} for record in records], source=str(path))
-    if source is None:
-        return pa.table({"step": pa.array([], type=pa.int64())})
-    raise ValueError(f"source = {source!r} is not allowed: use 'parquet', 'jsonl' or None")
+    records = read_jsonl(path, skip_bad=skip_bad)
+    wanted = set(_select_keys(sorted({key for record in records for key in record} - {"step"}), keys))
+    # A value that is not a number (a hand-edited line) reads as not logged.
+    return metrics_table([{"step": record["step"], **{
+        key: float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+        for key, value in record.items() if key in wanted}} for record in records], source=str(path))
 
 
 def _select_keys(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:
+    """The names that are among ``patterns`` or match one of its globs (all when ``patterns`` is None)."""
     if patterns is None:
         return list(names)
-    exact = set(patterns)
     globs = [pattern for pattern in patterns if any(char in pattern for char in "*?[")]
-    return [name for name in names if name in exact or any(fnmatch.fnmatchcase(name, g) for g in globs)]
-
-
-def _number_or_none(value: Any) -> float | None:
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    return None
+    return [name for name in names if name in patterns or any(fnmatch.fnmatchcase(name, g) for g in globs)]
 
 
 def read_curve(run_dir: str | os.PathLike[str], key: str, *, skip_bad: bool = False) -> pd.Series:
@@ -150,10 +141,8 @@ def final_value(run_dir: str | os.PathLike[str], key: str, *, window: int = 1, s
 
 def load_histograms(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """Histogram frame (``step, name, edges, counts``): ``histograms.parquet``, else ``histograms.jsonl``."""
-    run_dir = pathlib.Path(run_dir)
-    parquet = run_dir / HISTOGRAMS_PARQUET
+    parquet, path = pathlib.Path(run_dir) / HISTOGRAMS_PARQUET, pathlib.Path(run_dir) / HISTOGRAMS_JSONL
     if parquet.exists():
         return pq.read_table(parquet).to_pandas()
-    path = run_dir / HISTOGRAMS_JSONL
     return histograms_table(read_jsonl(path), source=str(path)).to_pandas()
 

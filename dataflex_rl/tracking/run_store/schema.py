@@ -17,38 +17,22 @@ from dataflex_rl.tracking.run_store.status import STATES
 Check = Callable[[Any], str | None]
 
 
-def text(value: Any) -> str | None:
-    return None if isinstance(value, str) and value else "a non-empty string"
+def _check(holds: Callable[[Any], bool], wanted: str) -> Check:
+    return lambda value: None if holds(value) else wanted
 
 
-def optional_text(value: Any) -> str | None:
-    return None if value is None or isinstance(value, str) else "a string or null"
+def _or_null(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
 
 
-def integer(value: Any) -> str | None:
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
-    return None if ok else "an integer >= 0"
-
-
-def optional_integer(value: Any) -> str | None:
-    return None if value is None else integer(value)
-
-
-def number(value: Any) -> str | None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    return None if ok else "a finite number"
-
-
-def optional_number(value: Any) -> str | None:
-    return None if value is None else number(value)
-
-
-def state(value: Any) -> str | None:
-    return None if value in STATES else f"one of {', '.join(STATES)}"
-
-
-def mapping(value: Any) -> str | None:
-    return None if isinstance(value, Mapping) else "a JSON object"
+text = _check(lambda value: isinstance(value, str) and bool(value), "a non-empty string")
+optional_text = _check(lambda value: value is None or isinstance(value, str), "a string or null")
+integer = _check(lambda value: isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0,
+                 "an integer >= 0")
+number = _check(lambda value: isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value),
+                "a finite number")
+state = _check(lambda value: value in STATES, f"one of {', '.join(STATES)}")
+mapping = _check(lambda value: isinstance(value, Mapping), "a JSON object")
 
 
 def entries(*required: str) -> Check:
@@ -65,16 +49,16 @@ def entries(*required: str) -> Check:
 
 
 # key -> (required, check)
-STATUS = {"state": (True, state), "step": (True, optional_integer), "updated": (False, optional_text),
+STATUS = {"state": (True, state), "step": (True, _or_null(integer)), "updated": (False, optional_text),
           "error": (False, optional_text), "traceback": (False, optional_text)}
 META = {"sweep": (True, text), "run": (True, text), "backend": (True, text), "mechanism": (True, text),
         "alpha": (True, number), "seed": (True, integer), "config_hash": (True, text),
         "config_fingerprint": (False, optional_text), "git_commit": (False, optional_text),
-        "axes": (False, mapping), "wall_time_s": (False, optional_number)}
+        "axes": (False, mapping), "wall_time_s": (False, _or_null(number))}
 SWEEP = {"sweep": (False, text), "grid": (False, mapping), "runs": (False, entries("run")),
          "warm_starts": (False, entries("run")), "invocations": (False, entries()), "plan": (False, mapping),
-         "steps": (False, optional_integer), "jobs": (False, optional_integer)}
-SFT_DONE = {"steps": (True, integer), "seconds": (True, number), "final_loss": (False, optional_number)}
+         "steps": (False, _or_null(integer)), "jobs": (False, _or_null(integer))}
+SFT_DONE = {"steps": (True, integer), "seconds": (True, number), "final_loss": (False, _or_null(number))}
 
 
 def check_schema(path: pathlib.Path, payload: dict[str, Any], schema: Mapping[str, tuple[bool, Check]]) -> dict:
@@ -86,10 +70,7 @@ def check_schema(path: pathlib.Path, payload: dict[str, Any], schema: Mapping[st
             continue
         wanted = check(payload[key])
         if wanted is not None:
-            raise RunStoreError(f"{path}: {key} = {_shown(payload[key])} is not allowed: it must be {wanted}")
+            shown = repr(payload[key])
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise RunStoreError(f"{path}: {key} = {shown} is not allowed: it must be {wanted}")
     return payload
-
-
-def _shown(value: Any) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 80 else shown[:77] + "..."

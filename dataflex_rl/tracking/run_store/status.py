@@ -10,7 +10,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from dataflex_rl.tracking.run_store.files import RESERVE_FILE, STATUS_FILE, atomic_write_json, file_mode, pretty_json
+from dataflex_rl.tracking.run_store.files import RESERVE_FILE, STATUS_FILE, atomic_write_json, pretty_json
 
 LOG = logging.getLogger(__name__)
 
@@ -45,11 +45,8 @@ class SpaceReserve:
         if self.path.exists():
             return
         try:
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT, file_mode())
-            try:
-                os.posix_fallocate(descriptor, 0, RESERVE_BYTES)
-            finally:
-                os.close(descriptor)
+            with open(self.path, "wb") as handle:  # mode 0666 less the umask, as every file of the store
+                os.posix_fallocate(handle.fileno(), 0, RESERVE_BYTES)
         except (OSError, AttributeError) as error:  # the failure path still tries without it
             LOG.debug("%s: no space reserve (%s)", self.path.parent, error)
             with contextlib.suppress(OSError):
@@ -57,11 +54,9 @@ class SpaceReserve:
 
     def release(self) -> bool:
         """Delete the reserve, giving its blocks back; whether there was one."""
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        existed = self.path.exists()
+        self.path.unlink(missing_ok=True)
+        return existed
 
 
 def write_status(run_dir: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
@@ -76,10 +71,13 @@ def write_status(run_dir: pathlib.Path, status: Mapping[str, Any], reserve: Spac
 
 
 def write_despite_full_disk(path: pathlib.Path, status: Mapping[str, Any], reserve: SpaceReserve) -> None:
-    """Write ``status`` to ``path``, each attempt needing less free space (docs/run_store.md)."""
+    """Write ``status`` to ``path``, each attempt needing less free space (docs/run_store.md); the last one writes
+    over the old file's blocks."""
     if not (_written(path, status) or (reserve.release() and _written(path, status))
             or _written(path, shortened(status, SHORT_TRACEBACK_CHARS))):
-        _overwrite_in_place(path, shortened(status, LAST_RESORT_CHARS))
+        with open(path, "r+b" if path.exists() else "wb") as handle:
+            handle.write(pretty_json(shortened(status, LAST_RESORT_CHARS)))
+            handle.truncate()
 
 
 def _written(path: pathlib.Path, status: Mapping[str, Any]) -> bool:
@@ -99,13 +97,3 @@ def shortened(status: Mapping[str, Any], limit: int) -> dict[str, Any]:
         if isinstance(text, str) and len(text) > limit:
             result[key] = "...(cut)\n" + text[-limit:]
     return result
-
-
-def _overwrite_in_place(path: pathlib.Path, obj: Mapping[str, Any]) -> None:
-    data = pretty_json(obj)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, file_mode())
-    try:
-        os.pwrite(descriptor, data, 0)
-        os.ftruncate(descriptor, len(data))
-    finally:
-        os.close(descriptor)

@@ -19,7 +19,7 @@ from analysis.statistics import (
     DEFAULT_LEVEL,
     DEFAULT_POWER,
     RandomState,
-    _rowwise_interquartile_mean,
+    rowwise_iqm,
     check_confidence,
     check_power_arguments,
     holm_adjust,
@@ -161,7 +161,7 @@ def aggregate_runs(
         if not sample.size:
             continue
         record.update(mean=float(sample.mean()), std=float(sample.std(ddof=1)) if sample.size > 1 else np.nan,
-                      iqm=float(_rowwise_interquartile_mean(sample[None, :])[0]), iqm_ci_low=np.nan,
+                      iqm=float(rowwise_iqm(sample[None, :])[0]), iqm_ci_low=np.nan,
                       iqm_ci_high=np.nan)
         if stratify_by and sample.size >= MIN_BOOTSTRAP_N:
             strata_codes = summaries.iloc[positions].groupby(list(stratify_by), dropna=False, observed=True).indices

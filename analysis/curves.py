@@ -14,8 +14,8 @@ from analysis.frames import IDENTITY_COLUMNS
 from analysis.groups import baseline_strata, check_columns, group_items, group_key
 from analysis.statistics import (
     DEFAULT_CONFIDENCE,
-    _rowwise_interquartile_mean,
-    _rowwise_iqm_interval,
+    rowwise_iqm,
+    rowwise_iqm_interval,
     check_confidence,
     t_bounds,
 )
@@ -89,8 +89,8 @@ def aggregate_curves(
         with np.errstate(invalid="ignore", divide="ignore"):
             variance = ((np.where(covered, block - mean[:, None], 0.0)) ** 2).sum(axis=1) / (count - 1)
         low, high = t_bounds(mean, np.sqrt(variance / count), count - 1, confidence)
-        iqm = _rowwise_interquartile_mean(block)
-        iqm_low, iqm_high = _rowwise_iqm_interval(block, confidence, iqm)
+        iqm = rowwise_iqm(block)
+        iqm_low, iqm_high = rowwise_iqm_interval(block, confidence, iqm)
         values = group if isinstance(group, tuple) else (group,)
         frames.append(pd.DataFrame({
             **{key: [value] * int(rows.sum()) for key, value in zip(group_keys, values, strict=True)},

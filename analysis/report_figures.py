@@ -48,6 +48,11 @@ class ReportOptions:
         return {"confidence": self.confidence, "n_bootstrap": self.n_bootstrap, "random_state": self.random_state}
 
 
+def primary_metric(metrics: Sequence[str]) -> str | None:
+    """The metric the report's single-metric sections use: ``val/accuracy`` when present, else the first."""
+    return keys.VAL_ACCURACY if keys.VAL_ACCURACY in metrics else next(iter(metrics), None)
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()
 
@@ -127,7 +132,7 @@ def _curve_figures(document: Document, data: SweepData, table_metrics: Sequence[
 def _final_metric_figure(document: Document, data: SweepData, summaries: pd.DataFrame | None,
                          table_metrics: Sequence[str], group_keys: Sequence[str], options: ReportOptions) -> None:
     """The primary table metric's final value against alpha, one series per value of the next group key."""
-    final_metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
+    final_metric = primary_metric(table_metrics)
     if summaries is None or final_metric is None or "alpha" not in group_keys:
         document.skip("Final metric against alpha", "Skipped: no table metric, or alpha is not a group key.")
         return
@@ -273,7 +278,7 @@ def _curve_difference_figures(document: Document, data: SweepData, metric: str, 
 def _sample_efficiency_figure(document: Document, data: SweepData, table_metrics: Sequence[str],
                               group_keys: Sequence[str], options: ReportOptions) -> None:
     """Mean and IQM curves of the primary metric, when two groups have ``MIN_SEEDS_FOR_INTERVAL`` runs."""
-    metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
+    metric = primary_metric(table_metrics)
     rows = data.metrics[data.metrics["metric"].astype(str) == metric]
     runs = rows.groupby(list(group_keys), dropna=False, observed=True)["run"].nunique()
     title = f"Sample efficiency: {metric}"
@@ -299,7 +304,7 @@ def _regime_maps(document: Document, summaries: pd.DataFrame | None, table_metri
     """A sweep of alpha crossed with two other factors: per alpha, the primary metric's final-window delta against
     alpha 0 at the same two factors, as a regime map (drawn only for such a sweep)."""
     factors = [key for key in group_keys if key != "alpha"]
-    metric = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else (table_metrics or [None])[0]
+    metric = primary_metric(table_metrics)
     baseline = None if summaries is None else default_baseline(summaries, group_keys)
     if summaries is None or metric is None or len(factors) != 2 or baseline is None or set(baseline) != {"alpha"}:
         return

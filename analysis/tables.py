@@ -140,6 +140,12 @@ def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metric
     return numbers.reset_index(drop=True)
 
 
+def frame_markdown(frame: pd.DataFrame) -> str:
+    """A plain table as GitHub Markdown, floats in ``%g`` form."""
+    floats = [column for column in frame.columns if pd.api.types.is_float_dtype(frame[column].dtype)]
+    return frame.assign(**{column: [f"{v:g}" for v in frame[column]] for column in floats}).to_markdown(index=False)
+
+
 def to_markdown(table: ComparisonTable) -> str:
     """GitHub Markdown (best cells in ``**bold**``)."""
     try:

@@ -12,13 +12,7 @@ import pandas as pd
 from analysis.aggregate import default_baseline, default_group_keys, segments
 from analysis.frames import IDENTITY_COLUMNS
 from analysis.groups import baseline_strata, check_columns, group_items, group_key
-from analysis.statistics import (
-    DEFAULT_CONFIDENCE,
-    rowwise_iqm,
-    rowwise_iqm_interval,
-    check_confidence,
-    t_bounds,
-)
+from analysis.statistics import DEFAULT_CONFIDENCE, rowwise_iqm, rowwise_iqm_interval, check_confidence, t_bounds
 
 BAND_METHOD = "bonferroni-t"
 # Simultaneous coverage of the nominal 95% band by seeds, measured by tests/analysis/synthetic.py's
@@ -37,9 +31,8 @@ def _select_metric(long: pd.DataFrame, metric: str) -> pd.DataFrame:
     return long[long["metric"] == metric]
 
 
-def align_curves(
-    long: pd.DataFrame, metric: str, step_grid: Any = None, extra_columns: Sequence[str] = ()
-) -> pd.DataFrame:
+def align_curves(long: pd.DataFrame, metric: str, step_grid: Any = None,
+                 extra_columns: Sequence[str] = ()) -> pd.DataFrame:
     """One metric of every run on a step grid ``(n_grid, n_runs)`` (default every logged step), forward-filled
     within each run's logged steps and NaN outside them; columns: the identity plus ``extra_columns``."""
     frame, starts, ends = segments(_select_metric(long, metric))
@@ -61,14 +54,8 @@ def align_curves(
     return pd.DataFrame(matrix, index=pd.Index(grid, name="step"), columns=columns)
 
 
-def aggregate_curves(
-    long: pd.DataFrame,
-    metric: str,
-    *,
-    group_keys: Sequence[str] = ("alpha",),
-    step_grid: Any = None,
-    confidence: float = DEFAULT_CONFIDENCE,
-) -> pd.DataFrame:
+def aggregate_curves(long: pd.DataFrame, metric: str, *, group_keys: Sequence[str] = ("alpha",), step_grid: Any = None,
+                     confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """Per (group, step) covered: ``n, mean, std, iqm``, the mean's t interval and the IQM's Tukey-McLaughlin one."""
     check_confidence(confidence)
     aligned = align_curves(long, metric, step_grid, [k for k in group_keys if k not in IDENTITY_COLUMNS])
@@ -102,9 +89,8 @@ def aggregate_curves(
     return pd.concat(frames, ignore_index=True)
 
 
-def _baseline_of_groups(
-    rows: pd.DataFrame, group_keys: Sequence[str], baseline: Mapping[str, Any],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _baseline_of_groups(rows: pd.DataFrame, group_keys: Sequence[str],
+                        baseline: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row -> group index; per group: its first row, its baseline's group index (or -1), whether it is a baseline."""
     strata_keys, baseline_keys = baseline_strata(rows, group_keys, baseline)
     items = group_items(rows, group_keys)
@@ -123,15 +109,9 @@ def _baseline_of_groups(
     return row_group, first_rows, group_baseline, is_baseline
 
 
-def curve_differences(
-    long: pd.DataFrame,
-    metric: str,
-    *,
-    group_keys: Sequence[str] | None = None,
-    baseline: Mapping[str, Any] | None = None,
-    pair_on: Sequence[str] = ("seed",),
-    confidence: float = DEFAULT_CONFIDENCE,
-) -> pd.DataFrame:
+def curve_differences(long: pd.DataFrame, metric: str, *, group_keys: Sequence[str] | None = None,
+                      baseline: Mapping[str, Any] | None = None, pair_on: Sequence[str] = ("seed",),
+                      confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """Per (group, step): the paired difference of ``metric`` against the baseline with a pointwise paired-t
     interval and a simultaneous Bonferroni-t band (:data:`CURVE_DIFFERENCE_COLUMNS`)."""
     check_confidence(confidence)

@@ -126,10 +126,8 @@ def _read_part(read: Any, run_dir: Path, level: int = logging.DEBUG) -> dict[str
         return {}
 
 
-def describe_run(
-    run_dir: str | os.PathLike[str], manifest_entries: Mapping[str, Mapping[str, Any]] | None = None,
-    sweep: str | None = None,
-) -> dict[str, Any]:
+def describe_run(run_dir: str | os.PathLike[str], manifest_entries: Mapping[str, Mapping[str, Any]] | None = None,
+                 sweep: str | None = None) -> dict[str, Any]:
     """One run-table row of a run folder, never raising for a damaged one (``exclusion_reason`` names the problem).
 
     ``loadable``: the record passes :func:`run_store.verify_run` and its files can be read, whatever the state.
@@ -198,9 +196,8 @@ def _missing_run_row(sweep: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _load_run_metrics(
-    runs: pd.DataFrame, loadable: Sequence[bool], metrics: Sequence[str] | None, include_incomplete: bool
-) -> dict[int, RunMetrics]:
+def _load_run_metrics(runs: pd.DataFrame, loadable: Sequence[bool], metrics: Sequence[str] | None,
+                      include_incomplete: bool) -> dict[int, RunMetrics]:
     """Read the metrics of every run to be included; flags an unreadable run in ``runs`` (in place)."""
     loaded: dict[int, RunMetrics] = {}
     column = runs.columns.get_loc
@@ -234,14 +231,9 @@ def _load_run_metrics(
     return loaded
 
 
-def load_runs(
-    run_dirs: Sequence[str | os.PathLike[str]],
-    *,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-    histograms: bool = True,
-    manifest: Mapping[str, Any] | None = None,
-) -> SweepData:
+def load_runs(run_dirs: Sequence[str | os.PathLike[str]], *, metrics: Sequence[str] | None = None,
+              include_incomplete: bool = False, histograms: bool = True,
+              manifest: Mapping[str, Any] | None = None) -> SweepData:
     """Load run folders into :class:`SweepData`; ``manifest`` (``sweep.json``) adds its runs without a folder."""
     manifest = dict(manifest or {})
     listed_runs = manifest.get("runs")
@@ -266,14 +258,8 @@ def load_runs(
                      source=", ".join(str(p) for p in run_dirs[:3]) + (" ..." if len(run_dirs) > 3 else ""))
 
 
-def load_sweep(
-    sweep_dir: str | os.PathLike[str],
-    *,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-    histograms: bool = True,
-    require_runs: bool = False,
-) -> SweepData:
+def load_sweep(sweep_dir: str | os.PathLike[str], *, metrics: Sequence[str] | None = None,
+               include_incomplete: bool = False, histograms: bool = True, require_runs: bool = False) -> SweepData:
     """Load a sweep folder ``runs/<sweep>/`` (``require_runs``: raise :class:`NoRunStoreError` when it has no run)."""
     sweep_dir = Path(sweep_dir)
     try:

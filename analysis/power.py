@@ -15,17 +15,9 @@ from scipy import stats
 from analysis.aggregate import default_baseline, paired_differences
 from analysis.groups import group_text, matching_rows
 from analysis.load import add_run_columns
-from analysis.statistics import (
-    DEFAULT_CONFIDENCE,
-    DEFAULT_LEVEL,
-    DEFAULT_POWER,
-    MIN_SEEDS_FOR_INTERVAL,
-    minimum_detectable_effect,
-    seeds_needed,
-    stein_seeds_needed,
-    stein_two_stage,
-    variance_split,
-)
+from analysis.statistics import (DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL,
+                                 minimum_detectable_effect, seeds_needed, stein_seeds_needed, stein_two_stage,
+                                 variance_split)
 
 Add = Callable[..., None]
 EVAL_SHARE_TARGET = 0.25  # evaluation noise should be at most a quarter of the between-seed variance

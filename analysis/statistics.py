@@ -160,9 +160,8 @@ def t_power(effect: float, std: float, n: int, *, level: float = DEFAULT_LEVEL, 
     return float(right + np.nan_to_num(wrong, nan=0.0))
 
 
-def minimum_detectable_effect(
-    std: float, n: int, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL, paired: bool = True
-) -> float:
+def minimum_detectable_effect(std: float, n: int, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
+                              paired: bool = True) -> float:
     """Smallest ``|difference|`` the t-test detects with probability ``power`` at ``n`` seeds and spread ``std``."""
     check_power_arguments(power, level)
     if (n - 1 if paired else 2 * n - 2) < 1 or not np.isfinite(std):
@@ -180,10 +179,8 @@ def _standardised_mde(n: int, power: float, level: float, paired: bool) -> float
                                  xtol=1e-12, rtol=1e-10))
 
 
-def seeds_needed(
-    std: float, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL, paired: bool = True,
-    max_seeds: int = 100_000,
-) -> int | None:
+def seeds_needed(std: float, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
+                 paired: bool = True, max_seeds: int = 100_000) -> int | None:
     """Smallest number of seeds detecting ``effect`` with probability ``power`` at spread ``std`` (None past
     ``max_seeds``)."""
     check_power_arguments(power, level)
@@ -200,9 +197,8 @@ def seeds_needed(
     return 2 + bisect.bisect_left(range(2, max_seeds + 1), True, key=enough)  # power grows with n
 
 
-def stein_seeds_needed(
-    pilot_std: float, pilot_size: int, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
-) -> int:
+def stein_seeds_needed(pilot_std: float, pilot_size: int, effect: float, *, power: float = DEFAULT_POWER,
+                       level: float = DEFAULT_LEVEL) -> int:
     """Seeds for Stein's two-stage test to detect ``effect``: ``max(n0, ceil(((t_{1-a/2} + t_power) s_0 / E)^2))``
     on ``n0 - 1`` degrees of freedom (Stein 1945)."""
     check_power_arguments(power, level)
@@ -214,9 +210,7 @@ def stein_seeds_needed(
     return max(int(pilot_size), int(math.ceil((float(factor * pilot_std) / abs(effect)) ** 2)))
 
 
-def stein_two_stage(
-    differences: Any, pilot_size: int, confidence: float = DEFAULT_CONFIDENCE
-) -> dict[str, float]:
+def stein_two_stage(differences: Any, pilot_size: int, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, float]:
     """Stein's (1945) two-stage test of paired ``differences`` planned from the first ``pilot_size``: exact level."""
     d = np.asarray(differences, dtype=np.float64).ravel()
     if pilot_size < 2 or d.size < pilot_size:

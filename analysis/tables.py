@@ -74,17 +74,10 @@ def significant(row: pd.Series) -> bool:
                 and (row["ci_low"] > 0 or row["ci_high"] < 0))
 
 
-def comparison_table(
-    aggregates: pd.DataFrame,
-    *,
-    deltas: pd.DataFrame | None = None,
-    metrics: Sequence[str] | None = None,
-    group_keys: Sequence[str] = ("alpha",),
-    statistic: Literal["mean", "iqm"] = "mean",
-    style: TableStyle = "pm",
-    digits: int = 3,
-    caption: str = "",
-) -> ComparisonTable:
+def comparison_table(aggregates: pd.DataFrame, *, deltas: pd.DataFrame | None = None,
+                     metrics: Sequence[str] | None = None, group_keys: Sequence[str] = ("alpha",),
+                     statistic: Literal["mean", "iqm"] = "mean", style: TableStyle = "pm", digits: int = 3,
+                     caption: str = "") -> ComparisonTable:
     """The table of :func:`~analysis.aggregate.aggregate_runs` (and ``deltas`` of ``paired_differences``) output;
     ``statistic``: ``mean`` (Student-t interval) or ``iqm`` (BCa interval); ``metrics``: the columns, in order."""
     if style not in TABLE_STYLES:

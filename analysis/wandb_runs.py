@@ -20,22 +20,9 @@ from dataflex_rl.hashing import stable_hash
 from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, PENDING, RUNNING
 from dataflex_rl.tracking.wandb_file import history, read_run, run_files
 
-from analysis.frames import (
-    IDENTITY_COLUMNS,
-    RunMetrics,
-    SweepData,
-    as_float,
-    as_seed,
-    axis_factors,
-    build_long_table,
-    flatten_config,
-    histogram_table,
-    make_run_table,
-    parquet_safe,
-    pop_factors,
-    wide_metrics,
-    write_parquet_atomic,
-)
+from analysis.frames import (IDENTITY_COLUMNS, RunMetrics, SweepData, as_float, as_seed, axis_factors, build_long_table,
+                             flatten_config, histogram_table, make_run_table, parquet_safe, pop_factors, wide_metrics,
+                             write_parquet_atomic)
 
 # Where each identity field may sit in a W&B run's flattened config (the W&B logger adds ``run_identity``), first
 # match wins; the run name ``<sweep>-a<alpha>-s<seed>``, the group and the tags (mechanism, backend) are fallbacks.
@@ -125,9 +112,8 @@ class WandbTables:
                          histograms=histogram_table(self.histogram_records, factors), source=source)
 
 
-def _wandb_rows(
-    run: Any, step_key: str, metrics: Sequence[str] | None, page_size: int
-) -> tuple[RunMetrics, list[dict[str, Any]]]:
+def _wandb_rows(run: Any, step_key: str, metrics: Sequence[str] | None,
+                page_size: int) -> tuple[RunMetrics, list[dict[str, Any]]]:
     """One W&B run's history -> (scalar metrics, histogram records)."""
     # no ``keys``: with keys scan_history returns only rows holding every key, losing metrics logged at other steps
     by_step: dict[int, dict[str, float]] = {}
@@ -179,20 +165,10 @@ def _read_cache(folder: Path, source: str) -> SweepData | None:
                      source=source + f" (cache {folder})")
 
 
-def load_wandb(
-    entity: str,
-    project: str,
-    *,
-    group: str | None = None,
-    filters: Mapping[str, Any] | None = None,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
-    refresh: bool = False,
-    step_key: str = "_step",
-    page_size: int = 1000,
-    api: Any = None,
-) -> SweepData:
+def load_wandb(entity: str, project: str, *, group: str | None = None, filters: Mapping[str, Any] | None = None,
+               metrics: Sequence[str] | None = None, include_incomplete: bool = False,
+               cache_dir: str | os.PathLike[str] | None = None, refresh: bool = False, step_key: str = "_step",
+               page_size: int = 1000, api: Any = None) -> SweepData:
     """Runs logged online to ``entity/project`` (one ``group`` = one sweep) -> :class:`SweepData`, cached as parquet
     under ``cache_dir`` (default ``$DATAFLEX_CACHE_DIR/wandb``) by query; ``refresh=True`` downloads again."""
     query = {"filters": dict(filters or {}), "metrics": list(metrics) if metrics is not None else None,
@@ -257,12 +233,8 @@ def history_tables(rows: Mapping[int, Mapping[str, Any]], metrics: Sequence[str]
     return wide_metrics(rows, metrics), histograms
 
 
-def load_wandb_offline(
-    root: str | os.PathLike[str],
-    *,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-) -> SweepData:
+def load_wandb_offline(root: str | os.PathLike[str], *, metrics: Sequence[str] | None = None,
+                       include_incomplete: bool = False) -> SweepData:
     """Every offline W&B run file under ``root`` -> :class:`SweepData`, arguments as in ``load_sweep``."""
     tables = WandbTables()
     for path in run_files(root):

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from analysis.environment import abbreviated, environment_label
 from analysis.frames import (IDENTITY_COLUMNS, RunMetrics, SweepData, as_float, as_seed, axis_factors, build_long_table,
-                             empty_histogram_table, factor_columns, flatten_config, histogram_table, make_run_table,
+                             factor_columns, flatten_config, histogram_table, make_run_table,
                              pop_factors)
 from dataflex_rl.tracking import run_store
 from dataflex_rl.tracking.identity import SAME_ARM_RELATIVE, same_arm
@@ -253,7 +253,7 @@ def load_runs(run_dirs: Sequence[str | os.PathLike[str]], *, metrics: Sequence[s
     check_arm_values(runs)
     long = build_long_table(runs, _load_run_metrics(runs, loadable, metrics, include_incomplete))
     return SweepData(runs=runs, metrics=long,
-                     histograms=load_histograms(runs) if histograms else empty_histogram_table(),
+                     histograms=load_histograms(runs) if histograms else histogram_table(),
                      manifest=manifest or None,
                      source=", ".join(str(p) for p in run_dirs[:3]) + (" ..." if len(run_dirs) > 3 else ""))
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from analysis.aggregate import default_baseline, default_group_keys, segments
 from analysis.frames import IDENTITY_COLUMNS
-from analysis.groups import baseline_strata, check_columns, group_items, group_key
+from analysis.groups import baseline_strata, check_columns, group_items, group_key, rows_of
 from analysis.statistics import DEFAULT_CONFIDENCE, rowwise_iqm, rowwise_iqm_interval, check_confidence, t_bounds
 
 BAND_METHOD = "bonferroni-t"
@@ -24,18 +24,11 @@ CURVE_DIFFERENCE_COLUMNS: tuple[str, ...] = (
     "band_high", "band_steps", "band_method", "confidence", "note")
 
 
-def _select_metric(long: pd.DataFrame, metric: str) -> pd.DataFrame:
-    available = long["metric"].unique()
-    if metric not in set(available):
-        raise KeyError(f"metric={metric!r} is not in the table; available: {sorted(map(str, available))}")
-    return long[long["metric"] == metric]
-
-
 def align_curves(long: pd.DataFrame, metric: str, step_grid: Any = None,
                  extra_columns: Sequence[str] = ()) -> pd.DataFrame:
     """One metric of every run on a step grid ``(n_grid, n_runs)`` (default every logged step), forward-filled
     within each run's logged steps and NaN outside them; columns: the identity plus ``extra_columns``."""
-    frame, starts, ends = segments(_select_metric(long, metric))
+    frame, starts, ends = segments(rows_of(long, "metric", metric))
     steps = frame["step"].to_numpy(dtype=np.int64)
     values = frame["value"].to_numpy(dtype=np.float64)
     grid = np.unique(steps) if step_grid is None else np.asarray(step_grid, dtype=np.int64)
@@ -115,7 +108,7 @@ def curve_differences(long: pd.DataFrame, metric: str, *, group_keys: Sequence[s
     """Per (group, step): the paired difference of ``metric`` against the baseline with a pointwise paired-t
     interval and a simultaneous Bonferroni-t band (:data:`CURVE_DIFFERENCE_COLUMNS`)."""
     check_confidence(confidence)
-    rows, _, _ = segments(_select_metric(long, metric))  # sorted by run and step; a repeated step keeps its last row
+    rows, _, _ = segments(rows_of(long, "metric", metric))  # sorted by run and step; a repeated step keeps its last row
     group_keys = tuple(group_keys) if group_keys is not None else default_group_keys(rows)
     check_columns(rows, [*group_keys, *pair_on], "group_keys/pair_on")
     if baseline is None:

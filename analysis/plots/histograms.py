@@ -11,16 +11,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.colors import PowerNorm
 
+from analysis.groups import rows_of
 from analysis.plots.style import (STEP_LABEL, axes_or_new, group_colors, group_label, group_rows, metric_label,
                                   sorted_groups)
-
-
-def _named(histograms: pd.DataFrame, name: str) -> pd.DataFrame:
-    rows = histograms[histograms["name"].astype(str) == name]
-    if rows.empty:
-        raise KeyError(f"histogram name={name!r} is not in the table; available: "
-                       f"{sorted(histograms['name'].astype(str).unique())}")
-    return rows
 
 
 def rebin_histogram(edges: np.ndarray, counts: np.ndarray, new_edges: np.ndarray) -> np.ndarray:
@@ -54,7 +47,7 @@ def histogram_matrix(histograms: pd.DataFrame, name: str, bins: int | None = Non
     """Histograms ``name`` -> ``(steps, edges, fractions (s, k))``, each run's fractions averaged at each step.
 
     Bins: ``edges``; else the logged edges when shared (``bins=None``: a spike stays in one bin); else ``bins``."""
-    rows = _named(histograms, name)
+    rows = rows_of(histograms, "name", name)
     edges = _target_edges(rows, bins, edges)
     steps = np.sort(rows["step"].unique())
     index = {int(step): i for i, step in enumerate(steps)}
@@ -112,7 +105,7 @@ def plot_histogram_heatmaps(histograms: pd.DataFrame, name: str, *, group_keys: 
                             axes: Sequence[Axes] | None = None, bins: int | None = None,
                             crop: bool = True) -> np.ndarray:
     """One :func:`plot_histogram_heatmap` per group on a shared colour scale and y-range; returns the axes."""
-    rows = _named(histograms, name)
+    rows = rows_of(histograms, "name", name)
     groups = sorted_groups(rows, group_keys)
     if axes is None:
         axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups) + 1.0, 3.5), squeeze=False, sharey=True,
@@ -143,7 +136,7 @@ def plot_histogram(histograms: pd.DataFrame, name: str, *, step: int | None = No
                    log: bool = True) -> Axes:
     """Histogram ``name`` at ``step`` (default each group's last), mean count per run, one outline per group."""
     ax = axes_or_new(ax)
-    rows = _named(histograms, name)
+    rows = rows_of(histograms, "name", name)
     groups = sorted_groups(rows, group_keys)
     colors = group_colors(groups)
     edges = _target_edges(rows, bins, None)

@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 
 from analysis.curves import CURVE_DIFFERENCE_COLUMNS, aggregate_curves
+from analysis.groups import rows_of
 from analysis.plots.style import (PALETTE, STEP_LABEL, axes_or_new, ema, group_colors, group_label, group_rows,
                                   metric_label, sorted_groups)
 from analysis.statistics import DEFAULT_CONFIDENCE, MIN_SEEDS_FOR_INTERVAL
@@ -124,10 +125,7 @@ def plot_metric_vs_alpha(aggregates: pd.DataFrame, metric: str, *, series_key: s
     """``metric`` of :func:`~analysis.aggregate.aggregate_runs` against alpha, one series per ``series_key`` value:
     ``per_seed`` dots, the group means with intervals, a dashed ``reference`` line; y spans at least ``min_span``."""
     ax = axes_or_new(ax)
-    rows = aggregates[aggregates["metric"].astype(str) == metric]
-    if rows.empty:
-        raise KeyError(f"metric={metric!r} is not in the aggregates; available: "
-                       f"{sorted(aggregates['metric'].astype(str).unique())}")
+    rows = rows_of(aggregates, "metric", metric)
     series = [None] if series_key is None else sorted(rows[series_key].astype(str).unique())
     colors = group_colors(series)
     shown: list[np.ndarray] = []

@@ -136,7 +136,11 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
     environments = environment_table(data.runs)
     document.add("## Environment", "", frame_markdown(environments) if len(environments) else "No included runs.",
                  "", ENVIRONMENT_NOTE, "")
-    table_metrics = _table_metrics(document, data, options)
+    available = set(data.metric_names)
+    requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
+    if missing := [m for m in requested if m not in available]:
+        document.add(f"Metrics not logged by any included run (left out): {', '.join(missing)}.", "")
+    table_metrics = [m for m in requested if m in available]
     summaries = None
     if table_metrics:
         summaries = run_summaries(data.metrics, metrics=table_metrics, final_window=options.final_window,
@@ -156,10 +160,11 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
     document.add("## Figures", "")
     figure_sections(document, data, summaries, table_metrics, group_keys, options, collapse)
     where_groups_differ_section(document, data, table_metrics, group_keys, options)
-    report_path = out_dir / "report.md"
-    report_path.write_text("\n".join(document.lines).rstrip() + "\n")
-    write_report_html(report_path)
-    return report_path
+    text = "\n".join(document.lines).rstrip() + "\n"
+    (out_dir / "report.md").write_text(text, encoding="utf-8")
+    (out_dir / "report.html").write_text(render_report_html(text, text.splitlines()[0].lstrip("# ")),
+                                         encoding="utf-8")
+    return out_dir / "report.md"
 
 
 def render_report_html(markdown_text: str, title: str) -> str:
@@ -169,15 +174,6 @@ def render_report_html(markdown_text: str, title: str) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>{PAGE_STYLE}</style>\n</head>\n<body>\n{body}</body>\n"
             "</html>\n")
-
-
-def write_report_html(report_md: Path) -> Path:
-    """Write ``report.html`` beside ``report.md``; return its path."""
-    text = report_md.read_text(encoding="utf-8")
-    path = report_md.with_suffix(".html")
-    path.write_text(render_report_html(text, text.splitlines()[0].lstrip("# ") if text else "Sweep report"),
-                    encoding="utf-8")
-    return path
 
 
 def collapse_section(document: Document, data: SweepData, group_keys: Sequence[str],
@@ -300,16 +296,6 @@ def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str
         document.add("None: every run completed.", "")
     else:
         document.add(f"{len(excluded)} run(s) left out of every aggregate:", "", frame_markdown(excluded), "")
-
-
-def _table_metrics(document: Document, data: SweepData, options: ReportOptions) -> list[str]:
-    """The requested (else default) table metrics that are logged; names the others."""
-    available = set(data.metric_names)
-    requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
-    missing = [m for m in requested if m not in available]
-    if missing:
-        document.add(f"Metrics not logged by any included run (left out): {', '.join(missing)}.", "")
-    return [m for m in requested if m in available]
 
 
 def _table_sections(document: Document, data: SweepData, summaries: pd.DataFrame, metrics: Sequence[str],

@@ -19,7 +19,7 @@ from statsmodels.stats.power import TTestIndPower, TTestPower
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_POWER = 0.8
 DEFAULT_LEVEL = 0.05  # two-sided test level of p-values, the MDE and seeds needed
-# Reports print no interval below this many seeds (a t interval at n = 2 is exact but uselessly wide: t_{0.975,1} = 12.7).
+# Reports print no interval below this many seeds (a t interval at n = 2 is exact but uselessly wide: t_0.975,1 = 12.7)
 MIN_SEEDS_FOR_INTERVAL = 3
 
 RandomState = int | np.random.Generator | None
@@ -32,10 +32,12 @@ def check_confidence(confidence: Any) -> None:
         raise ValueError(f"confidence={confidence!r} must lie strictly between 0 and 1 (e.g. 0.95)")
 
 
-def check_power_arguments(power: float, level: float) -> None:
+def check_power_arguments(power: float, level: float, effect: float | None = None) -> None:
     for name, value, example in (("power", power, 0.8), ("level", level, 0.05)):
         if not 0.0 < value < 1.0:
             raise ValueError(f"{name}={value!r} must lie strictly between 0 and 1 (e.g. {example})")
+    if effect is not None and (not np.isfinite(effect) or effect == 0):
+        raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
 
 
 def finite_values(values: Any) -> np.ndarray:
@@ -183,11 +185,9 @@ def seeds_needed(std: float, effect: float, *, power: float = DEFAULT_POWER, lev
                  paired: bool = True, max_seeds: int = 100_000) -> int | None:
     """Smallest number of seeds detecting ``effect`` with probability ``power`` at spread ``std`` (None past
     ``max_seeds``)."""
-    check_power_arguments(power, level)
+    check_power_arguments(power, level, effect)
     if not np.isfinite(std) or std < 0:
         raise ValueError(f"std={std!r} must be a finite non-negative spread (of a pilot with >= 2 seeds)")
-    if not np.isfinite(effect) or effect == 0:
-        raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
 
     def enough(n: int) -> bool:
         return t_power(effect, std, n, level=level, paired=paired) >= power
@@ -201,11 +201,9 @@ def stein_seeds_needed(pilot_std: float, pilot_size: int, effect: float, *, powe
                        level: float = DEFAULT_LEVEL) -> int:
     """Seeds for Stein's two-stage test to detect ``effect``: ``max(n0, ceil(((t_{1-a/2} + t_power) s_0 / E)^2))``
     on ``n0 - 1`` degrees of freedom (Stein 1945)."""
-    check_power_arguments(power, level)
+    check_power_arguments(power, level, effect)
     if pilot_size < 2 or not np.isfinite(pilot_std) or pilot_std < 0:
         raise ValueError(f"pilot_std={pilot_std!r}, pilot_size={pilot_size!r}: a pilot needs >= 2 paired seeds")
-    if not np.isfinite(effect) or effect == 0:
-        raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
     factor = stats.t.ppf(1.0 - level / 2.0, pilot_size - 1) + stats.t.ppf(power, pilot_size - 1)
     return max(int(pilot_size), int(math.ceil((float(factor * pilot_std) / abs(effect)) ** 2)))
 
@@ -215,14 +213,12 @@ def stein_two_stage(differences: Any, pilot_size: int, confidence: float = DEFAU
     d = np.asarray(differences, dtype=np.float64).ravel()
     if pilot_size < 2 or d.size < pilot_size:
         raise ValueError(f"pilot_size={pilot_size!r} with {d.size} differences: need >= 2 pilot seeds, all present")
-    pilot_std = float(d[:pilot_size].std(ddof=1))
-    mean = float(d.mean())
+    pilot_std, mean = float(d[:pilot_size].std(ddof=1)), float(d.mean())
     standard_error = pilot_std / np.sqrt(d.size)
     low, high = t_bounds(mean, standard_error, pilot_size - 1, confidence)
-    if standard_error > 0:
-        p_value = float(2.0 * stats.t.sf(abs(mean) / standard_error, pilot_size - 1))
-    else:  # identical pilot differences: no spread, the sign is certain unless the difference is 0
-        p_value = 1.0 if mean == 0 else 0.0
+    # identical pilot differences: no spread, the sign is certain unless the difference is 0
+    p_value = float(2.0 * stats.t.sf(abs(mean) / standard_error, pilot_size - 1)) if standard_error > 0 else float(
+        mean == 0)
     return {"n": int(d.size), "mean_difference": mean, "pilot_std": pilot_std, "ci_low": float(low),
             "ci_high": float(high), "p_value": p_value}
 

@@ -1,4 +1,4 @@
-"""Histogram figures: per-token weight and probability histograms rebinned onto shared edges, as heatmaps over
+"""Distribution figures: per-token weight and probability histograms rebinned onto shared edges, as heatmaps over
 steps or as one step's bars."""
 
 from __future__ import annotations

@@ -14,22 +14,10 @@ import pandas as pd
 from analysis.bootstrap import DEFAULT_BOOTSTRAP, MIN_BOOTSTRAP_N, bca_intervals, bootstrap_ci
 from analysis.frames import IDENTITY_COLUMNS, factor_columns
 from analysis.groups import Strata, baseline_strata, check_columns, group_items, group_key, matching_rows
-from analysis.statistics import (
-    DEFAULT_CONFIDENCE,
-    DEFAULT_LEVEL,
-    DEFAULT_POWER,
-    RandomState,
-    _rowwise_interquartile_mean,
-    check_confidence,
-    check_power_arguments,
-    holm_adjust,
-    improvement_statistic,
-    interquartile_mean,
-    minimum_detectable_effect,
-    probability_of_improvement,
-    t_bounds,
-    t_tests,
-)
+from analysis.statistics import (DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, RandomState, rowwise_iqm,
+                                 check_confidence, check_power_arguments, holm_adjust, improvement_statistic,
+                                 interquartile_mean, minimum_detectable_effect, probability_of_improvement, t_bounds,
+                                 t_tests)
 from dataflex_rl import keys
 from dataflex_rl.keys import BASELINE_ALPHA, BASELINE_PRESET
 
@@ -80,14 +68,9 @@ def segments(long: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     return long, starts, ends
 
 
-def run_summaries(
-    long: pd.DataFrame,
-    *,
-    metrics: Sequence[str] | None = None,
-    final_window: int = DEFAULT_FINAL_WINDOW,
-    thresholds: Mapping[str, float] | None = None,
-    minimize: Collection[str] | None = None,
-) -> pd.DataFrame:
+def run_summaries(long: pd.DataFrame, *, metrics: Sequence[str] | None = None, final_window: int = DEFAULT_FINAL_WINDOW,
+                  thresholds: Mapping[str, float] | None = None,
+                  minimize: Collection[str] | None = None) -> pd.DataFrame:
     """One row per (run, metric): identity, extra per-run columns, ``n_points, first_step, last_step`` and
     :data:`SUMMARY_STATISTICS`; ``thresholds``: ``{metric: value}`` for ``steps_to_threshold``."""
     if final_window < 1:
@@ -133,16 +116,9 @@ def run_summaries(
         steps_to_threshold=reached_step)
 
 
-def aggregate_runs(
-    summaries: pd.DataFrame,
-    *,
-    value: str = "final_window",
-    group_keys: Sequence[str] = ("alpha",),
-    stratify_by: Sequence[str] = (),
-    confidence: float = DEFAULT_CONFIDENCE,
-    n_bootstrap: int = DEFAULT_BOOTSTRAP,
-    random_state: RandomState = 0,
-) -> pd.DataFrame:
+def aggregate_runs(summaries: pd.DataFrame, *, value: str = "final_window", group_keys: Sequence[str] = ("alpha",),
+                   stratify_by: Sequence[str] = (), confidence: float = DEFAULT_CONFIDENCE,
+                   n_bootstrap: int = DEFAULT_BOOTSTRAP, random_state: RandomState = 0) -> pd.DataFrame:
     """Per (group, metric) :data:`AGGREGATE_COLUMNS` of one per-run ``value``: Student-t interval of the mean, BCa
     interval of the IQM (stratified percentile interval with ``stratify_by``, for pooled sweeps)."""
     check_columns(summaries, [*group_keys, *stratify_by, "metric", value], "group_keys/stratify_by/value")
@@ -161,7 +137,7 @@ def aggregate_runs(
         if not sample.size:
             continue
         record.update(mean=float(sample.mean()), std=float(sample.std(ddof=1)) if sample.size > 1 else np.nan,
-                      iqm=float(_rowwise_interquartile_mean(sample[None, :])[0]), iqm_ci_low=np.nan,
+                      iqm=float(rowwise_iqm(sample[None, :])[0]), iqm_ci_low=np.nan,
                       iqm_ci_high=np.nan)
         if stratify_by and sample.size >= MIN_BOOTSTRAP_N:
             strata_codes = summaries.iloc[positions].groupby(list(stratify_by), dropna=False, observed=True).indices
@@ -187,10 +163,8 @@ def aggregate_runs(
 Samples = list[tuple[tuple[Any, ...], np.ndarray, np.ndarray]]
 
 
-def _metric_samples(
-    of_metric: pd.DataFrame, metric: str, value: str, group_keys: Sequence[str], baseline_key: tuple[Any, ...],
-    pair_on: Sequence[str], paired: bool,
-) -> Samples:
+def _metric_samples(of_metric: pd.DataFrame, metric: str, value: str, group_keys: Sequence[str],
+                    baseline_key: tuple[Any, ...], pair_on: Sequence[str], paired: bool) -> Samples:
     """``(group key, x, y)`` for every group but the baseline, paired on ``pair_on`` (a repeated key keeps its last)."""
     reference_positions = np.flatnonzero(matching_rows(of_metric, dict(zip(group_keys, baseline_key, strict=True))))
     pair_frame = of_metric.iloc[reference_positions][list(pair_on)]
@@ -217,10 +191,8 @@ def _metric_samples(
     return samples
 
 
-def _stratified_samples(
-    of_metric: pd.DataFrame, metric: str, value: str, group_keys: Sequence[str], strata: Strata,
-    pair_on: Sequence[str], paired: bool,
-) -> Samples:
+def _stratified_samples(of_metric: pd.DataFrame, metric: str, value: str, group_keys: Sequence[str], strata: Strata,
+                        pair_on: Sequence[str], paired: bool) -> Samples:
     """:func:`_metric_samples` within each stratum against its baseline (empty samples where it has none)."""
     strata_keys, baseline_keys = strata
     if not strata_keys:
@@ -238,21 +210,11 @@ def _stratified_samples(
     return samples
 
 
-def paired_differences(
-    summaries: pd.DataFrame,
-    *,
-    value: str = "final_window",
-    group_keys: Sequence[str] = ("alpha",),
-    baseline: Mapping[str, Any] | None = None,
-    pair_on: Sequence[str] = ("seed",),
-    minimize: Collection[str] | None = None,
-    confidence: float = DEFAULT_CONFIDENCE,
-    n_bootstrap: int = DEFAULT_BOOTSTRAP,
-    random_state: RandomState = 0,
-    paired: bool = True,
-    power: float = DEFAULT_POWER,
-    level: float = DEFAULT_LEVEL,
-) -> pd.DataFrame:
+def paired_differences(summaries: pd.DataFrame, *, value: str = "final_window", group_keys: Sequence[str] = ("alpha",),
+                       baseline: Mapping[str, Any] | None = None, pair_on: Sequence[str] = ("seed",),
+                       minimize: Collection[str] | None = None, confidence: float = DEFAULT_CONFIDENCE,
+                       n_bootstrap: int = DEFAULT_BOOTSTRAP, random_state: RandomState = 0, paired: bool = True,
+                       power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL) -> pd.DataFrame:
     """Per (group, metric) :data:`DIFFERENCE_COLUMNS` against the baseline group (default ``alpha = 0``; one per
     stratum of the other factors), paired on ``pair_on``, or by Welch's t with ``paired=False``."""
     baseline = dict(baseline if baseline is not None else {"alpha": BASELINE_ALPHA})

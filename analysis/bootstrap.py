@@ -10,25 +10,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from analysis.statistics import (
-    DEFAULT_CONFIDENCE,
-    RandomState,
-    Statistic,
-    check_confidence,
-    indices_by_size,
-)
+from analysis.statistics import DEFAULT_CONFIDENCE, RandomState, Statistic, check_confidence, indices_by_size
 
 DEFAULT_BOOTSTRAP = 2000
 MIN_BOOTSTRAP_N = 8
 
 
-def stratified_bootstrap(
-    strata: Sequence[Any],
-    statistic: Statistic = np.mean,
-    *,
-    n_bootstrap: int = DEFAULT_BOOTSTRAP,
-    random_state: RandomState = None,
-) -> np.ndarray:
+def stratified_bootstrap(strata: Sequence[Any], statistic: Statistic = np.mean, *, n_bootstrap: int = DEFAULT_BOOTSTRAP,
+                         random_state: RandomState = None) -> np.ndarray:
     """Bootstrap distribution of ``statistic(array, axis=1)``, each of ``strata`` resampled to its own size (a flat
     sequence of numbers is one stratum)."""
     if n_bootstrap < 1:
@@ -44,14 +33,8 @@ def stratified_bootstrap(
     return np.asarray(statistic(resampled, axis=1), dtype=np.float64)
 
 
-def bootstrap_ci(
-    strata: Sequence[Any],
-    statistic: Statistic = np.mean,
-    *,
-    confidence: float = DEFAULT_CONFIDENCE,
-    n_bootstrap: int = DEFAULT_BOOTSTRAP,
-    random_state: RandomState = None,
-) -> tuple[float, float]:
+def bootstrap_ci(strata: Sequence[Any], statistic: Statistic = np.mean, *, confidence: float = DEFAULT_CONFIDENCE,
+                 n_bootstrap: int = DEFAULT_BOOTSTRAP, random_state: RandomState = None) -> tuple[float, float]:
     """Percentile ``confidence`` interval of ``statistic`` under the stratified bootstrap (not for means)."""
     check_confidence(confidence)
     distribution = stratified_bootstrap(strata, statistic, n_bootstrap=n_bootstrap, random_state=random_state)
@@ -60,15 +43,9 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
-def bca_interval(
-    samples: Sequence[Any],
-    statistic: Statistic,
-    *,
-    paired: bool = False,
-    confidence: float = DEFAULT_CONFIDENCE,
-    n_bootstrap: int = DEFAULT_BOOTSTRAP,
-    random_state: RandomState = None,
-) -> tuple[Any, Any]:
+def bca_interval(samples: Sequence[Any], statistic: Statistic, *, paired: bool = False,
+                 confidence: float = DEFAULT_CONFIDENCE, n_bootstrap: int = DEFAULT_BOOTSTRAP,
+                 random_state: RandomState = None) -> tuple[Any, Any]:
     """BCa interval of ``statistic(*samples, axis=-1)`` by ``scipy.stats.bootstrap`` (NaN below
     :data:`MIN_BOOTSTRAP_N` values, where it undercovers); floats for 1-D samples, arrays for a batch."""
     check_confidence(confidence)
@@ -89,10 +66,8 @@ def bca_interval(
     return (float(low), float(high)) if not batch_shape else (np.asarray(low), np.asarray(high))
 
 
-def bca_intervals(
-    samples: Sequence[Sequence[np.ndarray]], statistic: Statistic, *, paired: bool, confidence: float,
-    n_bootstrap: int, rng: np.random.Generator,
-) -> list[tuple[float, float]]:
+def bca_intervals(samples: Sequence[Sequence[np.ndarray]], statistic: Statistic, *, paired: bool, confidence: float,
+                  n_bootstrap: int, rng: np.random.Generator) -> list[tuple[float, float]]:
     """:func:`bca_interval` of each entry of ``samples``, one vectorised bootstrap per distinct sample size."""
     intervals: list[tuple[float, float]] = [(np.nan, np.nan)] * len(samples)
     for sizes, indices in indices_by_size(samples):

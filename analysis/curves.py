@@ -11,14 +11,8 @@ import pandas as pd
 
 from analysis.aggregate import default_baseline, default_group_keys, segments
 from analysis.frames import IDENTITY_COLUMNS
-from analysis.groups import baseline_strata, check_columns, group_items, group_key
-from analysis.statistics import (
-    DEFAULT_CONFIDENCE,
-    _rowwise_interquartile_mean,
-    _rowwise_iqm_interval,
-    check_confidence,
-    t_bounds,
-)
+from analysis.groups import baseline_strata, check_columns, group_items, group_key, rows_of
+from analysis.statistics import DEFAULT_CONFIDENCE, rowwise_iqm, rowwise_iqm_interval, check_confidence, t_bounds
 
 BAND_METHOD = "bonferroni-t"
 # Simultaneous coverage of the nominal 95% band by seeds, measured by tests/analysis/synthetic.py's
@@ -30,19 +24,11 @@ CURVE_DIFFERENCE_COLUMNS: tuple[str, ...] = (
     "band_high", "band_steps", "band_method", "confidence", "note")
 
 
-def _select_metric(long: pd.DataFrame, metric: str) -> pd.DataFrame:
-    available = long["metric"].unique()
-    if metric not in set(available):
-        raise KeyError(f"metric={metric!r} is not in the table; available: {sorted(map(str, available))}")
-    return long[long["metric"] == metric]
-
-
-def align_curves(
-    long: pd.DataFrame, metric: str, step_grid: Any = None, extra_columns: Sequence[str] = ()
-) -> pd.DataFrame:
+def align_curves(long: pd.DataFrame, metric: str, step_grid: Any = None,
+                 extra_columns: Sequence[str] = ()) -> pd.DataFrame:
     """One metric of every run on a step grid ``(n_grid, n_runs)`` (default every logged step), forward-filled
     within each run's logged steps and NaN outside them; columns: the identity plus ``extra_columns``."""
-    frame, starts, ends = segments(_select_metric(long, metric))
+    frame, starts, ends = segments(rows_of(long, "metric", metric))
     steps = frame["step"].to_numpy(dtype=np.int64)
     values = frame["value"].to_numpy(dtype=np.float64)
     grid = np.unique(steps) if step_grid is None else np.asarray(step_grid, dtype=np.int64)
@@ -61,14 +47,8 @@ def align_curves(
     return pd.DataFrame(matrix, index=pd.Index(grid, name="step"), columns=columns)
 
 
-def aggregate_curves(
-    long: pd.DataFrame,
-    metric: str,
-    *,
-    group_keys: Sequence[str] = ("alpha",),
-    step_grid: Any = None,
-    confidence: float = DEFAULT_CONFIDENCE,
-) -> pd.DataFrame:
+def aggregate_curves(long: pd.DataFrame, metric: str, *, group_keys: Sequence[str] = ("alpha",), step_grid: Any = None,
+                     confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """Per (group, step) covered: ``n, mean, std, iqm``, the mean's t interval and the IQM's Tukey-McLaughlin one."""
     check_confidence(confidence)
     aligned = align_curves(long, metric, step_grid, [k for k in group_keys if k not in IDENTITY_COLUMNS])
@@ -89,8 +69,8 @@ def aggregate_curves(
         with np.errstate(invalid="ignore", divide="ignore"):
             variance = ((np.where(covered, block - mean[:, None], 0.0)) ** 2).sum(axis=1) / (count - 1)
         low, high = t_bounds(mean, np.sqrt(variance / count), count - 1, confidence)
-        iqm = _rowwise_interquartile_mean(block)
-        iqm_low, iqm_high = _rowwise_iqm_interval(block, confidence, iqm)
+        iqm = rowwise_iqm(block)
+        iqm_low, iqm_high = rowwise_iqm_interval(block, confidence, iqm)
         values = group if isinstance(group, tuple) else (group,)
         frames.append(pd.DataFrame({
             **{key: [value] * int(rows.sum()) for key, value in zip(group_keys, values, strict=True)},
@@ -102,9 +82,8 @@ def aggregate_curves(
     return pd.concat(frames, ignore_index=True)
 
 
-def _baseline_of_groups(
-    rows: pd.DataFrame, group_keys: Sequence[str], baseline: Mapping[str, Any],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _baseline_of_groups(rows: pd.DataFrame, group_keys: Sequence[str],
+                        baseline: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row -> group index; per group: its first row, its baseline's group index (or -1), whether it is a baseline."""
     strata_keys, baseline_keys = baseline_strata(rows, group_keys, baseline)
     items = group_items(rows, group_keys)
@@ -123,19 +102,13 @@ def _baseline_of_groups(
     return row_group, first_rows, group_baseline, is_baseline
 
 
-def curve_differences(
-    long: pd.DataFrame,
-    metric: str,
-    *,
-    group_keys: Sequence[str] | None = None,
-    baseline: Mapping[str, Any] | None = None,
-    pair_on: Sequence[str] = ("seed",),
-    confidence: float = DEFAULT_CONFIDENCE,
-) -> pd.DataFrame:
+def curve_differences(long: pd.DataFrame, metric: str, *, group_keys: Sequence[str] | None = None,
+                      baseline: Mapping[str, Any] | None = None, pair_on: Sequence[str] = ("seed",),
+                      confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """Per (group, step): the paired difference of ``metric`` against the baseline with a pointwise paired-t
     interval and a simultaneous Bonferroni-t band (:data:`CURVE_DIFFERENCE_COLUMNS`)."""
     check_confidence(confidence)
-    rows, _, _ = segments(_select_metric(long, metric))  # sorted by run and step; a repeated step keeps its last row
+    rows, _, _ = segments(rows_of(long, "metric", metric))  # sorted by run and step; a repeated step keeps its last row
     group_keys = tuple(group_keys) if group_keys is not None else default_group_keys(rows)
     check_columns(rows, [*group_keys, *pair_on], "group_keys/pair_on")
     if baseline is None:

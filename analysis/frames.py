@@ -189,22 +189,14 @@ def build_long_table(runs: pd.DataFrame, run_metrics: Mapping[int, RunMetrics]) 
     return pd.DataFrame(columns, copy=False)
 
 
-def empty_histogram_table() -> pd.DataFrame:
-    return pd.DataFrame({column: pd.Series(dtype=object) for column in HISTOGRAM_COLUMNS}).astype(
-        {"alpha": np.float64, "seed": "Int64", "step": np.int64})
-
-
-def histogram_table(records: Sequence[Mapping[str, Any]], factors: Sequence[str] = ()) -> pd.DataFrame:
-    """Histogram records -> :data:`HISTOGRAM_COLUMNS` with the ``factors`` between the identity columns and ``step``."""
-    if not records:
-        return empty_histogram_table()  # like a run store's sweep without histograms: no factor columns
-    columns = [*IDENTITY_COLUMNS, *factors, *HISTOGRAM_COLUMNS[len(IDENTITY_COLUMNS):]]
+def histogram_table(records: Sequence[Mapping[str, Any]] = (), factors: Sequence[str] = ()) -> pd.DataFrame:
+    """Histogram records -> :data:`HISTOGRAM_COLUMNS` with the ``factors`` between the identity columns and ``step``
+    (none without records, as a run store's sweep without histograms)."""
+    columns = [*IDENTITY_COLUMNS, *(factors if records else ()), *HISTOGRAM_COLUMNS[len(IDENTITY_COLUMNS):]]
     table = pd.DataFrame.from_records(list(records), columns=columns)
-    for column in factors:
+    for column in factors if records else ():
         table[column] = _factor_values(table[column])
-    table["alpha"] = table["alpha"].astype(np.float64)
-    table["seed"] = table["seed"].astype("Int64")
-    return table
+    return table.astype({"alpha": np.float64, "seed": "Int64", "step": np.int64})
 
 
 def parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:

@@ -24,6 +24,14 @@ def check_columns(frame: pd.DataFrame, columns: Sequence[str], argument: str) ->
         raise KeyError(f"{argument}={list(columns)!r}: no column {missing} (columns: {list(frame.columns)})")
 
 
+def rows_of(frame: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
+    """The rows whose ``column`` equals ``value``; a KeyError listing the values there are when none does."""
+    rows = frame[(frame[column] == value).to_numpy(dtype=bool)]
+    if rows.empty:
+        raise KeyError(f"{column}={value!r} is not in the table; available: {sorted(map(str, frame[column].unique()))}")
+    return rows
+
+
 def _missing(value: Any) -> bool:
     return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and math.isnan(value))
 

@@ -16,21 +16,9 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis.environment import abbreviated, environment_label
-from analysis.frames import (
-    HISTOGRAM_COLUMNS,
-    IDENTITY_COLUMNS,
-    RunMetrics,
-    SweepData,
-    as_float,
-    as_seed,
-    axis_factors,
-    build_long_table,
-    empty_histogram_table,
-    factor_columns,
-    flatten_config,
-    make_run_table,
-    pop_factors,
-)
+from analysis.frames import (IDENTITY_COLUMNS, RunMetrics, SweepData, as_float, as_seed, axis_factors, build_long_table,
+                             factor_columns, flatten_config, histogram_table, make_run_table,
+                             pop_factors)
 from dataflex_rl.tracking import run_store
 from dataflex_rl.tracking.identity import SAME_ARM_RELATIVE, same_arm
 
@@ -85,13 +73,6 @@ def check_one_sweep(sweep_dir: str | os.PathLike[str]) -> None:
                                  f"one of them, e.g. {Path(sweep_dir) / names[0]} (make report SWEEP={names[0]})")
 
 
-def _first_line(text: Any) -> str | None:
-    if text is None or (isinstance(text, float) and math.isnan(text)):
-        return None
-    lines = str(text).strip().splitlines()
-    return lines[-1] if lines else None
-
-
 def read_run_metrics(run_dir: str | os.PathLike[str], metrics: Sequence[str] | None = None,
                      source: str | None = None, skip_bad: bool = True) -> RunMetrics:
     """A run's numeric metrics through :func:`run_store.read_metrics_table` (``metrics``: keys or globs); a metric
@@ -136,19 +117,17 @@ def find_run_dirs(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(found)
 
 
-def _read_part(read: Any, run_dir: Path, name: str, level: int = logging.DEBUG) -> dict[str, Any]:
+def _read_part(read: Any, run_dir: Path, level: int = logging.DEBUG) -> dict[str, Any]:
     """``read(run_dir)``, ``{}`` when missing or unreadable (:func:`run_store.verify_run` names the problem)."""
     try:
-        return read(run_dir) or {}
+        return {} if run_dir.is_symlink() else read(run_dir) or {}
     except (OSError, ValueError) as exc:
-        logger.log(level, "ignoring unreadable %s: %s", name, exc)
+        logger.log(level, "ignoring unreadable part of %s: %s", run_dir, exc)
         return {}
 
 
-def describe_run(
-    run_dir: str | os.PathLike[str], manifest_entries: Mapping[str, Mapping[str, Any]] | None = None,
-    sweep: str | None = None,
-) -> dict[str, Any]:
+def describe_run(run_dir: str | os.PathLike[str], manifest_entries: Mapping[str, Mapping[str, Any]] | None = None,
+                 sweep: str | None = None) -> dict[str, Any]:
     """One run-table row of a run folder, never raising for a damaged one (``exclusion_reason`` names the problem).
 
     ``loadable``: the record passes :func:`run_store.verify_run` and its files can be read, whatever the state.
@@ -156,50 +135,40 @@ def describe_run(
     run_dir = Path(run_dir)
     entries = manifest_entries or {}
     problems = run_store.verify_run(run_dir)
-    linked = run_dir.is_symlink()
-    meta = {} if linked else _read_part(run_store.read_meta, run_dir, "meta.json")
-    status = {} if linked else _read_part(run_store.read_status, run_dir, "status.json")
-    config = {} if linked else _read_part(run_store.read_config, run_dir, "config.yaml", logging.WARNING)
+    meta, status = _read_part(run_store.read_meta, run_dir), _read_part(run_store.read_status, run_dir)
+    config = _read_part(run_store.read_config, run_dir, logging.WARNING)
     entry = dict(entries.get(str(meta.get("run")), entries.get(run_dir.name, {})))
     if sweep is not None and meta and (not entry or meta.get("sweep") != sweep):
         problems.append(f"not a run of sweep {sweep}: its sweep.json does not list {run_dir.name}"
                         if not entry else f"a run of sweep {meta.get('sweep')!r}, not of {sweep}")
     state = status.get("state") or entry.get("state") or "unknown"
-    source = "none" if linked else run_store.metrics_source(run_dir) or "none"
+    source = "none" if run_dir.is_symlink() else run_store.metrics_source(run_dir) or "none"
     warm_start = meta.get("warm_start") if isinstance(meta.get("warm_start"), Mapping) else {}
     loadable = bool(meta) and source != "none" and not problems
     if state != run_store.COMPLETED:
-        error = _first_line(status.get("error"))
-        problems.insert(0, f"state {state}" + (f": {error}" if error else ""))
+        error = str(status.get("error") or "").strip().splitlines()  # the exception's line, after its traceback
+        problems.insert(0, f"state {state}" + (f": {error[-1]}" if error else ""))
     if source == "none":
         problems.append("no metrics file")
 
     def identity(key: str, *fallbacks: Any) -> Any:  # meta.json, else the sweep.json entry, else a fallback
         return next((value for value in (meta.get(key), entry.get(key), *fallbacks) if value is not None), None)
 
-    row: dict[str, Any] = {
+    return {
         "sweep": identity("sweep", run_dir.parent.name), "run": identity("run", run_dir.name),
         "backend": identity("backend"), "mechanism": identity("mechanism"),
         # the sweep driver passes the label as the top-level override ``mechanism_label=<preset>``
         "mechanism_label": identity("mechanism_label", config.get("mechanism_label"), identity("mechanism")),
-        "alpha": as_float(identity("alpha")), "seed": as_seed(identity("seed")),
-        "state": state,
-        "status_step": as_seed(status.get("step")),
-        "error": status.get("error"),
+        "alpha": as_float(identity("alpha")), "seed": as_seed(identity("seed")), "state": state,
+        "status_step": as_seed(status.get("step")), "error": status.get("error"),
         "wall_time_s": as_float(meta.get("wall_time_s")),
         **{key: meta.get(key) for key in ("git_commit", "config_hash", "start_time", "end_time")},
-        "environment": environment_label(meta),
-        "warm_start": warm_start.get("checkpoint"), "warm_start_design": warm_start.get("design"),
-        "warm_start_seed": as_seed(warm_start.get("sft_seed")),
-        "path": str(run_dir),
-        "metrics_source": source,
-        "included": not problems,
-        "exclusion_reason": "; ".join(problems) if problems else None,
-        "loadable": loadable,
+        "environment": environment_label(meta), "warm_start": warm_start.get("checkpoint"),
+        "warm_start_design": warm_start.get("design"), "warm_start_seed": as_seed(warm_start.get("sft_seed")),
+        "path": str(run_dir), "metrics_source": source, "included": not problems,
+        "exclusion_reason": "; ".join(problems) if problems else None, "loadable": loadable,
+        **flatten_config(config), "factors": axis_factors(meta.get("axes")),
     }
-    row.update(flatten_config(config))
-    row["factors"] = axis_factors(meta.get("axes"))
-    return row
 
 
 def add_run_columns(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -227,62 +196,56 @@ def _missing_run_row(sweep: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _load_run_metrics(
-    runs: pd.DataFrame, loadable: Sequence[bool], metrics: Sequence[str] | None, include_incomplete: bool
-) -> dict[int, RunMetrics]:
+def _load_run_metrics(runs: pd.DataFrame, loadable: Sequence[bool], metrics: Sequence[str] | None,
+                      include_incomplete: bool) -> dict[int, RunMetrics]:
     """Read the metrics of every run to be included; flags an unreadable run in ``runs`` (in place)."""
     loaded: dict[int, RunMetrics] = {}
+    column = runs.columns.get_loc
     for position in range(len(runs)):
         row = runs.iloc[position]
         if not loadable[position] or not (row["included"] or include_incomplete):
             continue
-        run_dir = Path(row["path"])
-        # a damaged parquet falls back to the jsonl it was compacted from, when that is still there
-        attempts = ["parquet", "jsonl"] if row["metrics_source"] == "parquet" else ["jsonl"]
-        errors: list[str] = []
-        # a completed run's unreadable line excludes it; an unfinished run's torn last lines are skipped
-        strict = row["state"] == run_store.COMPLETED
-        for attempt in attempts:
+        run_dir, errors = Path(row["path"]), []
+        # a damaged parquet falls back to the jsonl it was compacted from, when that is still there; a completed
+        # run's unreadable line excludes it, an unfinished run's torn last lines are skipped
+        for attempt in ["parquet", "jsonl"] if row["metrics_source"] == "parquet" else ["jsonl"]:
             if run_store.metrics_source(run_dir) is None:
                 break
             try:
-                loaded[position] = read_run_metrics(run_dir, metrics, source=attempt, skip_bad=not strict)
-                runs.iat[position, runs.columns.get_loc("metrics_source")] = attempt
+                loaded[position] = read_run_metrics(run_dir, metrics, source=attempt,
+                                                    skip_bad=row["state"] != run_store.COMPLETED)
+                runs.iat[position, column("metrics_source")] = attempt
                 break
             except FileNotFoundError:
                 continue
             except Exception as exc:  # noqa: BLE001 - one damaged file must never stop a whole sweep
                 errors.append(f"unreadable metrics.{attempt} ({type(exc).__name__}: {exc})")
         if position in loaded and loaded[position].nonfinite:
-            runs.iat[position, runs.columns.get_loc("nonfinite")] = "; ".join(
+            runs.iat[position, column("nonfinite")] = "; ".join(
                 f"{name} at step(s) {', '.join(map(str, steps[:5]))}{' ...' if len(steps) > 5 else ''}"
                 for name, steps in loaded[position].nonfinite.items())
         reason = row["exclusion_reason"]
-        runs.iat[position, runs.columns.get_loc("included")] = position in loaded
-        runs.iat[position, runs.columns.get_loc("exclusion_reason")] = None if position in loaded else "; ".join(
+        runs.iat[position, column("included")] = position in loaded
+        runs.iat[position, column("exclusion_reason")] = None if position in loaded else "; ".join(
             [*([reason] if isinstance(reason, str) and reason else []), *errors])
     return loaded
 
 
-def load_runs(
-    run_dirs: Sequence[str | os.PathLike[str]],
-    *,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-    histograms: bool = True,
-    manifest: Mapping[str, Any] | None = None,
-) -> SweepData:
+def load_runs(run_dirs: Sequence[str | os.PathLike[str]], *, metrics: Sequence[str] | None = None,
+              include_incomplete: bool = False, histograms: bool = True,
+              manifest: Mapping[str, Any] | None = None) -> SweepData:
     """Load run folders into :class:`SweepData`; ``manifest`` (``sweep.json``) adds its runs without a folder."""
-    listed_runs = (manifest or {}).get("runs")
+    manifest = dict(manifest or {})
+    listed_runs = manifest.get("runs")
     entries = {str(e["run"]): dict(e) for e in (listed_runs if isinstance(listed_runs, list) else [])
                if isinstance(e, Mapping) and "run" in e}
-    owner = (manifest or {}).get("sweep") if isinstance(listed_runs, list) else None
+    owner = manifest.get("sweep") if isinstance(listed_runs, list) else None
     rows = [describe_run(run_dir, entries, owner) for run_dir in run_dirs]
     counts = Counter((row["sweep"], row["run"]) for row in rows)
     duplicates = sorted(f"{sweep}/{run}" for (sweep, run), count in counts.items() if count > 1)
     if duplicates:
         raise ValueError(f"run folders with the same (sweep, run) identity: {duplicates}; load them separately")
-    sweep_name = str((manifest or {}).get("sweep") or (rows[0]["sweep"] if rows else ""))
+    sweep_name = str(manifest.get("sweep") or (rows[0]["sweep"] if rows else ""))
     listed = {row["run"] for row in rows}
     rows += [_missing_run_row(sweep_name, entry) for name, entry in entries.items() if name not in listed]
     loadable = [bool(row.pop("loadable")) for row in rows]
@@ -290,19 +253,13 @@ def load_runs(
     check_arm_values(runs)
     long = build_long_table(runs, _load_run_metrics(runs, loadable, metrics, include_incomplete))
     return SweepData(runs=runs, metrics=long,
-                     histograms=load_histograms(runs) if histograms else empty_histogram_table(),
-                     manifest=dict(manifest) if manifest else None,
+                     histograms=load_histograms(runs) if histograms else histogram_table(),
+                     manifest=manifest or None,
                      source=", ".join(str(p) for p in run_dirs[:3]) + (" ..." if len(run_dirs) > 3 else ""))
 
 
-def load_sweep(
-    sweep_dir: str | os.PathLike[str],
-    *,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-    histograms: bool = True,
-    require_runs: bool = False,
-) -> SweepData:
+def load_sweep(sweep_dir: str | os.PathLike[str], *, metrics: Sequence[str] | None = None,
+               include_incomplete: bool = False, histograms: bool = True, require_runs: bool = False) -> SweepData:
     """Load a sweep folder ``runs/<sweep>/`` (``require_runs``: raise :class:`NoRunStoreError` when it has no run)."""
     sweep_dir = Path(sweep_dir)
     try:
@@ -363,7 +320,7 @@ def _histogram_frame(frame: pd.DataFrame, source: str) -> pd.DataFrame:
 def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
     """The histogram table of the included runs of a run table."""
     factors = factor_columns(runs)
-    frames = []
+    records = []
     for _, row in runs[runs["included"] & runs["path"].notna()].iterrows():
         run_dir = Path(row["path"])
         try:
@@ -371,12 +328,6 @@ def load_histograms(runs: pd.DataFrame) -> pd.DataFrame:
         except Exception as exc:  # noqa: BLE001 - histograms are optional; never fail a sweep over them
             logger.warning("ignoring unreadable histograms of %s: %s", run_dir, exc)
             continue
-        if frame.empty:
-            continue
-        frames.append(frame.assign(**{column: row[column] for column in (*IDENTITY_COLUMNS, *factors)}))
-    if not frames:
-        return empty_histogram_table()
-    table = pd.concat(frames, ignore_index=True)[[*IDENTITY_COLUMNS, *factors, *HISTOGRAM_COLUMNS[-4:]]]
-    table["seed"] = table["seed"].astype("Int64")
-    table["alpha"] = table["alpha"].astype(np.float64)
-    return table
+        labels = {column: row[column] for column in (*IDENTITY_COLUMNS, *factors)}
+        records += [{**labels, **record} for record in frame.to_dict("records")]
+    return histogram_table(records, factors)

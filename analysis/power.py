@@ -15,30 +15,14 @@ from scipy import stats
 from analysis.aggregate import default_baseline, paired_differences
 from analysis.groups import group_text, matching_rows
 from analysis.load import add_run_columns
-from analysis.statistics import (
-    DEFAULT_CONFIDENCE,
-    DEFAULT_LEVEL,
-    DEFAULT_POWER,
-    MIN_SEEDS_FOR_INTERVAL,
-    minimum_detectable_effect,
-    seeds_needed,
-    stein_seeds_needed,
-    stein_two_stage,
-    variance_split,
-)
+from analysis.statistics import (DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL,
+                                 minimum_detectable_effect, seeds_needed, stein_seeds_needed, stein_two_stage,
+                                 variance_split)
 
 Add = Callable[..., None]
 EVAL_SHARE_TARGET = 0.25  # evaluation noise should be at most a quarter of the between-seed variance
 VAL_SIZE_COLUMN = "config.trainer.val_size"
 TEST_SIZE_COLUMN = "config.task.test_size"
-
-
-def detectable_sentence(n: int, std: float, mde: float, target: float) -> str:
-    if n < 2 or not np.isfinite(std):
-        return f"{n} seed pair(s): no spread to judge from; run at least {MIN_SEEDS_FOR_INTERVAL} seeds"
-    needed = seeds_needed(std, target) if std > 0 else 2
-    needed_text = "more than 100000" if needed is None else str(needed)
-    return f"with {n} seeds this sweep can detect |Δ| >= {mde:.4f}; to detect {target:g} you need {needed_text} seeds"
 
 
 def power_section(add: Add, summaries: pd.DataFrame, metric: str, group_keys: Sequence[str], target: float,
@@ -57,9 +41,12 @@ def power_section(add: Add, summaries: pd.DataFrame, metric: str, group_keys: Se
         f"a difference needs are therefore a plug-in figure; a seed plan (`TARGET_MDE`) pays for not knowing the "
         f"spread with Stein's rule and asks for more:", "")
     for _, row in deltas.iterrows():
-        add(f"- {group_text({key: row[key] for key in group_keys})} against the baseline: "
-            + detectable_sentence(int(row["n_pairs"]), float(row["std_difference"]), float(row["mde"]), target)
-            + ".")
+        n, std = int(row["n_pairs"]), float(row["std_difference"])
+        needed = None if n < 2 or not np.isfinite(std) else seeds_needed(std, target) if std > 0 else 2
+        add(f"- {group_text({key: row[key] for key in group_keys})} against the baseline: " + (
+            f"{n} seed pair(s): no spread to judge from; run at least {MIN_SEEDS_FOR_INTERVAL} seeds"
+            if n < 2 or not np.isfinite(std) else f"with {n} seeds this sweep can detect |Δ| >= {row['mde']:.4f}; to "
+            f"detect {target:g} you need {'more than 100000' if needed is None else needed} seeds") + ".")
     add("")
 
 

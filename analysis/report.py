@@ -8,35 +8,34 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import fnmatch
+import html
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+from markdown_it import MarkdownIt
 
-from analysis.aggregate import (
-    DEFAULT_FINAL_WINDOW,
-    aggregate_runs,
-    default_baseline,
-    default_group_keys,
-    lower_is_better,
-    paired_differences,
-    run_summaries,
-)
 from analysis import plots
+from analysis.aggregate import (DEFAULT_FINAL_WINDOW, aggregate_runs, default_baseline, default_group_keys,
+                                lower_is_better, paired_differences, run_summaries)
 from analysis.bootstrap import DEFAULT_BOOTSTRAP, MIN_BOOTSTRAP_N
 from analysis.collapse import CollapseRule, collapse_outcomes, collapse_table, survival_curves
+from analysis.environment import ENVIRONMENT_NOTE, environment_table, mixed_environment_warning
 from analysis.export import write_sweep_tables
-from analysis.groups import group_text
-from analysis.html_report import write_report_html
 from analysis.frames import IDENTITY_COLUMNS, SweepData
+from analysis.groups import group_text
 from analysis.load import ArmValueError, SeveralSweepsError, add_run_columns, check_one_sweep, load_sweep
 from analysis.power import plan_section, power_section, variance_section
-from analysis.report_figures import Document, ReportOptions, figure_sections, where_groups_differ_section
+from analysis.report_figures import (Document, ReportOptions, figure_sections, primary_metric,
+                                     where_groups_differ_section)
 from analysis.statistics import DEFAULT_CONFIDENCE, DEFAULT_LEVEL, DEFAULT_POWER, MIN_SEEDS_FOR_INTERVAL
-from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, to_markdown, write_table
+from analysis.tables import TABLE_STYLES, ComparisonTable, comparison_table, frame_markdown, to_markdown, write_table
 from analysis.warm_starts import design_sentence, warm_start_table
 from dataflex_rl import keys
 
@@ -45,11 +44,25 @@ logger = logging.getLogger(__name__)
 DEFAULT_METRICS: tuple[str, ...] = (keys.VAL_ACCURACY, keys.SCORE_MEAN, keys.TRAIN_ACCURACY, keys.RESPONSE_LENGTH_MEAN)
 TABLE_VALUES: tuple[tuple[str, str], ...] = (
     ("final_window", "Final-window mean"), ("auc", "Area under the curve (time-averaged value)"))
-SUMMARY_METRIC = keys.VAL_ACCURACY
+# Files a report folder holds (what write_report writes); only a folder of these is replaced whole.
+REPORT_FILES = ("report.md", "report.html", "runs.csv", "table_*", "fig_*")
+PAGE_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px; margin: 2em auto;
+       padding: 0 1.5em; color: #1a1a1a; line-height: 1.45; }
+h1 { font-size: 1.6em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ccc; } h3 { margin-top: 1.4em; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 14px; display: block; overflow-x: auto; }
+/* !important: the Markdown renderer writes each column's alignment inline; numbers read best right-aligned */
+th { border-bottom: 2px solid #333; padding: 4px 10px; vertical-align: bottom; text-align: right !important; }
+td { padding: 3px 10px; white-space: nowrap; font-variant-numeric: tabular-nums; border-bottom: 1px solid #e2e2e2;
+     text-align: right !important; }
+tr:last-child td { border-bottom: 2px solid #333; }
+img { max-width: min(100%, 760px); height: auto; display: block; }
+code { background: #f3f3f3; padding: 0 3px; border-radius: 3px; }
+"""
 
 
 def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
-                  metric: str = SUMMARY_METRIC) -> ComparisonTable | None:
+                  metric: str = keys.VAL_ACCURACY) -> ComparisonTable | None:
     """Per group: ``metric`` after SFT (step 0), its final-window mean with the paired delta, and each run's gain
     over its own step 0 (what RL added, its interval over the runs); None when not logged."""
     if metric not in set(data.metric_names):
@@ -58,11 +71,11 @@ def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
     metrics = with_group_columns(data, group_keys).metrics
     after_title = f"{metric} after SFT (step 0)"
     final_title = f"{metric} final (mean of the last {options.final_window})"
+    gain_title = f"{metric} gain over SFT (final - step 0)"
     final = run_summaries(metrics, metrics=[metric], final_window=options.final_window)
     # the step-0 value as a one-point summary of its own, so both columns go through the same aggregation
     at_start = metrics[(metrics["metric"].astype(str) == metric).to_numpy() & (metrics["step"] == 0).to_numpy()]
     after_sft = run_summaries(at_start, final_window=1) if len(at_start) else final.iloc[:0]
-    gain_title = f"{metric} gain over SFT (final - step 0)"
     start_of = after_sft.set_index("run")["final_window"]
     gain = final[final["run"].isin(start_of.index)]
     gain = gain.assign(final_window=gain["final_window"] - gain["run"].map(start_of).to_numpy())
@@ -80,16 +93,8 @@ def summary_table(data: SweepData, options: ReportOptions = ReportOptions(),
                             caption=f"{metric} after SFT and at the end of training, per group")
 
 
-# Files a report folder holds (what write_report writes); only a folder of these is replaced whole.
-REPORT_FILES = ("report.md", "report.html", "runs.csv", "table_*", "fig_*")
-
-
 def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: ReportOptions = ReportOptions()) -> Path:
     """Write the report into ``out_dir`` (swapped in whole when complete, one writer at a time); return report.md."""
-    import fnmatch
-    import shutil
-    import tempfile
-
     import filelock
 
     out_dir = Path(out_dir)
@@ -120,8 +125,6 @@ def write_report(data: SweepData, out_dir: str | os.PathLike[str], options: Repo
 
 
 def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) -> Path:
-    from analysis.environment import ENVIRONMENT_NOTE, environment_table
-
     out_dir.mkdir(parents=True, exist_ok=True)
     document = Document(out_dir)
     group_keys = tuple(options.group_keys or default_group_keys(data.included_runs))
@@ -131,16 +134,20 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
     data.runs.to_csv(out_dir / "runs.csv", index=False)
     _runs_sections(document, data, group_keys, options)
     environments = environment_table(data.runs)
-    document.add("## Environment", "", to_markdown_frame(environments) if len(environments) else "No included runs.",
+    document.add("## Environment", "", frame_markdown(environments) if len(environments) else "No included runs.",
                  "", ENVIRONMENT_NOTE, "")
-    table_metrics = _table_metrics(document, data, options)
+    available = set(data.metric_names)
+    requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
+    if missing := [m for m in requested if m not in available]:
+        document.add(f"Metrics not logged by any included run (left out): {', '.join(missing)}.", "")
+    table_metrics = [m for m in requested if m in available]
     summaries = None
     if table_metrics:
         summaries = run_summaries(data.metrics, metrics=table_metrics, final_window=options.final_window,
                                   thresholds=dict(options.thresholds))
-        _table_sections(document, summaries, table_metrics, group_keys, options)
+        _table_sections(document, data, summaries, table_metrics, group_keys, options)
         # what each comparison of the primary metric can detect, its variance split and the sweep's seed plan
-        primary = keys.VAL_ACCURACY if keys.VAL_ACCURACY in table_metrics else table_metrics[0]
+        primary = primary_metric(table_metrics)
         plan = (data.manifest or {}).get("plan")
         target = float(plan["target_mde"]) if plan and plan.get("target_mde") else options.target_effect
         power_section(document.add, summaries, primary, group_keys, target, options.confidence)
@@ -153,10 +160,20 @@ def _write_report_files(data: SweepData, out_dir: Path, options: ReportOptions) 
     document.add("## Figures", "")
     figure_sections(document, data, summaries, table_metrics, group_keys, options, collapse)
     where_groups_differ_section(document, data, table_metrics, group_keys, options)
-    report_path = out_dir / "report.md"
-    report_path.write_text("\n".join(document.lines).rstrip() + "\n")
-    write_report_html(report_path)
-    return report_path
+    text = "\n".join(document.lines).rstrip() + "\n"
+    (out_dir / "report.md").write_text(text, encoding="utf-8")
+    (out_dir / "report.html").write_text(render_report_html(text, text.splitlines()[0].lstrip("# ")),
+                                         encoding="utf-8")
+    return out_dir / "report.md"
+
+
+def render_report_html(markdown_text: str, title: str) -> str:
+    """The report as one HTML page, numbers unwrapped and right-aligned; raw HTML in the Markdown is escaped."""
+    # commonmark plus tables and strikethrough (gfm-like would also need linkify-it-py)
+    body = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"]).render(markdown_text)
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{PAGE_STYLE}</style>\n</head>\n<body>\n{body}</body>\n"
+            "</html>\n")
 
 
 def collapse_section(document: Document, data: SweepData, group_keys: Sequence[str],
@@ -170,24 +187,7 @@ def collapse_section(document: Document, data: SweepData, group_keys: Sequence[s
     outcomes = collapse_outcomes(data.metrics, rule, group_keys)
     if not outcomes["collapsed"].any():
         return None
-    table = collapse_table(outcomes, group_keys, default_baseline(outcomes, group_keys),
-                           options.confidence)
-    document.add("## Collapse", "", f"Rule: {rule.describe()}. Rate: collapsed runs out of the judged ones, "
-                 f"[{options.confidence:.0%} Clopper-Pearson interval]; against the baseline at the same other factors, "
-                 "the pairs of runs of one seed where only the arm collapsed and where only the baseline did, and the "
-                 "exact McNemar p-value (a binomial test of those discordant pairs).", "",
-                 collapse_markdown(table), "")
-    unjudged = outcomes[~outcomes["judged"]]
-    if len(unjudged):
-        document.add(f"Not judged (no step-0 value of `{rule.metric}`): {', '.join(map(str, unjudged['run']))}.", "")
-    curves = survival_curves(outcomes, group_keys, options.confidence)
-    document.figure("Time to collapse", "collapse_survival",
-                    lambda figure: plots.plot_survival(curves, ax=figure.add_subplot()), size=(7.0, 4.5))
-    return table
-
-
-def collapse_markdown(table: pd.DataFrame) -> str:
-    """The collapse table with each rate and interval as one text cell, the McNemar columns where a baseline is."""
+    table = collapse_table(outcomes, group_keys, default_baseline(outcomes, group_keys), options.confidence)
     shown = table.assign(rate=[f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in
                                zip(table["rate"], table["rate_low"], table["rate_high"], strict=True)])
     shown = shown.drop(columns=["rate_low", "rate_high"])
@@ -195,7 +195,18 @@ def collapse_markdown(table: pd.DataFrame) -> str:
         shown["p_mcnemar"] = [f"{p:.3f}" if pd.notna(p) else "baseline" for p in shown["p_mcnemar"]]
         for column in ("pairs", "arm_only", "baseline_only"):
             shown[column] = [f"{int(v)}" if pd.notna(v) else "" for v in shown[column]]
-    return to_markdown_frame(shown)
+    document.add("## Collapse", "", f"Rule: {rule.describe()}. Rate: collapsed runs out of the judged ones, "
+                 f"[{options.confidence:.0%} Clopper-Pearson interval]; against the baseline at the same other factors, "
+                 "the pairs of runs of one seed where only the arm collapsed and where only the baseline did, and the "
+                 "exact McNemar p-value (a binomial test of those discordant pairs).", "",
+                 frame_markdown(shown), "")
+    unjudged = outcomes[~outcomes["judged"]]
+    if len(unjudged):
+        document.add(f"Not judged (no step-0 value of `{rule.metric}`): {', '.join(map(str, unjudged['run']))}.", "")
+    curves = survival_curves(outcomes, group_keys, options.confidence)
+    document.figure("Time to collapse", "collapse_survival",
+                    lambda figure: plots.plot_survival(curves, ax=figure.add_subplot()), size=(7.0, 4.5))
+    return table
 
 
 def with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:
@@ -213,11 +224,10 @@ def with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:
 
 def _header_section(document: Document, data: SweepData, group_keys: Sequence[str], options: ReportOptions) -> None:
     sweep_names = sorted(data.runs["sweep"].astype(str).unique()) if len(data.runs) else ["(empty)"]
-    generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     n_included = int(data.runs["included"].sum())
     document.add(
         f"# Sweep report: {', '.join(sweep_names)}", "",
-        f"Source: `{data.source}`. Generated {generated}.", "",
+        f"Source: `{data.source}`. Generated {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}.", "",
         f"Runs: {n_included} included, {len(data.runs) - n_included} excluded. Groups: {', '.join(group_keys)}.", "",
         f"Per-run values: final window = mean of the last {options.final_window} logged values of a metric; AUC = "
         "trapezoid area over steps divided by the run's step span.", "",
@@ -237,16 +247,12 @@ def _header_section(document: Document, data: SweepData, group_keys: Sequence[st
 
 
 def _warning_section(document: Document, data: SweepData) -> None:
-    from analysis.environment import mixed_environment_warning
-
     lines = []
     metrics = data.metrics
-    lengths = {str(run): int(step) for run, step in
-               metrics.groupby(metrics["run"].astype(str), observed=True)["step"].max().items()}
-    if len(set(lengths.values())) > 1:
-        by_length = {step: sorted(run for run, s in lengths.items() if s == step) for step in set(lengths.values())}
+    lengths = metrics.groupby(metrics["run"].astype(str), observed=True)["step"].max()
+    if lengths.nunique() > 1:
         listed = "; ".join(f"{step} steps: {', '.join(runs[:4])}{' ...' if len(runs) > 4 else ''}"
-                           for step, runs in sorted(by_length.items()))
+                           for step, runs in sorted(lengths.index.groupby(lengths.to_numpy()).items()))
         lines.append(f"- **Runs of different lengths are compared**: {listed}. Final windows and AUCs of runs "
                      "that end at different steps are not comparable; rerun the short ones to the same length "
                      "(a larger `steps` resumes them).")
@@ -275,42 +281,32 @@ def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str
     warm_starts = warm_start_table(data)
     if not warm_starts.empty:
         document.add("## Warm starts", "", "Each warm start the included runs started from, with its evaluation "
-                     "after SFT (step 0, before any RL step):", "", to_markdown_frame(warm_starts), "")
+                     "after SFT (step 0, before any RL step):", "", frame_markdown(warm_starts), "")
     document.add("## Runs", "")
     if data.included_runs.empty:
         document.add("No completed runs.", "")
     else:
         overview = data.included_runs.groupby(list(group_keys), dropna=False, sort=True, observed=True).agg(
             runs=("run", "count"), seeds=("seed", lambda s: ", ".join(str(v) for v in sorted(s.dropna()))))
-        document.add(to_markdown_frame(overview.reset_index()), "")
+        document.add(frame_markdown(overview.reset_index()), "")
     document.add("## Excluded runs", "")
     excluded = data.excluded_runs[["run", "alpha", "seed", "state", "exclusion_reason"]].rename(
         columns={"exclusion_reason": "reason"}).reset_index(drop=True)
     if excluded.empty:
         document.add("None: every run completed.", "")
     else:
-        document.add(f"{len(excluded)} run(s) left out of every aggregate:", "", to_markdown_frame(excluded), "")
+        document.add(f"{len(excluded)} run(s) left out of every aggregate:", "", frame_markdown(excluded), "")
 
 
-def _table_metrics(document: Document, data: SweepData, options: ReportOptions) -> list[str]:
-    """The requested (else default) table metrics that are logged; names the others."""
-    available = set(data.metric_names)
-    requested = list(options.metrics) if options.metrics else [m for m in DEFAULT_METRICS if m in available]
-    missing = [m for m in requested if m not in available]
-    if missing:
-        document.add(f"Metrics not logged by any included run (left out): {', '.join(missing)}.", "")
-    return [m for m in requested if m in available]
-
-
-def to_markdown_frame(frame: pd.DataFrame) -> str:
-    floats = [column for column in frame.columns if pd.api.types.is_float_dtype(frame[column].dtype)]
-    return frame.assign(**{column: [f"{v:g}" for v in frame[column]] for column in floats}).to_markdown(index=False)
-
-
-def _table_sections(document: Document, summaries: pd.DataFrame, metrics: Sequence[str], group_keys: Sequence[str],
-                    options: ReportOptions) -> None:
+def _table_sections(document: Document, data: SweepData, summaries: pd.DataFrame, metrics: Sequence[str],
+                    group_keys: Sequence[str], options: ReportOptions) -> None:
     baseline = default_baseline(summaries, group_keys)
     statistics = {"group_keys": group_keys, **options.statistics}
+    # one metric, one column: a metric equal to an earlier one at every step (train/accuracy on a 0/1 reward) is
+    # shown once, as the figures draw it once
+    repeated = plots.identical_metrics(data.metrics, metrics)
+    metrics = [metric for metric in metrics if metric not in repeated]
+    once = "; ".join(f"`{metric}` equals `{same}` at every step of every run" for metric, same in repeated.items())
     for value, title in TABLE_VALUES:
         document.add(f"## {title}", "")
         aggregates = aggregate_runs(summaries, value=value, **statistics)
@@ -320,12 +316,15 @@ def _table_sections(document: Document, summaries: pd.DataFrame, metrics: Sequen
         else:
             deltas = paired_differences(summaries, value=value, baseline=baseline, **statistics)
             within = [key for key in group_keys if key not in baseline]
-            document.add(f"Baseline: {group_text(baseline)}" + (f", at the same {', '.join(within)}" if within else "") + ".", "")
+            document.add(f"Baseline: {group_text(baseline)}" + (f", at the same {', '.join(within)}" if within else "")
+                         + ".", "")
         table = comparison_table(aggregates, deltas=deltas, metrics=metrics, group_keys=group_keys,
                                  style=options.style, caption=f"{title} per group")
         files = write_table(table, document.out_dir, f"table_{value}")
         document.add(to_markdown(table), "",
                      "Files: " + ", ".join(f"[{fmt}]({path.name})" for fmt, path in files.items()), "")
+        if once:
+            document.add(f"Shown once: {once} (its column would repeat that one's).", "")
     if options.thresholds:
         document.add("## Steps to threshold", "")
         reached = aggregate_runs(summaries[summaries["metric"].isin(list(options.thresholds))],
@@ -356,52 +355,52 @@ def _threshold(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"--threshold {text!r}: expected METRIC=VALUE, e.g. val/accuracy=0.5") from None
 
 
-def collapse_rule(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> CollapseRule:
-    try:
-        return CollapseRule(margin=arguments.collapse_margin, min_evaluations=arguments.collapse_evaluations)
-    except ValueError as error:
-        parser.error(str(error))
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("sweep_dir", help="sweep folder runs/<sweep> (holding run folders and optionally sweep.json)")
+    add("--out", help="output folder (default: <sweep_dir>/report)")
+    add("--metric", action="append", dest="metrics", metavar="KEY",
+        help=f"a table metric (repeatable; default: those of {', '.join(DEFAULT_METRICS)} present)")
+    add("--group-key", action="append", dest="group_keys", metavar="COLUMN",
+        help="grouping column (repeatable; default the swept non-seed factors: alpha, plus mechanism_label, eta, "
+             "trainer.lr, ... when they vary)")
+    add("--final-window", type=int, default=DEFAULT_FINAL_WINDOW,
+        help="logged values averaged at the end of each run (default %(default)s)")
+    add("--confidence", type=float, default=DEFAULT_CONFIDENCE)
+    add("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, dest="n_bootstrap", help="bootstrap resamples")
+    add("--random-state", type=int, default=0)
+    add("--style", choices=TABLE_STYLES, default="pm", help="pm: mean ± half-width; interval: [lo, hi]")
+    add("--threshold", action="append", type=_threshold, default=[], dest="thresholds", metavar="METRIC=VALUE",
+        help="also report steps to reach VALUE for METRIC (repeatable)")
+    add("--target-effect", type=float, default=ReportOptions.target_effect,
+        help="difference for 'to detect E you need N seeds' (default %(default)s)")
+    add("--collapse-margin", type=float, default=CollapseRule.margin,
+        help="a run collapsed when its metric fell this far below its step-0 value and stayed there "
+             "(default %(default)s)")
+    add("--collapse-evaluations", type=int, default=CollapseRule.min_evaluations,
+        help="... over at least this many evaluations (default %(default)s)")
+    add("--include-incomplete", action="store_true",
+        help="aggregate failed / unfinished runs too (they stay listed by state)")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0, or 2 for a missing sweep folder or group key, or a folder of several sweeps."""
-    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", help="sweep folder runs/<sweep> (holding run folders and optionally sweep.json)")
-    parser.add_argument("--out", help="output folder (default: <sweep_dir>/report)")
-    parser.add_argument("--metric", action="append", dest="metrics", metavar="KEY",
-                        help=f"a table metric (repeatable; default: those of {', '.join(DEFAULT_METRICS)} present)")
-    parser.add_argument("--group-key", action="append", dest="group_keys", metavar="COLUMN",
-                        help="grouping column (repeatable; default the swept non-seed factors: alpha, plus "
-                             "mechanism_label, eta, trainer.lr, ... when they vary)")
-    parser.add_argument("--final-window", type=int, default=DEFAULT_FINAL_WINDOW,
-                        help="logged values averaged at the end of each run (default %(default)s)")
-    parser.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE)
-    parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, help="bootstrap resamples")
-    parser.add_argument("--random-state", type=int, default=0)
-    parser.add_argument("--style", choices=TABLE_STYLES, default="pm", help="pm: mean ± half-width; interval: [lo, hi]")
-    parser.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="METRIC=VALUE",
-                        help="also report steps to reach VALUE for METRIC (repeatable)")
-    parser.add_argument("--target-effect", type=float, default=0.01,
-                        help="difference for 'to detect E you need N seeds' (default %(default)s)")
-    parser.add_argument("--collapse-margin", type=float, default=CollapseRule.margin,
-                        help="a run collapsed when its metric fell this far below its step-0 value and stayed there "
-                             "(default %(default)s)")
-    parser.add_argument("--collapse-evaluations", type=int, default=CollapseRule.min_evaluations,
-                        help="... over at least this many evaluations (default %(default)s)")
-    parser.add_argument("--include-incomplete", action="store_true",
-                        help="aggregate failed / unfinished runs too (they stay listed by state)")
-    arguments = parser.parse_args(argv)
+    parser = _parser()
+    arguments = vars(parser.parse_args(argv))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    options = ReportOptions(
-        metrics=tuple(arguments.metrics) if arguments.metrics else None,
-        group_keys=tuple(arguments.group_keys) if arguments.group_keys else None,
-        final_window=arguments.final_window, confidence=arguments.confidence, n_bootstrap=arguments.bootstrap,
-        random_state=arguments.random_state, style=arguments.style, thresholds=dict(arguments.threshold),
-        include_incomplete=arguments.include_incomplete, target_effect=arguments.target_effect,
-        collapse=collapse_rule(parser, arguments),
-    )
+    sweep_dir, out = arguments.pop("sweep_dir"), arguments.pop("out")
     try:
-        report_path = build_report(arguments.sweep_dir, arguments.out, options)
+        collapse = CollapseRule(margin=arguments.pop("collapse_margin"),
+                                min_evaluations=arguments.pop("collapse_evaluations"))
+    except ValueError as error:
+        parser.error(str(error))
+    options = ReportOptions(**{**arguments, "metrics": tuple(arguments["metrics"] or ()) or None,
+                               "group_keys": tuple(arguments["group_keys"] or ()) or None,
+                               "thresholds": dict(arguments["thresholds"]), "collapse": collapse})
+    try:
+        report_path = build_report(sweep_dir, out, options)
     except (FileNotFoundError, KeyError, SeveralSweepsError, ArmValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -84,7 +84,7 @@ def results_text(data: SweepData, name: str, sweep_dir: Path) -> str:
 def doc_files(root: Path = REPO) -> list[Path]:
     """``README.md`` and ``docs/**/*.md``, the results files aside."""
     return [root / "README.md", *sorted(path for path in (root / "docs").rglob("*.md")
-                                        if RESULTS_DIR not in path.parents)]
+                                        if root / "docs" / "results" not in path.parents)]
 
 
 def block_spans(text: str, where: str = "") -> list[tuple[str, int, int]]:
@@ -117,41 +117,14 @@ def block_spans(text: str, where: str = "") -> list[tuple[str, int, int]]:
     return spans
 
 
-def embedded_blocks(text: str, where: str = "") -> Iterator[tuple[str, str]]:
-    """``(name, body)`` of every results block of a Markdown text (see :func:`block_spans`)."""
-    for name, start, end in block_spans(text, where):
-        yield name, text[start:end]
-
-
-def read_doc(path: Path, root: Path = REPO) -> str:
-    """A doc's text; ValueError naming it when it is not UTF-8."""
+def _doc(path: Path, root: Path) -> tuple[str, list[tuple[str, int, int]]]:
+    """A doc's text and its blocks; ValueError naming it when it is not UTF-8 or a marker is not well formed."""
+    where = str(path.relative_to(root))
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path.relative_to(root)}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-
-
-def doc_texts(root: Path = REPO) -> dict[Path, str]:
-    """Each doc's text, all read (and their blocks checked, ValueError naming the first bad one) before any write."""
-    texts = {path: read_doc(path, root) for path in doc_files(root)}
-    for path, text in texts.items():
-        block_spans(text, str(path.relative_to(root)))
-    return texts
-
-
-def sync_docs(name: str, body: str, texts: dict[Path, str]) -> list[Path]:
-    """Replace every ``name`` block's body in the docs (``texts``, from :func:`doc_texts`) with ``body``; the files
-    changed."""
-    changed = []
-    for path, text in texts.items():
-        updated = text
-        for block, start, end in reversed(block_spans(text)):
-            if block == name:
-                updated = updated[:start] + body + updated[end:]
-        if updated != text:
-            atomic_write_bytes(path, updated.encode("utf-8"))
-            changed.append(path)
-    return changed
+        raise ValueError(f"{where}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    return text, block_spans(text, where)
 
 
 def stale_blocks(root: Path = REPO) -> list[str]:
@@ -160,15 +133,15 @@ def stale_blocks(root: Path = REPO) -> list[str]:
     problems = []
     for path in doc_files(root):
         try:
-            blocks = list(embedded_blocks(read_doc(path, root), str(path.relative_to(root))))
+            text, spans = _doc(path, root)
         except ValueError as error:
             problems.append(str(error))
             continue
-        for name, body in blocks:
+        for name, start, end in spans:
             results = root / "docs" / "results" / f"{name}.md"
             if not results.is_file():
                 problems.append(f"{path.relative_to(root)}: {name} (no {results.relative_to(root)})")
-            elif results.read_bytes() != body.encode("utf-8"):
+            elif results.read_bytes() != text[start:end].encode("utf-8"):
                 problems.append(f"{path.relative_to(root)}: {name} (differs from {results.relative_to(root)}; "
                                 f"run make docs-results or copy the file into the block)")
     return problems
@@ -183,16 +156,25 @@ def check_results_name(name: str, key: str = "RESULTS") -> str:
 
 
 def write_results(sweep_dir: Path, name: str, root: Path = REPO) -> tuple[Path, list[Path]]:
-    """Write ``docs/results/<name>.md`` from the sweep and sync the docs' blocks; (the file, the docs changed).
-    Every doc's blocks are checked first: nothing is written when one is not well formed."""
+    """Write ``docs/results/<name>.md`` from the sweep and every ``name`` block of the docs with it; (the file, the
+    docs changed). Every doc's blocks are checked first: nothing is written when one is not well formed."""
     check_results_name(name)
-    texts = doc_texts(root)
+    docs = {path: _doc(path, root) for path in doc_files(root)}
     text = results_text(load_sweep(sweep_dir, histograms=False), name, sweep_dir)
     block_spans(text, f"the text for {name}")  # a block's body never holds a marker
     path = root / "docs" / "results" / f"{name}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, text.encode("utf-8"))
-    return path, sync_docs(name, text, texts)
+    changed = []
+    for doc, (original, spans) in docs.items():
+        updated = original
+        for block, start, end in reversed(spans):
+            if block == name:
+                updated = updated[:start] + text + updated[end:]
+        if updated != original:
+            atomic_write_bytes(doc, updated.encode("utf-8"))
+            changed.append(doc)
+    return path, changed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

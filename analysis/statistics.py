@@ -19,7 +19,7 @@ from statsmodels.stats.power import TTestIndPower, TTestPower
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_POWER = 0.8
 DEFAULT_LEVEL = 0.05  # two-sided test level of p-values, the MDE and seeds needed
-# Reports print no interval below this many seeds (a t interval at n = 2 is exact but uselessly wide: t_{0.975,1} = 12.7).
+# Reports print no interval below this many seeds (a t interval at n = 2 is exact but uselessly wide: t_0.975,1 = 12.7)
 MIN_SEEDS_FOR_INTERVAL = 3
 
 RandomState = int | np.random.Generator | None
@@ -32,11 +32,12 @@ def check_confidence(confidence: Any) -> None:
         raise ValueError(f"confidence={confidence!r} must lie strictly between 0 and 1 (e.g. 0.95)")
 
 
-def check_power_arguments(power: float, level: float) -> None:
-    if not 0.0 < power < 1.0:
-        raise ValueError(f"power={power!r} must lie strictly between 0 and 1 (e.g. 0.8)")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level={level!r} must lie strictly between 0 and 1 (e.g. 0.05)")
+def check_power_arguments(power: float, level: float, effect: float | None = None) -> None:
+    for name, value, example in (("power", power, 0.8), ("level", level, 0.05)):
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"{name}={value!r} must lie strictly between 0 and 1 (e.g. {example})")
+    if effect is not None and (not np.isfinite(effect) or effect == 0):
+        raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
 
 
 def finite_values(values: Any) -> np.ndarray:
@@ -71,27 +72,29 @@ def t_bounds(center: Any, standard_error: Any, df: Any, confidence: Any = DEFAUL
     return low, high
 
 
+def _scipy_t(test: Callable[..., Any], x: np.ndarray, y: np.ndarray, confidence: float, **options: Any) -> Any:
+    """``test(x, y)`` along the last axis and its interval, without scipy's "precision loss" warning for constant
+    samples."""
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = test(x, y, axis=-1, **options)
+        return result, result.confidence_interval(confidence)
+
+
 def paired_t(x: Any, y: Any, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
     """Paired t (``scipy.stats.ttest_rel``) along the last axis: floats for ``(n,)`` samples, arrays for a batch."""
     check_confidence(confidence)
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape != y.shape or x.ndim == 0:
         raise ValueError(f"paired_t needs samples of equal shape (pairs), got {x.shape} and {y.shape}")
-    n = x.shape[-1]
-    differences = x - y
-    nan = np.full(x.shape[:-1], np.nan)
+    n, differences, nan = x.shape[-1], x - y, np.full(x.shape[:-1], np.nan)
     if n < 2:
-        mean = differences.mean(axis=-1) if n else nan
-        return _as_floats({"n": n, "mean_difference": mean, "std_difference": nan, "ci_low": nan, "ci_high": nan,
-                           "p_value": nan})
+        return _as_floats({"n": n, "mean_difference": differences.mean(axis=-1) if n else nan, "std_difference": nan,
+                           "ci_low": nan, "ci_high": nan, "p_value": nan})
     mean, std = differences.mean(axis=-1), differences.std(axis=-1, ddof=1)
-    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # scipy's "precision loss" for constant differences
-        test = stats.ttest_rel(x, y, axis=-1)
-        low, high = test.confidence_interval(confidence)
-    p_value = np.where((std == 0) & (mean == 0), 1.0, test.pvalue)
+    test, (low, high) = _scipy_t(stats.ttest_rel, x, y, confidence)
     return _as_floats({"n": n, "mean_difference": mean, "std_difference": std, "ci_low": low, "ci_high": high,
-                       "p_value": p_value})
+                       "p_value": np.where((std == 0) & (mean == 0), 1.0, test.pvalue)})
 
 
 def welch_t(x: Any, y: Any, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
@@ -107,10 +110,7 @@ def welch_t(x: Any, y: Any, confidence: float = DEFAULT_CONFIDENCE) -> dict[str,
         return _as_floats({"mean_difference": difference, "std_difference": nan, "ci_low": nan, "ci_high": nan,
                            "p_value": nan, "df": nan})
     var_x, var_y = x.var(axis=-1, ddof=1), y.var(axis=-1, ddof=1)
-    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # scipy's "precision loss" for constant samples
-        test = stats.ttest_ind(x, y, axis=-1, equal_var=False)
-        low, high = test.confidence_interval(confidence)
+    test, (low, high) = _scipy_t(stats.ttest_ind, x, y, confidence, equal_var=False)
     constant = (var_x == 0) & (var_y == 0)  # scipy's Welch df is 0/0 there
     return _as_floats({"mean_difference": difference, "std_difference": np.sqrt((var_x + var_y) / 2.0),
                        "ci_low": low, "ci_high": high,
@@ -162,9 +162,8 @@ def t_power(effect: float, std: float, n: int, *, level: float = DEFAULT_LEVEL, 
     return float(right + np.nan_to_num(wrong, nan=0.0))
 
 
-def minimum_detectable_effect(
-    std: float, n: int, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL, paired: bool = True
-) -> float:
+def minimum_detectable_effect(std: float, n: int, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
+                              paired: bool = True) -> float:
     """Smallest ``|difference|`` the t-test detects with probability ``power`` at ``n`` seeds and spread ``std``."""
     check_power_arguments(power, level)
     if (n - 1 if paired else 2 * n - 2) < 1 or not np.isfinite(std):
@@ -182,17 +181,13 @@ def _standardised_mde(n: int, power: float, level: float, paired: bool) -> float
                                  xtol=1e-12, rtol=1e-10))
 
 
-def seeds_needed(
-    std: float, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL, paired: bool = True,
-    max_seeds: int = 100_000,
-) -> int | None:
+def seeds_needed(std: float, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
+                 paired: bool = True, max_seeds: int = 100_000) -> int | None:
     """Smallest number of seeds detecting ``effect`` with probability ``power`` at spread ``std`` (None past
     ``max_seeds``)."""
-    check_power_arguments(power, level)
+    check_power_arguments(power, level, effect)
     if not np.isfinite(std) or std < 0:
         raise ValueError(f"std={std!r} must be a finite non-negative spread (of a pilot with >= 2 seeds)")
-    if not np.isfinite(effect) or effect == 0:
-        raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
 
     def enough(n: int) -> bool:
         return t_power(effect, std, n, level=level, paired=paired) >= power
@@ -202,43 +197,28 @@ def seeds_needed(
     return 2 + bisect.bisect_left(range(2, max_seeds + 1), True, key=enough)  # power grows with n
 
 
-def stein_seeds_needed(
-    pilot_std: float, pilot_size: int, effect: float, *, power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
-) -> int:
+def stein_seeds_needed(pilot_std: float, pilot_size: int, effect: float, *, power: float = DEFAULT_POWER,
+                       level: float = DEFAULT_LEVEL) -> int:
     """Seeds for Stein's two-stage test to detect ``effect``: ``max(n0, ceil(((t_{1-a/2} + t_power) s_0 / E)^2))``
     on ``n0 - 1`` degrees of freedom (Stein 1945)."""
-    check_power_arguments(power, level)
+    check_power_arguments(power, level, effect)
     if pilot_size < 2 or not np.isfinite(pilot_std) or pilot_std < 0:
         raise ValueError(f"pilot_std={pilot_std!r}, pilot_size={pilot_size!r}: a pilot needs >= 2 paired seeds")
-    if not np.isfinite(effect) or effect == 0:
-        raise ValueError(f"effect={effect!r} must be a finite non-zero difference to detect")
-    detectable = stein_mde(pilot_std, pilot_size, 1, power=power, level=level)
-    return max(int(pilot_size), int(math.ceil((detectable / abs(effect)) ** 2)))
-
-
-def stein_mde(pilot_std: float, pilot_size: int, n: int, *, power: float = DEFAULT_POWER,
-              level: float = DEFAULT_LEVEL) -> float:
-    """The effect Stein's test detects at ``n`` seeds: ``(t_{1-a/2} + t_power) s_0 / sqrt(n)``, ``n0 - 1`` df."""
-    check_power_arguments(power, level)
     factor = stats.t.ppf(1.0 - level / 2.0, pilot_size - 1) + stats.t.ppf(power, pilot_size - 1)
-    return float(factor * pilot_std / np.sqrt(n))
+    return max(int(pilot_size), int(math.ceil((float(factor * pilot_std) / abs(effect)) ** 2)))
 
 
-def stein_two_stage(
-    differences: Any, pilot_size: int, confidence: float = DEFAULT_CONFIDENCE
-) -> dict[str, float]:
+def stein_two_stage(differences: Any, pilot_size: int, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, float]:
     """Stein's (1945) two-stage test of paired ``differences`` planned from the first ``pilot_size``: exact level."""
     d = np.asarray(differences, dtype=np.float64).ravel()
     if pilot_size < 2 or d.size < pilot_size:
         raise ValueError(f"pilot_size={pilot_size!r} with {d.size} differences: need >= 2 pilot seeds, all present")
-    pilot_std = float(d[:pilot_size].std(ddof=1))
-    mean = float(d.mean())
+    pilot_std, mean = float(d[:pilot_size].std(ddof=1)), float(d.mean())
     standard_error = pilot_std / np.sqrt(d.size)
     low, high = t_bounds(mean, standard_error, pilot_size - 1, confidence)
-    if standard_error > 0:
-        p_value = float(2.0 * stats.t.sf(abs(mean) / standard_error, pilot_size - 1))
-    else:  # identical pilot differences: no spread, the sign is certain unless the difference is 0
-        p_value = 1.0 if mean == 0 else 0.0
+    # identical pilot differences: no spread, the sign is certain unless the difference is 0
+    p_value = float(2.0 * stats.t.sf(abs(mean) / standard_error, pilot_size - 1)) if standard_error > 0 else float(
+        mean == 0)
     return {"n": int(d.size), "mean_difference": mean, "pilot_std": pilot_std, "ci_low": float(low),
             "ci_high": float(high), "p_value": p_value}
 
@@ -248,42 +228,39 @@ def interquartile_mean(values: Any, axis: int | None = None) -> Any:
     return stats.trim_mean(values, 0.25, axis=axis)
 
 
-def _rowwise_interquartile_mean(block: np.ndarray) -> np.ndarray:
-    """IQM of each row of ``(rows, n)`` ignoring NaN."""
+def _sorted_rows(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row of ``(rows, n)`` sorted with its NaN last (as inf), its finite count and the values cut at each end."""
     finite = np.isfinite(block)
     count = finite.sum(axis=1)
-    ordered = np.sort(np.where(finite, block, np.inf), axis=1)  # finite values first, in order
+    return np.sort(np.where(finite, block, np.inf), axis=1), count, np.floor(0.25 * count).astype(np.int64)
+
+
+def rowwise_iqm(block: np.ndarray) -> np.ndarray:
+    """IQM of each row of ``(rows, n)`` ignoring NaN."""
+    ordered, count, cut = _sorted_rows(block)
     cumulative = np.concatenate(
         [np.zeros((block.shape[0], 1)), np.cumsum(np.where(np.isfinite(ordered), ordered, 0.0), axis=1)], axis=1)
-    cut = np.floor(0.25 * count).astype(np.int64)
-    upper = count - cut
-    rows = np.arange(block.shape[0])
-    kept = upper - cut
+    rows, upper = np.arange(block.shape[0]), count - cut
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(kept > 0, (cumulative[rows, upper] - cumulative[rows, cut]) / kept, np.nan)
+        return np.where(upper > cut, (cumulative[rows, upper] - cumulative[rows, cut]) / (upper - cut), np.nan)
 
 
-def _rowwise_iqm_interval(block: np.ndarray, confidence: float,
-                          center: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rowwise_iqm_interval(block: np.ndarray, confidence: float,
+                         center: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Tukey-McLaughlin interval of the IQM of each row ignoring NaN; ``center``: the rows' IQMs if known."""
-    finite = np.isfinite(block)
-    count = finite.sum(axis=1)
-    ordered = np.sort(np.where(finite, block, np.inf), axis=1)  # finite values first, in order
-    cut = np.floor(0.25 * count).astype(np.int64)
-    kept = count - 2 * cut
-    rows = np.arange(block.shape[0])
+    ordered, count, cut = _sorted_rows(block)
+    kept, rows, last = count - 2 * cut, np.arange(block.shape[0]), block.shape[1] - 1
     position = np.arange(block.shape[1])[None, :]
-    lowest_kept = ordered[rows, np.minimum(cut, block.shape[1] - 1)][:, None]
-    highest_kept = ordered[rows, np.clip(count - cut - 1, 0, block.shape[1] - 1)][:, None]
     # winsorise: the cut values at each end take the value of the nearest kept one
-    winsorised = np.where(position < cut[:, None], lowest_kept,
-                          np.where(position >= (count - cut)[:, None], highest_kept, ordered))
+    winsorised = np.where(position < cut[:, None], ordered[rows, np.minimum(cut, last)][:, None],
+                          np.where(position >= (count - cut)[:, None],
+                                   ordered[rows, np.clip(count - cut - 1, 0, last)][:, None], ordered))
     present = position < count[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
         winsorised_mean = np.where(present, winsorised, 0.0).sum(axis=1) / count
         squares = np.where(present, (winsorised - winsorised_mean[:, None]) ** 2, 0.0).sum(axis=1)
         standard_error = np.sqrt(squares / (kept * (kept - 1.0)))
-    center = _rowwise_interquartile_mean(block) if center is None else center
+    center = rowwise_iqm(block) if center is None else center
     return t_bounds(center, np.where(kept >= 2, standard_error, np.nan), kept - 1, confidence)
 
 
@@ -291,7 +268,7 @@ def iqm_t_interval(values: Any, confidence: float = DEFAULT_CONFIDENCE) -> tuple
     """Tukey-McLaughlin interval of the IQM of the finite ``values`` (the t interval below 4 values)."""
     check_confidence(confidence)
     sample = finite_values(values)
-    low, high = _rowwise_iqm_interval(sample[None, :], confidence) if sample.size else ([np.nan], [np.nan])
+    low, high = rowwise_iqm_interval(sample[None, :], confidence) if sample.size else ([np.nan], [np.nan])
     return float(low[0]), float(high[0])
 
 

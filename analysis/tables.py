@@ -7,7 +7,7 @@ import itertools
 import os
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from analysis.groups import group_key
+from analysis.groups import check_columns, group_key
 from analysis.statistics import MIN_SEEDS_FOR_INTERVAL
 
 TableStyle = Literal["pm", "interval"]
@@ -74,27 +74,16 @@ def significant(row: pd.Series) -> bool:
                 and (row["ci_low"] > 0 or row["ci_high"] < 0))
 
 
-def comparison_table(
-    aggregates: pd.DataFrame,
-    *,
-    deltas: pd.DataFrame | None = None,
-    metrics: Sequence[str] | None = None,
-    group_keys: Sequence[str] = ("alpha",),
-    statistic: Literal["mean", "iqm"] = "mean",
-    style: TableStyle = "pm",
-    digits: int = 3,
-    caption: str = "",
-) -> ComparisonTable:
+def comparison_table(aggregates: pd.DataFrame, *, deltas: pd.DataFrame | None = None,
+                     metrics: Sequence[str] | None = None, group_keys: Sequence[str] = ("alpha",),
+                     statistic: Literal["mean", "iqm"] = "mean", style: TableStyle = "pm", digits: int = 3,
+                     caption: str = "") -> ComparisonTable:
     """The table of :func:`~analysis.aggregate.aggregate_runs` (and ``deltas`` of ``paired_differences``) output;
     ``statistic``: ``mean`` (Student-t interval) or ``iqm`` (BCa interval); ``metrics``: the columns, in order."""
-    if style not in TABLE_STYLES:
-        raise ValueError(f"style={style!r} is not one of {TABLE_STYLES}")
-    if statistic not in ("mean", "iqm"):
-        raise ValueError(f"statistic={statistic!r} is not one of ('mean', 'iqm')")
-    missing = [k for k in (*group_keys, "metric") if k not in aggregates.columns]
-    if missing:
-        raise KeyError(f"aggregates lack columns {missing} (group_keys={list(group_keys)!r}); "
-                       f"columns: {list(aggregates.columns)}")
+    for name, value, allowed in (("style", style, TABLE_STYLES), ("statistic", statistic, ("mean", "iqm"))):
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} is not one of {allowed}")
+    check_columns(aggregates, [*group_keys, "metric"], "group_keys")
     present = list(dict.fromkeys(aggregates["metric"].astype(str)))
     metrics = list(metrics) if metrics is not None else present
     unknown = [m for m in metrics if m not in present]
@@ -140,14 +129,21 @@ def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metric
     return numbers.reset_index(drop=True)
 
 
+def frame_markdown(frame: pd.DataFrame) -> str:
+    """A plain table as GitHub Markdown, floats in ``%g`` form."""
+    floats = [column for column in frame.columns if pd.api.types.is_float_dtype(frame[column].dtype)]
+    return frame.assign(**{column: [f"{v:g}" for v in frame[column]] for column in floats}).to_markdown(index=False)
+
+
+def _marked(cells: pd.DataFrame, best: pd.DataFrame, bold: Callable[[str], str]) -> pd.DataFrame:
+    """``cells`` as text, the best ones through ``bold``: each format's markup of the one bold rule."""
+    text = cells.astype(str)
+    return text.where(~best.to_numpy(dtype=bool), text.map(bold))
+
+
 def to_markdown(table: ComparisonTable) -> str:
     """GitHub Markdown (best cells in ``**bold**``)."""
-    try:
-        import tabulate  # noqa: F401 - pandas.to_markdown imports it; fail here with the fix in the message
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("Markdown tables need the 'tabulate' package: pip install tabulate") from exc
-    marked = table.cells.where(~table.best.to_numpy(dtype=bool), "**" + table.cells.astype(str) + "**")
-    return marked.to_markdown(index=False)
+    return _marked(table.cells, table.best, "**{}**".format).to_markdown(index=False)
 
 
 LATEX_MAX_WIDTH = 46  # characters of cell text per tabular: one column of a two-column 10pt paper at \small
@@ -212,10 +208,8 @@ def _latex_tabular(table: ComparisonTable, columns: Sequence[str]) -> list[str]:
 
     lines = [rf"\begin{{tabular}}{{{align}}}", r"\toprule",
              " & ".join(header(c, f) for c, f in zip(columns, numeric, strict=True)) + r" \\", r"\midrule"]
-    for row in range(len(cells)):
-        marked = [(r"\bfseries " if table.best[c].iloc[row] else "") + latex_escape(cells[c].iloc[row])
-                  for c in columns]
-        lines.append(" & ".join(marked) + r" \\")
+    marked = _marked(cells.map(latex_escape), table.best[list(columns)], r"\bfseries {}".format)
+    lines += [" & ".join(row) + r" \\" for row in marked.itertuples(index=False)]
     lines += [r"\bottomrule", r"\end{tabular}"]
     return lines
 
@@ -264,9 +258,8 @@ def to_rich(table: ComparisonTable) -> Any:
         # a cell is never narrower than its longest value (no number broken over two lines); headers may wrap
         widest = max((len(str(text)) for text in table.cells[column]), default=1)
         rendered.add_column(str(column), justify="right", min_width=widest)
-    for row in range(len(table.cells)):
-        rendered.add_row(*[f"[bold]{text}[/bold]" if flag else str(text) for text, flag in zip(
-            table.cells.iloc[row], table.best.iloc[row], strict=True)])
+    for row in _marked(table.cells, table.best, "[bold]{}[/bold]".format).itertuples(index=False):
+        rendered.add_row(*row)
     return rendered
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,22 +19,9 @@ from dataflex_rl.hashing import stable_hash
 from dataflex_rl.tracking.run_store import COMPLETED, FAILED, INTERRUPTED, PENDING, RUNNING
 from dataflex_rl.tracking.wandb_file import history, read_run, run_files
 
-from analysis.frames import (
-    IDENTITY_COLUMNS,
-    RunMetrics,
-    SweepData,
-    as_float,
-    as_seed,
-    axis_factors,
-    build_long_table,
-    flatten_config,
-    histogram_table,
-    make_run_table,
-    parquet_safe,
-    pop_factors,
-    wide_metrics,
-    write_parquet_atomic,
-)
+from analysis.frames import (IDENTITY_COLUMNS, RunMetrics, SweepData, as_float, as_seed, axis_factors, build_long_table,
+                             flatten_config, histogram_table, make_run_table, parquet_safe, pop_factors, wide_metrics,
+                             write_parquet_atomic)
 
 # Where each identity field may sit in a W&B run's flattened config (the W&B logger adds ``run_identity``), first
 # match wins; the run name ``<sweep>-a<alpha>-s<seed>``, the group and the tags (mechanism, backend) are fallbacks.
@@ -96,59 +82,57 @@ def wandb_run_row(run: Any, config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-@dataclass
-class WandbTables:
-    """Run-table rows, metrics and histogram records gathered run by run (online and offline loaders)."""
+def history_tables(rows: Mapping[int, Mapping[str, Any]], metrics: Sequence[str] | None = None
+                   ) -> tuple[RunMetrics, list[dict[str, Any]]]:
+    """``{step: {key: value}}`` history -> (scalar metrics, histogram records ``{step, name, edges, counts}``)."""
+    histograms = []
+    for step in sorted(rows):
+        row = rows[step]
+        for key, value in row.items():
+            if key.endswith("/_type") and value == "histogram":
+                name = key[: -len("/_type")]
+                histograms.append({"step": int(step), "name": name,
+                                   "edges": np.asarray(row.get(f"{name}/bins", []), dtype=np.float64),
+                                   "counts": np.asarray(row.get(f"{name}/values", []), dtype=np.float64)})
+    return wide_metrics(rows, metrics), histograms
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    run_metrics: dict[int, RunMetrics] = field(default_factory=dict)
-    histogram_records: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, row: dict[str, Any]) -> int:
-        self.rows.append(row)
-        return len(self.rows) - 1
-
-    def add_metrics(self, position: int, metrics: RunMetrics, histograms: Sequence[Mapping[str, Any]]) -> None:
-        """Attach a run's metrics and histogram records; its row is included."""
-        row = self.rows[position]
-        self.run_metrics[position] = metrics
+def _sweep_data(rows: list[dict[str, Any]], histories: Mapping[int, Mapping[int, Mapping[str, Any]]],
+                metrics: Sequence[str] | None, source: str) -> SweepData:
+    """The tables of W&B runs: ``rows`` (run-table rows), each with a history in ``histories`` included."""
+    run_metrics, records = {}, []
+    for position, history_rows in histories.items():
+        row = rows[position]
+        run_metrics[position], histograms = history_tables(history_rows, metrics)
         row["included"] = True
-        if len(metrics.steps):
-            row["status_step"] = int(metrics.steps[-1])
+        if len(run_metrics[position].steps):
+            row["status_step"] = int(run_metrics[position].steps[-1])
         labels = {**{column: row[column] for column in IDENTITY_COLUMNS}, **row.get("factors", {})}
-        self.histogram_records += [{**labels, **record} for record in histograms]
-
-    def sweep_data(self, source: str) -> SweepData:
-        factors = pop_factors(self.rows)
-        runs = make_run_table(self.rows, factors)
-        return SweepData(runs=runs, metrics=build_long_table(runs, self.run_metrics),
-                         histograms=histogram_table(self.histogram_records, factors), source=source)
+        records += [{**labels, **record} for record in histograms]
+    factors = pop_factors(rows)
+    runs = make_run_table(rows, factors)
+    return SweepData(runs=runs, metrics=build_long_table(runs, run_metrics),
+                     histograms=histogram_table(records, factors), source=source)
 
 
-def _wandb_rows(
-    run: Any, step_key: str, metrics: Sequence[str] | None, page_size: int
-) -> tuple[RunMetrics, list[dict[str, Any]]]:
-    """One W&B run's history -> (scalar metrics, histogram records)."""
+def _online_history(run: Any, step_key: str, page_size: int) -> dict[int, dict[str, Any]]:
+    """A W&B API run's history as ``{step: {key: value}}``, histograms flattened as the offline files hold them."""
     # no ``keys``: with keys scan_history returns only rows holding every key, losing metrics logged at other steps
-    by_step: dict[int, dict[str, float]] = {}
-    histograms: list[dict[str, Any]] = []
+    by_step: dict[int, dict[str, Any]] = {}
     for record in run.scan_history(page_size=page_size):
-        step_value = record.get(step_key)
-        if step_value is None:
+        if record.get(step_key) is None:
             continue
-        step = int(step_value)
-        row = by_step.setdefault(step, {})
+        row = by_step.setdefault(int(record[step_key]), {})
         for key, value in record.items():
             if key.startswith("_") or key == step_key:
                 continue
             if isinstance(value, Mapping):
                 if value.get("_type") == "histogram" and "bins" in value and "values" in value:
-                    histograms.append({"step": step, "name": key, "edges": np.asarray(value["bins"], np.float64),
-                                       "counts": np.asarray(value["values"], np.float64)})
-                continue
-            if isinstance(value, (bool, int, float)):
+                    row.update({f"{key}/_type": "histogram", f"{key}/bins": value["bins"],
+                                f"{key}/values": value["values"]})
+            elif isinstance(value, (bool, int, float)):
                 row[key] = float(value)
-    return wide_metrics(by_step, metrics), histograms
+    return by_step
 
 
 def _online_row(wandb_run: Any, entity: str, project: str) -> dict[str, Any]:
@@ -167,116 +151,67 @@ def _online_row(wandb_run: Any, entity: str, project: str) -> dict[str, Any]:
     return row
 
 
-def _read_cache(folder: Path, source: str) -> SweepData | None:
-    """The tables cached in ``folder``, or None unless all three files are there."""
-    if not all((folder / name).is_file() for name in _CACHE_FILES):
-        return None
-    runs = pd.read_parquet(folder / "runs.parquet")
-    histograms = pd.read_parquet(folder / "histograms.parquet")
-    for column in ("edges", "counts"):
-        histograms[column] = [np.asarray(v, dtype=np.float64) for v in histograms[column]]
-    return SweepData(runs=runs, metrics=pd.read_parquet(folder / "metrics.parquet"), histograms=histograms,
-                     source=source + f" (cache {folder})")
-
-
-def load_wandb(
-    entity: str,
-    project: str,
-    *,
-    group: str | None = None,
-    filters: Mapping[str, Any] | None = None,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
-    refresh: bool = False,
-    step_key: str = "_step",
-    page_size: int = 1000,
-    api: Any = None,
-) -> SweepData:
+def load_wandb(entity: str, project: str, *, group: str | None = None, filters: Mapping[str, Any] | None = None,
+               metrics: Sequence[str] | None = None, include_incomplete: bool = False,
+               cache_dir: str | os.PathLike[str] | None = None, refresh: bool = False, step_key: str = "_step",
+               page_size: int = 1000, api: Any = None) -> SweepData:
     """Runs logged online to ``entity/project`` (one ``group`` = one sweep) -> :class:`SweepData`, cached as parquet
     under ``cache_dir`` (default ``$DATAFLEX_CACHE_DIR/wandb``) by query; ``refresh=True`` downloads again."""
     query = {"filters": dict(filters or {}), "metrics": list(metrics) if metrics is not None else None,
              "step_key": step_key, "include_incomplete": include_incomplete, "format": _CACHE_FORMAT}
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{entity}__{project}__{group or 'all'}")
-    cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    folder = cache_dir / f"{safe}__{stable_hash(query, length=12)}"
+    folder = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{safe}__{stable_hash(query, length=12)}"
     source = f"wandb:{entity}/{project}" + (f"?group={group}" if group else "")
-    cached = None if refresh else _read_cache(folder, source)
-    if cached is not None:
-        return cached
+    if not refresh and all((folder / name).is_file() for name in _CACHE_FILES):
+        runs, metrics_table, histograms = (pd.read_parquet(folder / name) for name in _CACHE_FILES)
+        for column in ("edges", "counts"):
+            histograms[column] = [np.asarray(v, dtype=np.float64) for v in histograms[column]]
+        return SweepData(runs=runs, metrics=metrics_table, histograms=histograms, source=source + f" (cache {folder})")
     if api is None:
         import wandb  # imported here: slow to import and only needed for online runs
 
         api = wandb.Api()
-    run_filters = {**(filters or {}), **({"group": group} if group is not None else {})}
-    tables = WandbTables()  # every listed run; a failed history download excludes only that run
-    for wandb_run in api.runs(f"{entity}/{project}", filters=run_filters or None):
-        row = _online_row(wandb_run, entity, project)
-        position = tables.add(row)
+    rows, histories = [], {}  # every listed run; a failed history download excludes only that run
+    for wandb_run in api.runs(f"{entity}/{project}", filters={**(filters or {}), **(
+            {"group": group} if group is not None else {})} or None):
+        rows.append(row := _online_row(wandb_run, entity, project))
         if row["state"] != COMPLETED and not include_incomplete:
             continue
         try:
-            metrics_of_run, records = _wandb_rows(wandb_run, step_key, metrics, page_size)
+            histories[len(rows) - 1] = _online_history(wandb_run, step_key, page_size)
         except Exception as exc:  # noqa: BLE001 - one run whose history fails must not lose the others
             row["included"] = False
             row["exclusion_reason"] = "; ".join(filter(None, [row["exclusion_reason"],
                                                               f"history download failed ({exc})"]))
-            continue
-        tables.add_metrics(position, metrics_of_run, records)
-    data = tables.sweep_data(source)
+    data = _sweep_data(rows, histories, metrics, source)
     folder.mkdir(parents=True, exist_ok=True)
     for name, table in zip(_CACHE_FILES, (parquet_safe(data.runs), data.metrics, data.histograms), strict=True):
         write_parquet_atomic(table, folder / name)
     return data
 
 
-INTERRUPTED_EXIT_CODES = (130, 143)
-
-
 def offline_state(exit_code: int | None) -> str:
-    """Run-store state of an offline run from its exit code (None: no exit record)."""
+    """Run-store state of an offline run from its exit code (None: no exit record; 130, 143: SIGINT, SIGTERM)."""
     if exit_code is None:
         return RUNNING
-    if exit_code == 0:
-        return COMPLETED
-    return INTERRUPTED if exit_code in INTERRUPTED_EXIT_CODES else FAILED
+    return COMPLETED if exit_code == 0 else INTERRUPTED if exit_code in (130, 143) else FAILED
 
 
-def history_tables(rows: Mapping[int, Mapping[str, Any]], metrics: Sequence[str] | None = None
-                   ) -> tuple[RunMetrics, list[dict[str, Any]]]:
-    """``{step: {key: value}}`` history -> (scalar metrics, histogram records ``{step, name, edges, counts}``)."""
-    histograms = []
-    for step in sorted(rows):
-        row = rows[step]
-        for key, value in row.items():
-            if key.endswith("/_type") and value == "histogram":
-                name = key[: -len("/_type")]
-                histograms.append({"step": int(step), "name": name,
-                                   "edges": np.asarray(row.get(f"{name}/bins", []), dtype=np.float64),
-                                   "counts": np.asarray(row.get(f"{name}/values", []), dtype=np.float64)})
-    return wide_metrics(rows, metrics), histograms
-
-
-def load_wandb_offline(
-    root: str | os.PathLike[str],
-    *,
-    metrics: Sequence[str] | None = None,
-    include_incomplete: bool = False,
-) -> SweepData:
+def load_wandb_offline(root: str | os.PathLike[str], *, metrics: Sequence[str] | None = None,
+                       include_incomplete: bool = False) -> SweepData:
     """Every offline W&B run file under ``root`` -> :class:`SweepData`, arguments as in ``load_sweep``."""
-    tables = WandbTables()
+    rows, histories = [], {}
     for path in run_files(root):
         run = read_run(path)
         state = offline_state(run.exit_code)
         # the attributes wandb_identity reads from a W&B API run
-        view = SimpleNamespace(name=run.name, id=run.run_id, group=run.group, tags=list(run.tags))
-        row = wandb_run_row(view, run.config)
+        rows.append(row := wandb_run_row(SimpleNamespace(name=run.name, id=run.run_id, group=run.group,
+                                                         tags=list(run.tags)), run.config))
         row.update({
             "state": state, "path": str(path), "metrics_source": "wandb",
             "included": state == COMPLETED or include_incomplete,
             "exclusion_reason": None if state == COMPLETED else f"state {state} (exit code {run.exit_code})",
         })
-        position = tables.add(row)
         if row["included"]:
-            tables.add_metrics(position, *history_tables(history(path), metrics))
-    return tables.sweep_data(f"wandb-offline:{Path(root)}")
+            histories[len(rows) - 1] = history(path)
+    return _sweep_data(rows, histories, metrics, f"wandb-offline:{Path(root)}")

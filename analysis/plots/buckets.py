@@ -48,18 +48,10 @@ def _bucket_metrics(pattern: re.Pattern[str], metric_names: Collection[str],
     return sorted(found, key=lambda item: item[1])
 
 
-def plot_grad_by_bucket(
-    long: pd.DataFrame,
-    *,
-    stat: str = "logit_grad_norm_share",
-    value: str = "auc",
-    group_keys: Sequence[str] = ("alpha",),
-    final_window: int = DEFAULT_FINAL_WINDOW,
-    confidence: float = DEFAULT_CONFIDENCE,
-    n_bootstrap: int = 2000,
-    random_state: RandomState = 0,
-    ax: Axes | None = None,
-) -> Axes:
+def plot_grad_by_bucket(long: pd.DataFrame, *, stat: str = "logit_grad_norm_share", value: str = "auc",
+                        group_keys: Sequence[str] = ("alpha",), final_window: int = DEFAULT_FINAL_WINDOW,
+                        confidence: float = DEFAULT_CONFIDENCE, n_bootstrap: int = 2000, random_state: RandomState = 0,
+                        ax: Axes | None = None) -> Axes:
     """Bars of ``grad_norm/by_prob/<bucket>/<stat>`` per bucket and group with intervals (the paper's Fig. 1d)."""
     buckets = grad_bucket_metrics(long["metric"].unique(), stat)
     if not buckets:
@@ -106,18 +98,10 @@ def prob_change_metrics(metric_names: Collection[str], sign: str, stat: str) -> 
     return _bucket_metrics(PROB_CHANGE_PATTERN, metric_names, sign=sign, stat=stat)
 
 
-def plot_prob_change(
-    long: pd.DataFrame,
-    *,
-    stat: str = "correct_share",
-    value: str = "auc",
-    group_keys: Sequence[str] = ("alpha",),
-    final_window: int = DEFAULT_FINAL_WINDOW,
-    confidence: float = DEFAULT_CONFIDENCE,
-    n_bootstrap: int = 2000,
-    random_state: RandomState = 0,
-    axes: Sequence[Axes] | None = None,
-) -> np.ndarray:
+def plot_prob_change(long: pd.DataFrame, *, stat: str = "correct_share", value: str = "auc",
+                     group_keys: Sequence[str] = ("alpha",), final_window: int = DEFAULT_FINAL_WINDOW,
+                     confidence: float = DEFAULT_CONFIDENCE, n_bootstrap: int = 2000, random_state: RandomState = 0,
+                     axes: Sequence[Axes] | None = None) -> np.ndarray:
     """How one update moved token probabilities (the AR paper's Fig. 2): bars of ``prob_change/<sign>/<bucket>/<stat>``
     per group, positive advantages left, negative right; returns the two axes."""
     names = long["metric"].unique()

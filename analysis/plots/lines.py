@@ -13,17 +13,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 
 from analysis.curves import CURVE_DIFFERENCE_COLUMNS, aggregate_curves
-from analysis.plots.style import (
-    PALETTE,
-    STEP_LABEL,
-    axes_or_new,
-    ema,
-    group_colors,
-    group_label,
-    group_rows,
-    metric_label,
-    sorted_groups,
-)
+from analysis.groups import rows_of
+from analysis.plots.style import (PALETTE, STEP_LABEL, axes_or_new, ema, group_colors, group_label, group_rows,
+                                  metric_label, sorted_groups)
 from analysis.statistics import DEFAULT_CONFIDENCE, MIN_SEEDS_FOR_INTERVAL
 from dataflex_rl import keys
 
@@ -36,20 +28,10 @@ CURVE_STATISTICS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def plot_curves(
-    long: pd.DataFrame,
-    metric: str,
-    *,
-    group_keys: Sequence[str] = ("alpha",),
-    ax: Axes | None = None,
-    step_grid: Any = None,
-    confidence: float = DEFAULT_CONFIDENCE,
-    band: bool = True,
-    smoothing: float | None = None,
-    title: str | None = None,
-    statistic: str = "mean",
-    min_seeds: int | None = None,
-) -> Axes:
+def plot_curves(long: pd.DataFrame, metric: str, *, group_keys: Sequence[str] = ("alpha",), ax: Axes | None = None,
+                step_grid: Any = None, confidence: float = DEFAULT_CONFIDENCE, band: bool = True,
+                smoothing: float | None = None, title: str | None = None, statistic: str = "mean",
+                min_seeds: int | None = None) -> Axes:
     """Curve of ``metric`` per group (mean, or ``statistic="iqm"``) with its interval band.
 
     ``smoothing``: drawn EMA-smoothed over the faint raw curve; ``min_seeds``: a band only at steps with that many."""
@@ -80,16 +62,10 @@ def plot_curves(
     return ax
 
 
-def plot_sample_efficiency(
-    long: pd.DataFrame,
-    metric: str,
-    *,
-    group_keys: Sequence[str] = ("alpha",),
-    axes: Sequence[Axes] | None = None,
-    step_grid: Any = None,
-    confidence: float = DEFAULT_CONFIDENCE,
-    min_seeds: int | None = MIN_SEEDS_FOR_INTERVAL,
-) -> np.ndarray:
+def plot_sample_efficiency(long: pd.DataFrame, metric: str, *, group_keys: Sequence[str] = ("alpha",),
+                           axes: Sequence[Axes] | None = None, step_grid: Any = None,
+                           confidence: float = DEFAULT_CONFIDENCE,
+                           min_seeds: int | None = MIN_SEEDS_FOR_INTERVAL) -> np.ndarray:
     """rliable-style curves: the mean (left) and the IQM (right) per group with their intervals; returns the axes."""
     if axes is None:
         axes = plt.subplots(1, 2, figsize=(11.0, 4.2), sharey=True, layout="constrained")[1]
@@ -142,26 +118,14 @@ def plot_low_prob_share(long: pd.DataFrame, **kwargs: Any) -> Axes:
     return plot_curves(long, keys.TOKEN_PROB_LOW_FRAC, **kwargs)
 
 
-def plot_metric_vs_alpha(
-    aggregates: pd.DataFrame,
-    metric: str,
-    *,
-    series_key: str | None = None,
-    statistic: str = "mean",
-    ax: Axes | None = None,
-    per_seed: pd.DataFrame | None = None,
-    value: str = "final_window",
-    reference: float | None = None,
-    reference_label: str = "after SFT",
-    min_span: float | None = None,
-) -> Axes:
+def plot_metric_vs_alpha(aggregates: pd.DataFrame, metric: str, *, series_key: str | None = None,
+                         statistic: str = "mean", ax: Axes | None = None, per_seed: pd.DataFrame | None = None,
+                         value: str = "final_window", reference: float | None = None,
+                         reference_label: str = "after SFT", min_span: float | None = None) -> Axes:
     """``metric`` of :func:`~analysis.aggregate.aggregate_runs` against alpha, one series per ``series_key`` value:
     ``per_seed`` dots, the group means with intervals, a dashed ``reference`` line; y spans at least ``min_span``."""
     ax = axes_or_new(ax)
-    rows = aggregates[aggregates["metric"].astype(str) == metric]
-    if rows.empty:
-        raise KeyError(f"metric={metric!r} is not in the aggregates; available: "
-                       f"{sorted(aggregates['metric'].astype(str).unique())}")
+    rows = rows_of(aggregates, "metric", metric)
     series = [None] if series_key is None else sorted(rows[series_key].astype(str).unique())
     colors = group_colors(series)
     shown: list[np.ndarray] = []

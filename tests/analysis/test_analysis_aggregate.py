@@ -48,7 +48,7 @@ def test_rowwise_iqm_matches_scipy_with_missing_values() -> None:
     block[0, :4] = np.nan
     block[3, 1] = np.nan
     expected = [stats.trim_mean(row[np.isfinite(row)], 0.25) for row in block]
-    np.testing.assert_allclose(statistics._rowwise_interquartile_mean(block), expected)
+    np.testing.assert_allclose(statistics.rowwise_iqm(block), expected)
 
 
 def test_probability_of_improvement_by_hand() -> None:

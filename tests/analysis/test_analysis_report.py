@@ -243,3 +243,29 @@ def test_the_headline_table_gives_each_groups_gain_over_its_own_warm_start(tmp_p
     header, _, *rows = table.splitlines()
     assert "val/accuracy gain over SFT (final - step 0)" in header
     assert all("0.320 ± 0.025 (3)" in row for row in rows)
+
+
+def test_a_metric_equal_to_an_earlier_one_at_every_step_is_tabled_once(tmp_path: Path) -> None:
+    # a 0/1 reward makes train/accuracy the mean reward critic/score/mean: one column, and a note naming the other;
+    # a graded reward (Knights and Knaves) gives two numbers, so both columns stay
+    from dataflex_rl import keys
+
+    for name, graded in (("binary", False), ("graded", True)):
+        for alpha in (0.0, 0.5):
+            for seed in (1, 2, 3):
+                score = [0.1 * seed, 0.2 + alpha, 0.3, 0.4 * seed]
+                accuracy = [value - 0.05 for value in score] if graded else score
+                write_fake_run(tmp_path / name / f"a{alpha:g}-s{seed}", sweep=name, alpha=alpha, seed=seed,
+                               metrics={keys.SCORE_MEAN: score, keys.TRAIN_ACCURACY: accuracy})
+        assert report.main([str(tmp_path / name), *FAST]) == 0
+    note = "Shown once: `train/accuracy` equals `critic/score/mean` at every step of every run"
+    for name, shown in (("binary", False), ("graded", True)):
+        out = tmp_path / name / "report"
+        text = (out / "report.md").read_text()
+        for heading in ("## Final-window mean", "## Area under the curve"):
+            header = text.split(heading, 1)[1].split("\n|", 1)[1].split("\n", 1)[0]
+            columns = [cell.strip() for cell in header.split("|")]
+            assert "critic/score/mean" in columns and ("train/accuracy" in columns) == shown, (name, heading)
+        assert (note in text) == (not shown)
+        csv = pd.read_csv(out / "table_final_window.csv")
+        assert set(csv["metric"]) == {keys.SCORE_MEAN, *([keys.TRAIN_ACCURACY] if shown else [])}

@@ -7,7 +7,7 @@ import re
 import pandas as pd
 
 from analysis import tables
-from analysis.html_report import render_report_html
+from analysis.report import render_report_html
 from analysis.report import build_report
 from tests.analysis.synthetic import write_fake_sweep
 

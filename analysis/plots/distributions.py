@@ -1,4 +1,4 @@
-"""Histogram figures: per-token weight and probability histograms rebinned onto shared edges, as heatmaps over
+"""Distribution figures: per-token weight and probability histograms rebinned onto shared edges, as heatmaps over
 steps or as one step's bars."""
 
 from __future__ import annotations
@@ -11,23 +11,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.colors import PowerNorm
 
-from analysis.plots.style import (
-    STEP_LABEL,
-    axes_or_new,
-    group_colors,
-    group_label,
-    group_rows,
-    metric_label,
-    sorted_groups,
-)
-
-
-def _named(histograms: pd.DataFrame, name: str) -> pd.DataFrame:
-    rows = histograms[histograms["name"].astype(str) == name]
-    if rows.empty:
-        raise KeyError(f"histogram name={name!r} is not in the table; available: "
-                       f"{sorted(histograms['name'].astype(str).unique())}")
-    return rows
+from analysis.groups import rows_of
+from analysis.plots.style import (STEP_LABEL, axes_or_new, group_colors, group_label, group_rows, metric_label,
+                                  sorted_groups)
 
 
 def rebin_histogram(edges: np.ndarray, counts: np.ndarray, new_edges: np.ndarray) -> np.ndarray:
@@ -56,13 +42,12 @@ def _counts_on(run_edges: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> 
     return rebin_histogram(run_edges, counts, edges)
 
 
-def histogram_matrix(
-    histograms: pd.DataFrame, name: str, bins: int | None = None, edges: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def histogram_matrix(histograms: pd.DataFrame, name: str, bins: int | None = None,
+                     edges: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Histograms ``name`` -> ``(steps, edges, fractions (s, k))``, each run's fractions averaged at each step.
 
     Bins: ``edges``; else the logged edges when shared (``bins=None``: a spike stays in one bin); else ``bins``."""
-    rows = _named(histograms, name)
+    rows = rows_of(histograms, "name", name)
     edges = _target_edges(rows, bins, edges)
     steps = np.sort(rows["step"].unique())
     index = {int(step): i for i, step in enumerate(steps)}
@@ -89,17 +74,9 @@ def occupied_range(edges: np.ndarray, fractions: np.ndarray, margin: int = 1) ->
     return float(edges[first]), float(edges[last])
 
 
-def plot_histogram_heatmap(
-    histograms: pd.DataFrame,
-    name: str,
-    *,
-    ax: Axes | None = None,
-    bins: int | None = None,
-    vmax: float | None = None,
-    colorbar: bool = True,
-    edges: np.ndarray | None = None,
-    crop: bool = True,
-) -> Axes:
+def plot_histogram_heatmap(histograms: pd.DataFrame, name: str, *, ax: Axes | None = None, bins: int | None = None,
+                           vmax: float | None = None, colorbar: bool = True, edges: np.ndarray | None = None,
+                           crop: bool = True) -> Axes:
     """Heatmap of histogram ``name`` over steps, averaged over the runs given; the mesh is ``ax.collections[0]``."""
     ax = axes_or_new(ax)
     steps, edges, fractions = histogram_matrix(histograms, name, bins, edges)
@@ -124,17 +101,11 @@ def _cell_edges(centers: np.ndarray) -> np.ndarray:
     return np.concatenate([[2 * centers[0] - middle[0]], middle, [2 * centers[-1] - middle[-1]]])
 
 
-def plot_histogram_heatmaps(
-    histograms: pd.DataFrame,
-    name: str,
-    *,
-    group_keys: Sequence[str] = ("alpha",),
-    axes: Sequence[Axes] | None = None,
-    bins: int | None = None,
-    crop: bool = True,
-) -> np.ndarray:
+def plot_histogram_heatmaps(histograms: pd.DataFrame, name: str, *, group_keys: Sequence[str] = ("alpha",),
+                            axes: Sequence[Axes] | None = None, bins: int | None = None,
+                            crop: bool = True) -> np.ndarray:
     """One :func:`plot_histogram_heatmap` per group on a shared colour scale and y-range; returns the axes."""
-    rows = _named(histograms, name)
+    rows = rows_of(histograms, "name", name)
     groups = sorted_groups(rows, group_keys)
     if axes is None:
         axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups) + 1.0, 3.5), squeeze=False, sharey=True,
@@ -160,19 +131,12 @@ def plot_histogram_heatmaps(
     return axes
 
 
-def plot_histogram(
-    histograms: pd.DataFrame,
-    name: str,
-    *,
-    step: int | None = None,
-    group_keys: Sequence[str] = ("alpha",),
-    ax: Axes | None = None,
-    bins: int | None = None,
-    log: bool = True,
-) -> Axes:
+def plot_histogram(histograms: pd.DataFrame, name: str, *, step: int | None = None,
+                   group_keys: Sequence[str] = ("alpha",), ax: Axes | None = None, bins: int | None = None,
+                   log: bool = True) -> Axes:
     """Histogram ``name`` at ``step`` (default each group's last), mean count per run, one outline per group."""
     ax = axes_or_new(ax)
-    rows = _named(histograms, name)
+    rows = rows_of(histograms, "name", name)
     groups = sorted_groups(rows, group_keys)
     colors = group_colors(groups)
     edges = _target_edges(rows, bins, None)

@@ -15,7 +15,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
 from dataflex_rl import ConfigError, build_mechanism
-from dataflex_rl.verl.loss import STAGE_MASK_FIELD, staged_ppo_loss
+from dataflex_rl.verl.loss import staged_ppo_loss
 from dataflex_rl.verl.config import mechanism_from_verl_config
 from dataflex_rl.verl.trainer import DataflexSyncTrainer
 

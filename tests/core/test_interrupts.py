@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
@@ -25,7 +24,7 @@ def test_a_stop_inside_the_block_is_delivered_after_it(restore_handlers, signum)
     finished = []
     with pytest.raises(KeyboardInterrupt):
         with held_interrupts():
-            os.kill(os.getpid(), signum)
+            signal.raise_signal(signum)  # to this thread: delivered now, not to a helper thread later
             finished.append("rest of the block")  # not cut short by the signal
     assert finished == ["rest of the block"]
     assert signal.getsignal(signum) is before
@@ -43,7 +42,7 @@ def test_a_stop_during_a_block_that_raised_is_still_delivered(restore_handlers):
     raise_on_sigterm()
     with pytest.raises(KeyboardInterrupt) as caught:
         with held_interrupts():
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
             raise OSError("disk full")
     assert isinstance(caught.value.__context__, OSError)  # the block's own error is chained, not lost
 
@@ -51,7 +50,7 @@ def test_a_stop_during_a_block_that_raised_is_still_delivered(restore_handlers):
 def test_sigterm_raises_keyboard_interrupt_after_install(restore_handlers):
     raise_on_sigterm()
     with pytest.raises(KeyboardInterrupt, match="signal 15"):
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
 
 
 def test_nested_blocks_deliver_once_when_the_outer_one_ends(restore_handlers):
@@ -60,7 +59,7 @@ def test_nested_blocks_deliver_once_when_the_outer_one_ends(restore_handlers):
     with pytest.raises(KeyboardInterrupt):
         with held_interrupts():
             with held_interrupts():
-                os.kill(os.getpid(), signal.SIGTERM)
+                signal.raise_signal(signal.SIGTERM)
             reached.append("after the inner block")  # the inner block handed the signal to the outer one
     assert reached == ["after the inner block"]
 
@@ -70,6 +69,6 @@ def test_an_ignored_sigint_does_not_swallow_a_held_sigterm(restore_handlers):
     raise_on_sigterm()
     with pytest.raises(KeyboardInterrupt, match="signal 15"):
         with held_interrupts():
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -66,6 +66,7 @@ def test_a_status_step_no_integer_holds_excludes_the_run_naming_file_key_and_val
 @pytest.mark.parametrize("record, named", [
     ({"runs": [{"state": "completed"}]}, "runs = [{'state': 'completed'}] is not allowed: it must be a list of "
                                          "objects each with run (entry 0 lacks 'run')"),
+    ({"runs": [{"run": 5}]}, "each with run (entry 0 holds 5, not a non-empty string, in 'run')"),
     ({"runs": "x"}, "runs = 'x' is not allowed: it must be a list of JSON objects"),
     ({"invocations": None}, "invocations = None is not allowed: it must be a list of JSON objects"),
     ({"grid": [1, 2]}, "grid = [1, 2] is not allowed: it must be a JSON object"),

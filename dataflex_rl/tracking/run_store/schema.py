@@ -43,7 +43,8 @@ def entries(*required: str) -> Check:
         for index, item in enumerate(value):
             missing = [key for key in required if text(item.get(key)) is not None]
             if missing:
-                return f"a list of objects each with {', '.join(required)} (entry {index} lacks {missing[0]!r})"
+                why = "lacks" if missing[0] not in item else f"holds {item[missing[0]]!r}, not a non-empty string, in"
+                return f"a list of objects each with {', '.join(required)} (entry {index} {why} {missing[0]!r})"
         return None
     return check
 
@@ -58,7 +59,10 @@ META = {"sweep": (True, text), "run": (True, text), "backend": (True, text), "me
 SWEEP = {"sweep": (False, text), "grid": (False, mapping), "runs": (False, entries("run")),
          "warm_starts": (False, entries("run")), "invocations": (False, entries()), "plan": (False, mapping),
          "steps": (False, _or_null(integer)), "jobs": (False, _or_null(integer))}
-SFT_DONE = {"steps": (True, integer), "seconds": (True, number), "final_loss": (False, _or_null(number))}
+boolean = _check(lambda value: value is None or isinstance(value, bool), "true, false or null")
+SFT_DONE = {"steps": (True, integer), "seconds": (True, number), "final_loss": (False, _or_null(number)),
+            "target_accuracy": (False, _or_null(number)), "check_accuracy": (False, _or_null(number)),
+            "reached": (False, boolean)}
 
 
 def check_schema(path: pathlib.Path, payload: dict[str, Any], schema: Mapping[str, tuple[bool, Check]]) -> dict:

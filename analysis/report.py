@@ -281,7 +281,7 @@ def _runs_sections(document: Document, data: SweepData, group_keys: Sequence[str
     warm_starts = warm_start_table(data)
     if not warm_starts.empty:
         document.add("## Warm starts", "", "Each warm start the included runs started from, with its evaluation "
-                     "after SFT (step 0, before any RL step):", "", frame_markdown(warm_starts), "")
+                     "after SFT (step 0, before any RL step):", "", frame_markdown(warm_starts, ".3f"), "")
     document.add("## Runs", "")
     if data.included_runs.empty:
         document.add("No completed runs.", "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -159,8 +159,14 @@ def write_results(sweep_dir: Path, name: str, root: Path = REPO) -> tuple[Path, 
     """Write ``docs/results/<name>.md`` from the sweep and every ``name`` block of the docs with it; (the file, the
     docs changed). Every doc's blocks are checked first: nothing is written when one is not well formed."""
     check_results_name(name)
+    return publish(name, lambda: results_text(load_sweep(sweep_dir, histograms=False), name, sweep_dir), root)
+
+
+def publish(name: str, make_text: Callable[[], str], root: Path = REPO) -> tuple[Path, list[Path]]:
+    """Write ``docs/results/<name>.md`` with ``make_text()`` and every ``name`` block of the docs with it (any
+    command's results go through here); the docs' blocks are checked before ``make_text`` runs."""
     docs = {path: _doc(path, root) for path in doc_files(root)}
-    text = results_text(load_sweep(sweep_dir, histograms=False), name, sweep_dir)
+    text = make_text()
     block_spans(text, f"the text for {name}")  # a block's body never holds a marker
     path = root / "docs" / "results" / f"{name}.md"
     path.parent.mkdir(parents=True, exist_ok=True)

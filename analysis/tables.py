@@ -129,10 +129,11 @@ def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metric
     return numbers.reset_index(drop=True)
 
 
-def frame_markdown(frame: pd.DataFrame) -> str:
-    """A plain table as GitHub Markdown, floats in ``%g`` form."""
+def frame_markdown(frame: pd.DataFrame, float_format: str = "g") -> str:
+    """A plain table as GitHub Markdown, floats in ``float_format`` (``%g`` form by default)."""
     floats = [column for column in frame.columns if pd.api.types.is_float_dtype(frame[column].dtype)]
-    return frame.assign(**{column: [f"{v:g}" for v in frame[column]] for column in floats}).to_markdown(index=False)
+    return frame.assign(**{column: [format(v, float_format) for v in frame[column]] for column in floats}
+                        ).to_markdown(index=False)
 
 
 def _marked(cells: pd.DataFrame, best: pd.DataFrame, bold: Callable[[str], str]) -> pd.DataFrame:

@@ -34,11 +34,28 @@ def warm_start_table(data: SweepData, metric: str = keys.VAL_ACCURACY) -> pd.Dat
         values = start_values.reindex(group["run"].astype(str)).dropna()
         seeds = sorted(int(seed) for seed in group["seed"].dropna())
         sft_seeds = group["warm_start_seed"].dropna()
+        first = group.iloc[0]
         table.append({"warm start": checkpoint.rstrip("/").rsplit("/", 1)[-1],
                       "sft.seed": int(sft_seeds.iloc[0]) if len(sft_seeds) else None,
                       "runs": len(group), "seeds": ", ".join(map(str, dict.fromkeys(seeds))),
+                      "SFT steps": first.get("warm_start_steps"), "stopping rule": stopping_outcome(first),
                       f"{metric} after SFT": float(values.mean()) if len(values) else np.nan})
-    return pd.DataFrame(table).sort_values("sft.seed", na_position="last", ignore_index=True)
+    table = pd.DataFrame(table).sort_values("sft.seed", na_position="last", ignore_index=True)
+    table["SFT steps"] = pd.to_numeric(table["SFT steps"]).astype("Int64")
+    unrecorded = [column for column in ("SFT steps", "stopping rule") if table[column].isna().all()]
+    return table.drop(columns=unrecorded)
+
+
+def stopping_outcome(run: pd.Series) -> str | None:
+    """A warm start's stopping rule as it ended: the check that reached the target, or the target never reached."""
+    target = run.get("warm_start_target")
+    if target is None or pd.isna(target):
+        return None
+    check = run.get("warm_start_check")
+    last = "no check" if check is None or pd.isna(check) else f"last check {check:.3f}"
+    if run.get("warm_start_reached") in (True, 1):  # a bool, or numpy's in a pandas column
+        return f"reached: check {check:.3f} >= target {target:.3f}"
+    return f"target {target:.3f} NOT reached ({last})"
 
 
 def _spread(values: pd.Series) -> str:

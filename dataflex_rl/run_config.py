@@ -25,6 +25,7 @@ from dataflex_rl.validation import (
     check_non_negative_int,
     check_number,
     check_seed,
+    check_unit_interval,
     defaults_of,
     to_plain,
 )
@@ -74,12 +75,18 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 500
+    steps: int = 500  # with target_accuracy: the cap
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
     seed: int = 0
     cache_dir: str = ".cache/sft"
+    # The stopping rule (docs/analysis.md "Warm starts"): None trains all ``steps``; a value stops at the first
+    # check (every ``check_every`` steps, greedy accuracy on ``check_size`` problems outside the RL test pool) at or
+    # above it. done.json and the runs' meta.json record the stop step, the check accuracy and whether it was reached.
+    target_accuracy: float | None = None
+    check_every: int = 25
+    check_size: int = 256
 
     def __post_init__(self) -> None:
         check_non_negative_int("steps", self.steps)
@@ -87,6 +94,10 @@ class SFTConfig:
         _set(self, "lr", check_number("lr", self.lr, minimum=0.0, exclusive=True))
         _set(self, "weight_decay", check_number("weight_decay", self.weight_decay, minimum=0.0))
         check_non_negative_int("seed", self.seed)
+        if self.target_accuracy is not None:
+            _set(self, "target_accuracy", check_unit_interval("target_accuracy", self.target_accuracy))
+        check_int_at_least("check_every", self.check_every, 1)
+        check_int_at_least("check_size", self.check_size, 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -172,7 +172,7 @@ def _record_outside_loggers(store, state: str) -> None:
 def _train(config, resolved: dict[str, Any], task, store) -> int:
     from dataflex_rl import build_mechanism
     from dataflex_rl.tinylm.model import count_parameters
-    from dataflex_rl.tinylm.sft import warm_start
+    from dataflex_rl.tinylm.sft import warm_start, warm_start_outcome
     from dataflex_rl.local.trainer import GRPOTrainer
     from dataflex_rl.tracking import RunIdentity, build_loggers
     from dataflex_rl.tracking.identity import warm_start_record
@@ -195,7 +195,7 @@ def _train(config, resolved: dict[str, Any], task, store) -> int:
             "mechanism_label": config.mechanism_label, "task": config.task.name, "parameters": count_parameters(model),
             "sft_checkpoint": str(sft_dir) if sft_dir else None,
             "warm_start": warm_start_record(config.warm_start, str(sft_dir) if sft_dir else None,
-                                            config.sft.seed),
+                                            config.sft.seed, warm_start_outcome(sft_dir)),
             "resumed_from_step": start_step,
         })
         store.set_status(RUNNING, step=start_step)

@@ -30,8 +30,11 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _WANDB_TEXT_LIMIT = 64
 
 
-def warm_start_record(design: str | None, checkpoint: str | None, sft_seed: int | None = None) -> dict[str, Any]:
-    return {"design": design, "checkpoint": checkpoint, "sft_seed": sft_seed}
+def warm_start_record(design: str | None, checkpoint: str | None, sft_seed: int | None = None,
+                      outcome: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """meta.json's ``warm_start``: the design, the checkpoint, its SFT seed and what its training did (``outcome``:
+    ``steps``, and under a stopping rule ``target_accuracy``, ``check_accuracy``, ``reached``)."""
+    return {"design": design, "checkpoint": checkpoint, "sft_seed": sft_seed, **(outcome or {})}
 
 
 def config_hash(config: Mapping[str, Any]) -> str:

@@ -16,7 +16,7 @@ def test_a_point_is_measured_per_seed_and_written_as_one_row():
     assert text.startswith("<!-- probe: written by `python -m sweeps.sft_search --cap 3`; do not edit by hand -->")
     row = next(line for line in text.splitlines() if line.startswith("| 0.003 |"))
     accuracies = ", ".join(f"{m.val_accuracy:.3f}" for m in measured)
-    assert row.startswith(f"| 0.003 | 4 | 0.99 | 3, 3 | ") and f"| {accuracies} |" in row and row.endswith("| 0/2 |")
+    assert row.startswith("| 0.003 | 4 | 0.99 | 3, 3 | ") and f"| {accuracies} |" in row and row.endswith("| 0/2 |")
 
 
 def test_a_bad_value_is_refused_naming_the_flag_before_anything_trains(capsys):

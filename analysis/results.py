@@ -27,6 +27,7 @@ from dataflex_rl.validation import ConfigError, check_file_name
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "docs" / "results"
+ARCHIVE = "archive"  # docs/results/archive.md: superseded results, kept by hand with the commit that wrote each
 # The mechanism's figures per group (time-averaged, then over seeds); the last: the share of confident tokens
 # (pi >= 0.75) with a negative advantage whose pi the update lowered (the paper's "why").
 MECHANISM_METRICS = (keys.GRAD_LOW_PROB_SHARE, keys.GRAD_NORM, keys.GRAD_CLIP_FRAC,

@@ -178,16 +178,30 @@ def render_report_html(markdown_text: str, title: str) -> str:
 
 def collapse_section(document: Document, data: SweepData, group_keys: Sequence[str],
                      options: ReportOptions) -> pd.DataFrame | None:
+    """When any included run collapsed: :func:`collapse_lines` and the survival curves; returns the table (None when
+    no run collapsed or the rule's metric is not logged)."""
+    found = collapse_lines(data, group_keys, options.collapse, options.confidence)
+    if found is None:
+        return None
+    table, outcomes, lines = found
+    document.add("## Collapse", "", *lines)
+    curves = survival_curves(outcomes, group_keys, options.confidence)
+    document.figure("Time to collapse", "collapse_survival",
+                    lambda figure: plots.plot_survival(curves, ax=figure.add_subplot()), size=(7.0, 4.5))
+    return table
+
+
+def collapse_lines(data: SweepData, group_keys: Sequence[str], rule: CollapseRule, confidence: float
+                   ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]] | None:
     """When any included run collapsed (:class:`analysis.collapse.CollapseRule`): per group the rate with its exact
-    interval, each arm's exact McNemar test against the baseline of its cell, and the survival curves; returns the
-    table (None when no run collapsed or the rule's metric is not logged)."""
-    rule = options.collapse
+    interval and each arm's exact McNemar test against the baseline of its cell, as (table, outcomes, Markdown
+    lines) for the report and the results files; None when no run collapsed or the rule's metric is not logged."""
     if rule.metric not in set(data.metric_names):
         return None
     outcomes = collapse_outcomes(data.metrics, rule, group_keys)
     if not outcomes["collapsed"].any():
         return None
-    table = collapse_table(outcomes, group_keys, default_baseline(outcomes, group_keys), options.confidence)
+    table = collapse_table(outcomes, group_keys, default_baseline(outcomes, group_keys), confidence)
     shown = table.assign(rate=[f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in
                                zip(table["rate"], table["rate_low"], table["rate_high"], strict=True)])
     shown = shown.drop(columns=["rate_low", "rate_high"])
@@ -195,18 +209,14 @@ def collapse_section(document: Document, data: SweepData, group_keys: Sequence[s
         shown["p_mcnemar"] = [f"{p:.3f}" if pd.notna(p) else "baseline" for p in shown["p_mcnemar"]]
         for column in ("pairs", "arm_only", "baseline_only"):
             shown[column] = [f"{int(v)}" if pd.notna(v) else "" for v in shown[column]]
-    document.add("## Collapse", "", f"Rule: {rule.describe()}. Rate: collapsed runs out of the judged ones, "
-                 f"[{options.confidence:.0%} Clopper-Pearson interval]; against the baseline at the same other factors, "
-                 "the pairs of runs of one seed where only the arm collapsed and where only the baseline did, and the "
-                 "exact McNemar p-value (a binomial test of those discordant pairs).", "",
-                 frame_markdown(shown), "")
+    lines = [f"Rule: {rule.describe()}. Rate: collapsed runs out of the judged ones, [{confidence:.0%} "
+             "Clopper-Pearson interval]; against the baseline at the same other factors, the pairs of runs of one "
+             "seed where only the arm collapsed and where only the baseline did, and the exact McNemar p-value (a "
+             "binomial test of those discordant pairs).", "", frame_markdown(shown), ""]
     unjudged = outcomes[~outcomes["judged"]]
     if len(unjudged):
-        document.add(f"Not judged (no step-0 value of `{rule.metric}`): {', '.join(map(str, unjudged['run']))}.", "")
-    curves = survival_curves(outcomes, group_keys, options.confidence)
-    document.figure("Time to collapse", "collapse_survival",
-                    lambda figure: plots.plot_survival(curves, ax=figure.add_subplot()), size=(7.0, 4.5))
-    return table
+        lines += [f"Not judged (no step-0 value of `{rule.metric}`): {', '.join(map(str, unjudged['run']))}.", ""]
+    return table, outcomes, lines
 
 
 def with_group_columns(data: SweepData, group_keys: Sequence[str]) -> SweepData:

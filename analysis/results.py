@@ -17,7 +17,9 @@ import pandas as pd
 from analysis.aggregate import aggregate_runs, default_baseline, default_group_keys, paired_differences, run_summaries
 from analysis.frames import SweepData
 from analysis.load import load_sweep
-from analysis.report import summary_table, with_group_columns
+from analysis.collapse import CollapseRule
+from analysis.statistics import DEFAULT_CONFIDENCE
+from analysis.report import collapse_lines, summary_table, with_group_columns
 from analysis.tables import comparison_table, to_markdown
 from analysis.warm_starts import design_sentence
 from dataflex_rl import keys
@@ -66,9 +68,12 @@ def results_text(data: SweepData, name: str, sweep_dir: Path) -> str:
     if headline is None:
         raise ValueError(f"sweep {sweep_dir} has no included run that logged {keys.VAL_ACCURACY}: nothing to write")
     parts += [to_markdown(headline), "", design_sentence(data), ""]
+    group_keys = tuple(default_group_keys(data.included_runs))
+    collapse = collapse_lines(with_group_columns(data, group_keys), group_keys, CollapseRule(), DEFAULT_CONFIDENCE)
+    if collapse is not None:
+        parts += ["Collapse:", "", *collapse[2]]
     metrics = [metric for metric in MECHANISM_METRICS if metric in set(data.metric_names)]
     if metrics:
-        group_keys = tuple(default_group_keys(data.included_runs))
         summaries = run_summaries(with_group_columns(data, group_keys).metrics, metrics=metrics)
         baseline = default_baseline(summaries, group_keys)
         deltas = None if baseline is None else paired_differences(summaries, value="auc", group_keys=group_keys,

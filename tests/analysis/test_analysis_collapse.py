@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import collapse
+from analysis import collapse, load, results
 from analysis.collapse import CollapseRule
 from analysis.report import main as report_main
 from tests.analysis.synthetic import write_fake_run
@@ -106,3 +106,14 @@ def test_the_report_has_a_collapse_section_only_when_a_run_collapsed(tmp_path: P
     assert "## Collapse" not in (tmp_path / "steady" / "report" / "report.md").read_text()
     assert report_main([str(tmp_path / "collapsing"), "--collapse-margin", "0.3"]) == 0
     assert "## Collapse" not in (tmp_path / "collapsing" / "report" / "report.md").read_text()
+
+
+def test_a_results_file_shows_the_collapse_rates_only_when_a_run_collapsed(tmp_path: Path) -> None:
+    write_runs(tmp_path / "collapsing", {(0.0, 1), (0.0, 2), (0.5, 2)})
+    text = results.results_text(load.load_sweep(tmp_path / "collapsing", histograms=False), "c", tmp_path / "collapsing")
+    section = text.split("Collapse:", 1)[1].split("Measured on:", 1)[0]
+    assert "fell at least 0.05 below" in section
+    assert "0.50 [0.07, 0.93]" in section and "0.25 [0.01, 0.81]" in section  # 2/4 and 1/4, Clopper-Pearson
+    write_runs(tmp_path / "steady", set())
+    assert "Collapse:" not in results.results_text(load.load_sweep(tmp_path / "steady", histograms=False), "s",
+                                                  tmp_path / "steady")

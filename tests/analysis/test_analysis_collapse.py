@@ -110,7 +110,8 @@ def test_the_report_has_a_collapse_section_only_when_a_run_collapsed(tmp_path: P
 
 def test_a_results_file_shows_the_collapse_rates_only_when_a_run_collapsed(tmp_path: Path) -> None:
     write_runs(tmp_path / "collapsing", {(0.0, 1), (0.0, 2), (0.5, 2)})
-    text = results.results_text(load.load_sweep(tmp_path / "collapsing", histograms=False), "c", tmp_path / "collapsing")
+    sweep = tmp_path / "collapsing"
+    text = results.results_text(load.load_sweep(sweep, histograms=False), "c", sweep)
     section = text.split("Collapse:", 1)[1].split("Measured on:", 1)[0]
     assert "fell at least 0.05 below" in section
     assert "0.50 [0.07, 0.93]" in section and "0.25 [0.01, 0.81]" in section  # 2/4 and 1/4, Clopper-Pearson

@@ -64,8 +64,14 @@ def _format_delta(row: pd.Series, digits: int, multiple: bool) -> str:
         if multiple and "p_holm" in row and np.isfinite(row["p_holm"]):
             text += f" (Holm {_format_p(row['p_holm'])})"
     if "mde" in row and np.isfinite(row["mde"]):
-        text += f" MDE {row['mde']:.{digits}f}"
+        text += " " + mde_text(row["mde"], digits)
     return text
+
+
+def mde_text(mde: float, digits: int = 3) -> str:
+    """``MDE x``; ``no spread`` when every pair differed by the same amount (an MDE of 0 would claim any difference
+    detectable, where the seeds only show no variation to measure one against)."""
+    return "no spread" if mde == 0 else f"MDE {mde:.{digits}f}"
 
 
 def significant(row: pd.Series) -> bool:

@@ -14,6 +14,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.patches import Rectangle
 
 from analysis.plots.style import metric_label, value_text
+from analysis.tables import mde_text
 
 CELL_COLUMNS = ("mean_difference", "ci_low", "ci_high", "n_pairs", "mde")
 DARK_SHARE = 0.6  # a cell whose |delta| exceeds this share of the colour scale's limit is written in white
@@ -62,7 +63,7 @@ def plot_regime_map(differences: pd.DataFrame, rows: str, columns: str, *, metri
         if np.isfinite(cell["mean_difference"]):
             dark = abs(cell["mean_difference"]) > DARK_SHARE * limit  # white text where the colour is deep
             ax.text(j, i, f"{cell['mean_difference']:+.3f}\n[{cell['ci_low']:+.3f}, {cell['ci_high']:+.3f}]\n"
-                          f"n = {int(cell['n_pairs'])}, MDE {cell['mde']:.3f}"
+                          f"n = {int(cell['n_pairs'])}, {mde_text(cell['mde'])}"
                           + collapse_text(collapse, {rows: cell[rows], columns: cell[columns]}, where),
                     ha="center", va="center", fontsize=8, color="white" if dark else "black",
                     fontweight="bold" if cell["excludes_zero"] else "normal")

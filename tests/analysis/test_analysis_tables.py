@@ -63,6 +63,13 @@ def test_interval_containing_zero_or_too_few_seeds_is_never_bold() -> None:
     assert not table.best.to_numpy().any() and "[" not in tables.to_markdown(table).split("\n", 2)[2]
 
 
+def test_pairs_that_all_differ_by_the_same_amount_show_no_spread_not_an_mde_of_zero() -> None:
+    deltas = _deltas()
+    deltas.loc[0, ["mean_difference", "ci_low", "ci_high", "p_value", "p_holm", "mde"]] = [0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    table = tables.comparison_table(_aggregates(), deltas=deltas, metrics=["val/accuracy"])
+    assert table.cells["Δ val/accuracy"].tolist()[1] == "+0.000 [+0.000, +0.000] p=1.00 (Holm p=1.00) no spread"
+
+
 def test_interval_style_and_iqm() -> None:
     table = tables.comparison_table(_aggregates(), metrics=["val/accuracy"], style="interval", statistic="iqm")
     assert table.cells["val/accuracy"].tolist()[0] == "0.500 [0.300, 0.700] (3)"

@@ -46,7 +46,8 @@ def train(config: SFTConfig, accuracies: list[float]) -> tuple[sft.SFTOutcome, l
 def test_checks_fall_every_check_every_steps_and_at_the_cap():
     rule = SFTConfig(steps=10, check_every=4, target_accuracy=0.8)
     assert [done for done in range(1, 11) if sft.check_due(done, rule)] == [4, 8, 10]
-    assert not any(sft.check_due(done, SFTConfig(steps=10, check_every=4)) for done in range(1, 11))  # no target
+    no_target = SFTConfig(steps=10, check_every=4, target_accuracy=None)
+    assert not any(sft.check_due(done, no_target) for done in range(1, 11))
 
 
 def test_training_stops_at_the_first_check_at_or_above_the_target():
@@ -62,17 +63,17 @@ def test_a_target_never_reached_stops_at_the_cap_and_is_recorded_as_not_reached(
 
 
 def test_without_a_target_every_step_is_trained_and_nothing_is_checked():
-    outcome, calls = train(SFTConfig(steps=5, batch_size=4, check_every=1), [])
+    outcome, calls = train(SFTConfig(steps=5, batch_size=4, check_every=1, target_accuracy=None), [])
     assert outcome.steps == 5 and calls == [] and outcome.reached is None and outcome.check_accuracy is None
 
 
 def test_the_cache_key_changes_with_every_setting_of_the_rule_and_not_without_a_target():
     base = SFTConfig(target_accuracy=0.8)
     key = sft.sft_cache_key(MODEL, TASK, base)
-    for change in ({"target_accuracy": 0.85}, {"check_every": 10}, {"check_size": 64}, {"target_accuracy": None}):
+    for change in ({"target_accuracy": 0.85}, {"check_every": 7}, {"check_size": 64}, {"target_accuracy": None}):
         assert sft.sft_cache_key(MODEL, TASK, dataclasses.replace(base, **change)) != key, change
-    fixed = SFTConfig()
-    assert sft.sft_cache_key(MODEL, TASK, dataclasses.replace(fixed, check_every=10, check_size=64)) == \
+    fixed = SFTConfig(target_accuracy=None)
+    assert sft.sft_cache_key(MODEL, TASK, dataclasses.replace(fixed, check_every=7, check_size=64)) == \
         sft.sft_cache_key(MODEL, TASK, fixed)  # the rule's settings do nothing without a target
 
 

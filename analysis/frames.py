@@ -23,7 +23,8 @@ LONG_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "metric", "value")
 HISTOGRAM_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, "step", "name", "edges", "counts")
 RUN_COLUMNS: tuple[str, ...] = (
     *IDENTITY_COLUMNS, "state", "status_step", "error", "wall_time_s", "git_commit", "config_hash", "start_time",
-    "end_time", "environment", "warm_start", "warm_start_design", "warm_start_seed", "path", "metrics_source",
+    "end_time", "environment", "warm_start", "warm_start_design", "warm_start_seed",
+    "warm_start_steps", "warm_start_target", "warm_start_check", "warm_start_reached", "path", "metrics_source",
     "included", "exclusion_reason", "nonfinite",
 )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis import load, warm_starts
+from analysis.aggregate import default_group_keys
 from analysis.tables import frame_markdown
 from dataflex_rl.run_config import ModelConfig, SFTConfig, TaskConfig
 from dataflex_rl.tasks import build_task
@@ -120,6 +121,7 @@ def test_the_report_table_gives_each_stop_step_reached_or_not_with_three_decimal
         1: {"steps": 300, "target_accuracy": 0.8, "check_accuracy": 0.8125, "reached": True},
         2: {"steps": 800, "target_accuracy": 0.8, "check_accuracy": 0.61, "reached": False}}), histograms=False)
     table = warm_starts.warm_start_table(data)
+    assert default_group_keys(data.included_runs) == ("alpha",)  # what a warm start did is no factor of the sweep
     assert table["SFT steps"].tolist() == [300, 800]
     assert table["stopping rule"].tolist() == ["reached: check 0.812 >= target 0.800",
                                                "target 0.800 NOT reached (last check 0.610)"]

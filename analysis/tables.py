@@ -138,8 +138,9 @@ def _table_numbers(aggregates: pd.DataFrame, deltas: pd.DataFrame | None, metric
 def frame_markdown(frame: pd.DataFrame, float_format: str = "g") -> str:
     """A plain table as GitHub Markdown, floats in ``float_format`` (``%g`` form by default)."""
     floats = [column for column in frame.columns if pd.api.types.is_float_dtype(frame[column].dtype)]
+    # disable_numparse: tabulate would read "0.480" back as a number and print 0.48
     return frame.assign(**{column: [format(v, float_format) for v in frame[column]] for column in floats}
-                        ).to_markdown(index=False)
+                        ).to_markdown(index=False, disable_numparse=float_format != "g")
 
 
 def _marked(cells: pd.DataFrame, best: pd.DataFrame, bold: Callable[[str], str]) -> pd.DataFrame:

@@ -20,7 +20,8 @@ from dataflex_rl.verl.cpu.prepare import prepare
 EXPERIMENT = "verl_cpu_tiny"
 # A short SFT on 1-2 digit sums: about 0.23 greedy accuracy after 250 steps (measured), enough correct samples in
 # a step's groups for non-zero advantages, in about 40 s on one thread (a 60-step SFT scored 0: every advantage 0).
-TEST_PREPARE_OVERRIDES = ("task.max_digits=2", "sft.steps=250")
+# Fixed-length (no stopping rule), as docs/verl.md's figures were measured.
+TEST_PREPARE_OVERRIDES = ("task.max_digits=2", "sft.steps=250", "sft.target_accuracy=null")
 RUN_TIMEOUT_S = 1200  # a wait, not a timing assertion: a 2-step run takes about a minute on an idle 2-core machine
 
 

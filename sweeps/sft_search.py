@@ -1,9 +1,10 @@
-"""The SFT recipe search behind the default warm start: ``python -m sweeps.sft_search`` (``make sft-search``).
+"""The SFT recipe search behind the default warm start: ``python -m sweeps.sft_search``.
 
-Each point (lr x batch_size x target_accuracy x check_every, the other SFT settings at their defaults) trains one warm start per
-seed of the default experiment's model and task, one thread each, and measures its stop step, its CPU seconds
-(training and the stopping rule's checks: one core's time, whatever else the machine runs) and its greedy accuracy
-on the RL validation problems (the runs' step-0 ``val/accuracy``). Written as ``docs/results/<name>.md``.
+Each point (lr x batch_size x target_accuracy x check_every, the other SFT settings at their defaults) trains one
+warm start per seed of the default experiment's model and task, one thread each, and measures its stop step, its
+CPU seconds (training and the stopping rule's checks: one core's time, whatever else the machine runs) and its
+greedy accuracy on the RL validation problems (the runs' step-0 ``val/accuracy``). Written as
+``docs/results/<name>.md``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def measure(point: dict, seed: int, cap: int) -> Measured:
     import torch
 
     from dataflex_rl.compose import compose_train_config
+    from dataflex_rl.local.trainer import val_problems
     from dataflex_rl.run_config import parse_train_config
     from dataflex_rl.tasks import build_task
     from dataflex_rl.tinylm.model import build_model
@@ -51,7 +53,7 @@ def measure(point: dict, seed: int, cap: int) -> Measured:
     start = time.process_time()
     outcome = run_sft(model, tokenizer, task, config.sft)
     seconds = time.process_time() - start
-    val = task.test_problems(min(config.trainer.val_size, len(task.test_pool)), seed=config.trainer.val_seed)
+    val = val_problems(task, config.trainer)
     return Measured(outcome.steps, seconds, greedy_accuracy(model, tokenizer, task, val), outcome.reached)
 
 

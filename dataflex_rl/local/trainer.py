@@ -50,6 +50,11 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % SEED_MODULUS
 
 
+def val_problems(task: Task, trainer) -> list:
+    """The held-out problems every evaluation scores (``val/accuracy``): the test pool's first ``trainer.val_size``."""
+    return task.test_problems(min(trainer.val_size, len(task.test_pool)), seed=trainer.val_seed)
+
+
 def fast_paths(model: torch.nn.Module, trainer) -> tuple[str, bool]:
     reason = decoder_supported(model)
     if reason is None:
@@ -102,8 +107,8 @@ class GRPOTrainer:
                                       norm_adv_by_std_in_grpo=trainer.norm_adv_by_std)
         self.policy_loss_fn = core_algos.get_policy_loss_fn(trainer.policy_loss)
         self.advantage_fn = core_algos.get_adv_estimator_fn(trainer.adv_estimator)
-        self.max_new_tokens = trainer.max_new_tokens or task.max_completion_chars + 2
-        self.val_problems = task.test_problems(min(trainer.val_size, len(task.test_pool)), seed=trainer.val_seed)
+        self.max_new_tokens = trainer.max_new_tokens or task.max_new_tokens
+        self.val_problems = val_problems(task, trainer)
         self.sampler, self.pack = fast_paths(model, trainer)
         self.compile = self.pack and trainer.compile
         self._last_log_seconds = 0.0

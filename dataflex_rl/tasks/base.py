@@ -73,6 +73,11 @@ class Task(abc.ABC):
         """Upper bound on ``len(problem.completion)`` (the correct answer with its terminator)."""
 
     @property
+    def max_new_tokens(self) -> int:
+        """The generation budget of a response (one token per character): the longest answer plus slack."""
+        return self.max_completion_chars + 2
+
+    @property
     @abc.abstractmethod
     def alphabet(self) -> str:
         """Every character a prompt or completion can contain, sorted (for character-level vocabularies)."""

@@ -165,11 +165,12 @@ def check_problems(task: Task, sft: Any) -> list:
 
 
 def greedy_accuracy(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, problems: list) -> float:
+    training = model.training
     model.eval()
     with torch.no_grad():
-        batch = generate(model, tokenizer, [problem.prompt for problem in problems], 1, task.max_completion_chars + 2,
+        batch = generate(model, tokenizer, [problem.prompt for problem in problems], 1, task.max_new_tokens,
                          None, sampler="cached" if supported(model) is None else "hf")
-    model.train()
+    model.train(training)
     completions = decode_responses(tokenizer, batch)
     return float(np.mean([task.is_correct(problem, text) for problem, text in zip(problems, completions)]))
 

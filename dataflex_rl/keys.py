@@ -75,6 +75,10 @@ TIMING_MECHANISM = metric_key("timing_s/mechanism")
 TIMING_LOG = metric_key("timing_s/log")  # logging of the previous step
 TIMING_EXACT_GRAD = metric_key("timing_s/exact_grad")  # exact per-bucket gradient norms (stats.exact_every)
 TIMING_PROB_CHANGE = metric_key("timing_s/prob_change")  # the updated policy's forward pass (stats.prob_change_every)
+TIMING_VAL = metric_key("timing_s/testing")  # a validation (at the steps that have one)
+# The process's start to its first step (interpreter, imports, config, task, warm-start load, loggers; a step-0
+# validation excluded); logged at the first step the process trains.
+TIMING_STARTUP = metric_key("timing_s/startup")
 
 # --- validation --------------------------------------------------------------------------------------------
 VAL_ACCURACY = metric_key("val/accuracy")

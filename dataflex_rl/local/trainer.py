@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo import core_algos
@@ -71,6 +72,11 @@ def timed(timings: dict[str, float], key: str) -> Iterator[None]:
     timings[key] = timings.get(key, 0.0) + time.perf_counter() - start
 
 
+def process_seconds() -> float:
+    """Seconds since this process started (the interpreter's own start included)."""
+    return time.time() - psutil.Process().create_time()
+
+
 class GRPOTrainer:
     def __init__(
         self,
@@ -117,12 +123,14 @@ class GRPOTrainer:
     def fit(self, start_step: int = 0) -> dict[str, float]:
         total = self.trainer.total_steps
         last_metrics: dict[str, float] = {}
+        startup = {keys.TIMING_STARTUP: process_seconds()}
         if start_step == 0:
             last_metrics = self.validate()
             self.log(0, last_metrics)
         with progress_bar(total=total, desc="GRPO", initial=start_step) as bar:
             for step in range(start_step + 1, total + 1):
-                step_metrics = self.train_step(step)
+                step_metrics = {**self.train_step(step), **startup}
+                startup = {}
                 if step == total or (self.trainer.val_every > 0 and step % self.trainer.val_every == 0):
                     step_metrics.update(self.validate())
                 # A stop (Ctrl-C, SIGTERM) waits until the step's metrics, histograms and checkpoint are written.
@@ -322,6 +330,7 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
+        start = time.perf_counter()
         self.model.eval()
         correct_by_difficulty: dict[int, list[bool]] = defaultdict(list)
         for start in range(0, len(self.val_problems), VAL_CHUNK):
@@ -331,7 +340,7 @@ class GRPOTrainer:
             for problem, completion in zip(problems, decode_responses(self.tokenizer, batch)):
                 correct_by_difficulty[problem.difficulty].append(self.task.is_correct(problem, completion))
         all_correct = [value for values in correct_by_difficulty.values() for value in values]
-        result = {keys.VAL_ACCURACY: float(np.mean(all_correct))}
+        result = {keys.VAL_ACCURACY: float(np.mean(all_correct)), keys.TIMING_VAL: time.perf_counter() - start}
         for difficulty, values in sorted(correct_by_difficulty.items()):
             result[keys.val_accuracy_by_difficulty(difficulty)] = float(np.mean(values))
         return result

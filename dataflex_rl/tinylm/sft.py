@@ -29,11 +29,10 @@ from dataflex_rl.tinylm.tokenizer import Tokenizer
 from dataflex_rl.tasks import Task
 from dataflex_rl.tracking.run_store import file_mode, numeric_environment
 from dataflex_rl.tracking.run_store.files import read_json_object
-from dataflex_rl.tracking.run_store.schema import SFT_DONE, check_schema
+from dataflex_rl.tracking.run_store.schema import SFT_DONE, SFT_DONE_FILE, check_schema
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # bump when the SFT recipe changes, so stale checkpoints are not reused
-DONE_FILE = "done.json"  # written last into a warm start's folder: the files it holds and their hashes
 
 
 def sft_cache_key(model: Any, task: Any, sft: Any) -> str:
@@ -56,14 +55,14 @@ def sft_cache_key(model: Any, task: Any, sft: Any) -> str:
 def files_digest(folder: Path) -> dict[str, str]:
     """``{file name: sha256}`` of the files directly in ``folder`` (a checkpoint: config, weights, tokenizer)."""
     return {path.name: hashlib.file_digest(path.open("rb"), "sha256").hexdigest()
-            for path in sorted(folder.iterdir()) if path.is_file() and path.name != DONE_FILE}
+            for path in sorted(folder.iterdir()) if path.is_file() and path.name != SFT_DONE_FILE}
 
 
 def cached_entry(directory: Path) -> bool:
     """Whether ``directory`` holds a whole warm start: ``done.json`` read by its schema, and every file it lists
     holding the content it recorded (a cut or replaced file makes the entry not cached, so it is built again)."""
     try:
-        done = check_schema(directory / DONE_FILE, read_json_object(directory / DONE_FILE) or {}, SFT_DONE)
+        done = check_schema(directory / SFT_DONE_FILE, read_json_object(directory / SFT_DONE_FILE) or {}, SFT_DONE)
     except (OSError, ValueError):
         return False
     recorded = done.get("files")
@@ -107,7 +106,7 @@ def warm_start_outcome(directory: Path | None) -> dict[str, Any]:
     """A cached warm start's :class:`SFTOutcome` fields from its done.json (the runs record it); ``{}`` without SFT."""
     if directory is None:
         return {}
-    done = read_json_object(directory / DONE_FILE) or {}
+    done = read_json_object(directory / SFT_DONE_FILE) or {}
     return {field: done.get(field) for field in SFTOutcome._fields if field != "final_loss"}
 
 
@@ -130,7 +129,7 @@ def _train_and_save(model_config: Any, sft: Any, task: Task, directory: Path) ->
         tokenizer.save_pretrained(temporary)
         summary = {**outcome._asdict(), "seconds": time.perf_counter() - start, "environment": numeric_environment(),
                    "files": files_digest(temporary)}
-        (temporary / DONE_FILE).write_text(json.dumps(summary))
+        (temporary / SFT_DONE_FILE).write_text(json.dumps(summary))
         for path in temporary.iterdir():  # safetensors writes 0600 files: the shared cache readable as umask allows
             os.chmod(path, file_mode())
         shutil.rmtree(directory, ignore_errors=True)

@@ -21,6 +21,7 @@ from dataflex_rl.tinylm import sft
 from dataflex_rl.tinylm.model import build_model
 from dataflex_rl.tracking import run_store
 from dataflex_rl.tracking.identity import warm_start_record
+from dataflex_rl.tracking.run_store.schema import SFT_DONE_FILE
 from dataflex_rl.validation import ConfigError
 from tests.analysis.synthetic import write_fake_run
 
@@ -97,7 +98,7 @@ def test_a_warm_start_records_its_stop_in_done_json_and_the_runs_record(tmp_path
     config = SFTConfig(steps=6, batch_size=4, seed=1, cache_dir=str(tmp_path), check_every=3, check_size=8,
                        target_accuracy=1.0)  # an untrained model never answers all 8: the cap ends it
     directory = sft.warm_start(MODEL, TASK, config, build_task("arithmetic", {}))[2]
-    done = json.loads((directory / sft.DONE_FILE).read_text())
+    done = json.loads((directory / SFT_DONE_FILE).read_text())
     assert done["steps"] == 6 and done["reached"] is False and done["target_accuracy"] == 1.0
     assert 0.0 <= done["check_accuracy"] < 1.0
     assert sft.warm_start_outcome(directory) == {"steps": 6, "target_accuracy": 1.0,

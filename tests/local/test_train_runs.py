@@ -54,6 +54,12 @@ def test_three_step_cli_run_writes_every_artifact(tmp_path, sft_cache):
     assert [key for key in frame.columns if key != "step" and not keys.is_metric_key(key)] == []
     # Validation at the start, every 2 steps and at the end; exact per-bucket gradients every 2 steps.
     assert frame.set_index("step")[keys.VAL_ACCURACY].notna().tolist() == [True, False, True, True]
+    # each validation its seconds; the process's start-up once, at its first step, and longer than the imports
+    timing = frame.set_index("step")
+    assert timing[keys.TIMING_VAL].notna().tolist() == [True, False, True, True]
+    assert (timing[keys.TIMING_VAL].dropna() > 0).all()
+    assert timing[keys.TIMING_STARTUP].notna().tolist() == [False, True, False, False]
+    assert timing.loc[1, keys.TIMING_STARTUP] > 1.0  # a fresh interpreter importing torch: seconds, not 0
     exact = frame.set_index("step")[keys.grad_by_prob("0.00-0.25", "param_grad_norm")]
     assert exact.notna().tolist() == [False, False, True, False]
     share_columns = [c for c in frame.columns if c.endswith("/logit_grad_norm_share")]

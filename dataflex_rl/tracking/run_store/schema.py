@@ -60,6 +60,7 @@ SWEEP = {"sweep": (False, text), "grid": (False, mapping), "runs": (False, entri
          "warm_starts": (False, entries("run")), "invocations": (False, entries()), "plan": (False, mapping),
          "steps": (False, _or_null(integer)), "jobs": (False, _or_null(integer))}
 boolean = _check(lambda value: value is None or isinstance(value, bool), "true, false or null")
+SFT_DONE_FILE = "done.json"  # written last into a warm start's folder: its outcome, its files and their hashes
 SFT_DONE = {"steps": (True, integer), "seconds": (True, number), "final_loss": (False, _or_null(number)),
             "target_accuracy": (False, _or_null(number)), "check_accuracy": (False, _or_null(number)),
             "reached": (False, boolean)}

@@ -1,0 +1,158 @@
+"""Where a sweep's time goes: ``python -m analysis.timing runs/<sweep> [--name <name>]`` (with ``--name``, written as
+``docs/results/<name>.md``). Its processes' seconds by stage, each process one thread on one core: a run's wall time
+(``sweep.json``) split by its ``timing_s/*`` metrics, a warm start's by its ``done.json`` training seconds; the
+driver's own time is the sweep's wall time when none of its processes ran (planning before, the report after)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.frames import SweepData
+from analysis.load import load_sweep
+from dataflex_rl import keys
+from dataflex_rl.tracking.run_store import COMPLETED
+from dataflex_rl.tracking.run_store.files import read_json_object
+from dataflex_rl.tracking.run_store.schema import SFT_DONE_FILE
+
+# The stages, in a run's order; a run's seconds outside its timed parts are "run finish and launch".
+STEP_PARTS = {keys.TIMING_GEN: "rollout (sampling)", keys.TIMING_MECHANISM: "mechanism and its statistics",
+              keys.TIMING_EXACT_GRAD: "mechanism and its statistics", keys.TIMING_PROB_CHANGE:
+              "mechanism and its statistics", keys.TIMING_UPDATE: "update (loss, backward, optimizer)"}
+SFT_STARTUP, SFT_TRAINING = "warm start: process start-up and save", "warm start: SFT training and its checks"
+RUN_STARTUP, STEP_REST = "run: process start-up (imports, config, warm-start load, loggers)", \
+    "reward, advantages, old log-probs"
+EVALUATION, LOGGING, RUN_REST = "evaluation (greedy validation)", "logging (run store, W&B)", "run: finish and launch"
+DRIVER = "driver alone (plan, closing tables, report)"
+STAGES = (SFT_STARTUP, SFT_TRAINING, RUN_STARTUP, "rollout (sampling)", STEP_REST, "mechanism and its statistics",
+          "update (loss, backward, optimizer)", EVALUATION, LOGGING, RUN_REST, DRIVER)
+
+
+def _interval(entry: Mapping) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+    if not entry.get("start") or not entry.get("end"):
+        return None
+    return pd.Timestamp(entry["start"]), pd.Timestamp(entry["end"])
+
+
+def _union_seconds(intervals: Sequence[tuple[pd.Timestamp, pd.Timestamp]], within: tuple) -> float:
+    """Seconds of ``within`` covered by at least one of ``intervals``."""
+    clipped = sorted((max(start, within[0]), min(end, within[1])) for start, end in intervals)
+    total, current = 0.0, None
+    for start, end in clipped:
+        if end <= start:
+            continue
+        if current is None or start > current[1]:
+            total += 0.0 if current is None else (current[1] - current[0]).total_seconds()
+            current = [start, end]
+        else:
+            current[1] = max(current[1], end)
+    return total + (0.0 if current is None else (current[1] - current[0]).total_seconds())
+
+
+def _sft_seconds(entry: Mapping, checkpoints: Sequence[str]) -> float:
+    """The training seconds of a warm start this entry built (0 when it found its checkpoint cached)."""
+    interval = _interval(entry)
+    for checkpoint in checkpoints:
+        path = Path(checkpoint) / SFT_DONE_FILE
+        if interval is None or not path.is_file():
+            continue
+        written = pd.Timestamp(path.stat().st_mtime, unit="s", tz="UTC")
+        if interval[0] <= written <= interval[1]:
+            try:
+                return float((read_json_object(path) or {}).get("seconds") or 0.0)
+            except (OSError, ValueError, TypeError):  # a damaged done.json: its training time is unknown
+                return 0.0
+    return 0.0
+
+
+def time_split(data: SweepData) -> tuple[pd.DataFrame, dict[str, float]]:
+    """``(table, totals)``: seconds per stage (rows in :data:`STAGES` order, with their share of the processes'
+    seconds) over the completed single-attempt processes; totals: ``wall``, ``slots`` (jobs x wall), ``processes``,
+    ``left_out`` (processes not counted: failed or resumed)."""
+    manifest = data.manifest or {}
+    seconds = dict.fromkeys(STAGES, 0.0)
+    left_out = 0
+    counted = []
+    for entry in manifest.get("warm_starts", []):
+        if entry.get("state") != COMPLETED or entry.get("attempts", 1) != 1 or entry.get("wall_time_s") is None:
+            left_out += 1
+            continue
+        seed = entry.get("run", "").removeprefix("sft-seed")
+        runs = data.runs[data.runs["warm_start_seed"].astype(str) == seed] if seed.isdigit() else data.runs
+        training = min(_sft_seconds(entry, runs["warm_start"].dropna().unique().tolist()), entry["wall_time_s"])
+        seconds[SFT_TRAINING] += training
+        seconds[SFT_STARTUP] += entry["wall_time_s"] - training
+        counted.append(entry)
+    timing = data.metrics[data.metrics["metric"].astype(str).str.startswith("timing_s/")]
+    by_run = timing.groupby(["run", "metric"], observed=True)["value"].sum()
+    included = set(data.included_runs["run"].astype(str))
+    for entry in manifest.get("runs", []):
+        name = entry.get("run")
+        if (name not in included or entry.get("state") != COMPLETED or entry.get("attempts", 1) != 1
+                or entry.get("wall_time_s") is None):
+            left_out += 1
+            continue
+        parts = by_run.get(name, pd.Series(dtype=float))
+        part = {metric: float(parts.get(metric, 0.0)) for metric in (*STEP_PARTS, keys.TIMING_STEP, keys.TIMING_VAL,
+                                                                     keys.TIMING_LOG, keys.TIMING_STARTUP)}
+        for metric, stage in STEP_PARTS.items():
+            seconds[stage] += part[metric]
+        seconds[STEP_REST] += part[keys.TIMING_STEP] - sum(part[m] for m in STEP_PARTS)
+        seconds[RUN_STARTUP] += part[keys.TIMING_STARTUP]
+        seconds[EVALUATION] += part[keys.TIMING_VAL]
+        seconds[LOGGING] += part[keys.TIMING_LOG]
+        seconds[RUN_REST] += entry["wall_time_s"] - sum(
+            part[m] for m in (keys.TIMING_STEP, keys.TIMING_VAL, keys.TIMING_LOG, keys.TIMING_STARTUP))
+        counted.append(entry)
+    intervals = [interval for interval in map(_interval, counted) if interval is not None]
+    invocations = [interval for interval in map(_interval, manifest.get("invocations", [])) if interval]
+    wall = sum((end - start).total_seconds() for start, end in invocations)
+    seconds[DRIVER] = wall - sum(_union_seconds(intervals, invocation) for invocation in invocations)
+    table = pd.DataFrame({"stage": list(seconds), "seconds": list(seconds.values())})
+    processes = table["seconds"].iloc[:-1].sum()
+    table["share"] = table["seconds"] / table["seconds"].sum()
+    return table, {"wall": wall, "slots": wall * int(manifest.get("jobs") or 1), "processes": processes,
+                   "left_out": left_out}
+
+
+def time_split_text(data: SweepData, sweep_dir: Path, name: str | None = None) -> str:
+    table, totals = time_split(data)
+    lines = [] if name is None else [f"<!-- {name}: written by `python -m analysis.timing {sweep_dir} --name {name}`; "
+                                     f"do not edit by hand -->", ""]
+    lines += ["| stage | seconds (one core each) | share |", "|---|---:|---:|"]
+    lines += [f"| {row.stage} | {row.seconds:.0f} | {row.share:.0%} |" for row in table.itertuples()]
+    lines += ["", f"- sweep {sweep_dir.name}: wall time {totals['wall'] / 60:.1f} min with "
+              f"{int(totals['slots'] / totals['wall']) if totals['wall'] else 0} run(s) at once: its processes used "
+              f"{totals['processes'] / totals['slots']:.0%} of the {totals['slots'] / 60:.1f} slot-minutes"
+              if totals["slots"] else f"- sweep {sweep_dir.name}: no invocation with an end on record"]
+    if totals["left_out"]:
+        lines.append(f"- {totals['left_out']} process(es) not counted: not completed, or resumed (their wall time "
+                     f"is of the last attempt)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.timing", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path, help="the sweep folder (runs/<sweep>)")
+    parser.add_argument("--name", help="write docs/results/<name>.md (and the docs' blocks that name it)")
+    options = parser.parse_args(argv)
+    from analysis.results import check_results_name, publish
+
+    if options.name is not None:
+        check_results_name(options.name, "--name")
+    data = load_sweep(options.sweep_dir, histograms=False, require_runs=True)
+    if options.name is None:
+        print(time_split_text(data, options.sweep_dir))
+        return 0
+    path, changed = publish(options.name, lambda: time_split_text(data, options.sweep_dir, options.name))
+    print(path.read_text())
+    print(f"results: {path}" + (f"; docs updated: {', '.join(map(str, changed))}" if changed else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -128,7 +128,7 @@ class TrainerConfig:
     kl_coef: float = 0.0  # > 0 adds verl's KL loss to the SFT reference
     kl_type: str = "low_var_kl"
     val_every: int = 20  # greedy validation every N steps (and at the start and the end)
-    # 1024 greedy items every 20 steps: binomial SE ~0.014 at p = 0.7, ~6% of wall time (bench_eval).
+    # 1024 greedy items every 20 steps: binomial SE ~0.014 at p = 0.7, ~6% of wall time (benchmarks/bench_local.py).
     val_size: int = 1024
     val_seed: int = 0
     save_every: int = 50  # checkpoint every N steps (and at the end); 0: never

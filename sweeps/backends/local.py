@@ -20,8 +20,8 @@ from sweeps.sweep_config import SweepConfig, common_overrides, common_sets, run_
 from sweeps.grid import STANDARD_FACTORS, RunSpec, warm_start_overrides
 from sweeps.plan import LOG_FOLDER, PlannedRun, check_steps_once, planned_steps, thread_environment
 
-# A run's cost on an idle machine, one thread (benchmarks/bench_eval.py, the default experiment): what the study's
-# wall-time estimate uses.
+# A run's cost on an idle machine, one thread (the eval rows of benchmarks/bench_local.py, the default experiment):
+# what the study's wall-time estimate uses.
 STEP_S, VALIDATION_ITEM_S, RUN_OVERHEAD_S = 0.66, 0.0008, 10.0
 SFT_FOLDER = ".sft"  # run_dir given to ``mode=sft`` (hidden, so the analysis never takes it for a run)
 LAUNCH_FOLDER = "launch"  # <sweep>/launch/<run>.yaml: the resolved config a run's command reads
@@ -155,7 +155,7 @@ class LocalBackend(Backend):
         seconds = math.ceil(runs / max(1, jobs)) * (trainer.total_steps * STEP_S + validation + RUN_OVERHEAD_S)
         return seconds, f"{trainer.total_steps} steps", (f"{STEP_S:g} s per RL step and {VALIDATION_ITEM_S * 1e3:g} ms "
                                                          f"per validation item, one thread each, measured by "
-                                                         f"benchmarks/bench_eval.py")
+                                                         f"the eval rows of benchmarks/bench_local.py")
 
     def starting_lr(self) -> float:
         from dataflex_rl.run_config import TrainerConfig

@@ -1,7 +1,12 @@
-"""Where a sweep's time goes: ``python -m analysis.timing runs/<sweep> [--name <name>]`` (with ``--name``, written as
-``docs/results/<name>.md``). Its processes' seconds by stage, each process one thread on one core: a run's wall time
-(``sweep.json``) split by its ``timing_s/*`` metrics, a warm start's by its ``done.json`` training seconds; the
-driver's own time is the sweep's wall time when none of its processes ran (planning before, the report after)."""
+"""Where a sweep's time goes, and what fewer steps or seeds would buy: ``python -m analysis.timing runs/<sweep>
+[--name <name>]`` (with ``--name``, written as ``docs/results/<name>.md``).
+
+The split: its processes' seconds by stage, each process one thread on one core: a run's wall time (``sweep.json``)
+split by its ``timing_s/*`` metrics, a warm start's by its ``done.json`` training seconds; the driver's own time is
+the sweep's wall time when none of its processes ran (planning before, the report after). The trade-off: the paired
+delta's MDE had the runs stopped at an earlier step (exact: a run's first S steps are what a run of S steps does, the
+learning rate being constant, where S is an evaluation step) and with other seed counts (projected from the measured
+spread), against the sweep's minutes from the split's costs."""
 
 from __future__ import annotations
 
@@ -10,10 +15,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from analysis.aggregate import default_baseline, default_group_keys, paired_differences, run_summaries
 from analysis.frames import SweepData
 from analysis.load import load_sweep
+from analysis.statistics import minimum_detectable_effect
 from dataflex_rl import keys
 from dataflex_rl.tracking.run_store import COMPLETED
 from dataflex_rl.tracking.run_store.files import read_json_object
@@ -119,6 +127,53 @@ def time_split(data: SweepData) -> tuple[pd.DataFrame, dict[str, float]]:
                    "left_out": left_out}
 
 
+def step_costs(data: SweepData, table: pd.DataFrame) -> dict[str, float]:
+    """Mean seconds, one core: ``warm_start`` (a whole warm-start process), ``run`` (a run's start-up, finish and
+    launch), ``step`` (a training step with its logging) and ``validation`` (one evaluation); ``driver``: its own."""
+    seconds = dict(zip(table["stage"], table["seconds"]))
+    manifest = data.manifest or {}
+    runs = [e for e in manifest.get("runs", []) if e.get("state") == COMPLETED and e.get("attempts", 1) == 1]
+    warm = [e for e in manifest.get("warm_starts", []) if e.get("state") == COMPLETED and e.get("attempts", 1) == 1]
+    timing = data.metrics[data.metrics["run"].astype(str).isin({e["run"] for e in runs})]
+    count = {metric: int((timing["metric"].astype(str) == metric).sum()) for metric in (keys.TIMING_STEP,
+                                                                                         keys.TIMING_VAL)}
+    per_step = sum(seconds[stage] for stage in (*dict.fromkeys(STEP_PARTS.values()), STEP_REST, LOGGING))
+    return {"warm_start": (seconds[SFT_STARTUP] + seconds[SFT_TRAINING]) / max(1, len(warm)),
+            "run": (seconds[RUN_STARTUP] + seconds[RUN_REST]) / max(1, len(runs)),
+            "step": per_step / max(1, count[keys.TIMING_STEP]),
+            "validation": seconds[EVALUATION] / max(1, count[keys.TIMING_VAL]), "driver": seconds[DRIVER]}
+
+
+def tradeoff(data: SweepData, table: pd.DataFrame, seeds: Sequence[int] = (4, 6, 8, 12, 16),
+             metric: str = keys.VAL_ACCURACY) -> pd.DataFrame:
+    """One row per (steps, seeds): the largest MDE of the paired deltas of ``metric``'s final window against the
+    baseline (measured at the sweep's own seed count, projected at the others from the measured SD) and the
+    minutes of such a sweep (its arms, one warm start per seed, ``jobs`` at once, at :func:`step_costs`)."""
+    manifest = data.manifest or {}
+    jobs, costs = int(manifest.get("jobs") or 1), step_costs(data, table)
+    long = data.metrics[data.metrics["metric"].astype(str) == metric]
+    group_keys = default_group_keys(data.included_runs)
+    long = long.merge(data.included_runs[["run", *[k for k in group_keys if k not in long.columns]]], on="run")
+    arms = long[list(group_keys)].drop_duplicates().shape[0]
+    evaluated = np.sort(long["step"].unique())
+    rows = []
+    for steps in evaluated[1:]:
+        summaries = run_summaries(long[long["step"] <= steps], metrics=[metric])
+        baseline = default_baseline(summaries, group_keys)
+        deltas = paired_differences(summaries, group_keys=group_keys, baseline=baseline)
+        measured = deltas.dropna(subset=["std_difference"])
+        if measured.empty:
+            continue
+        spread, measured_n = float(measured["std_difference"].max()), int(measured["n_pairs"].min())
+        validations = int((evaluated <= steps).sum())
+        run_seconds = costs["run"] + steps * costs["step"] + validations * costs["validation"]
+        for n in sorted({*seeds, measured_n}):
+            minutes = (n * costs["warm_start"] + n * arms * run_seconds) / jobs / 60 + costs["driver"] / 60
+            rows.append({"steps": int(steps), "seeds": n, "mde": minimum_detectable_effect(spread, n),
+                         "measured": n == measured_n, "minutes": minutes})
+    return pd.DataFrame(rows, columns=["steps", "seeds", "mde", "measured", "minutes"])
+
+
 def time_split_text(data: SweepData, sweep_dir: Path, name: str | None = None) -> str:
     table, totals = time_split(data)
     lines = [] if name is None else [f"<!-- {name}: written by `python -m analysis.timing {sweep_dir} --name {name}`; "
@@ -132,6 +187,22 @@ def time_split_text(data: SweepData, sweep_dir: Path, name: str | None = None) -
     if totals["left_out"]:
         lines.append(f"- {totals['left_out']} process(es) not counted: not completed, or resumed (their wall time "
                      f"is of the last attempt)")
+    trade = tradeoff(data, table)
+    if len(trade):
+        costs = step_costs(data, table)
+        lines += ["", f"What fewer steps or other seed counts would buy ({keys.VAL_ACCURACY}, final window, the paired "
+                  f"delta's MDE; * measured, else projected from the measured SD; minutes from a warm start of "
+                  f"{costs['warm_start']:.0f} s, a run's {costs['run']:.0f} s of start-up and finish, "
+                  f"{costs['step']:.2f} s a step and {costs['validation']:.2f} s a validation, one core each, "
+                  f"{int(totals['slots'] / totals['wall']) if totals['wall'] else 1} at once, "
+                  f"and the driver's {costs['driver']:.0f} s):", "",
+                  "| steps | " + " | ".join(f"{n} seeds" for n in sorted(trade["seeds"].unique())) + " |",
+                  "|---:|" + "---:|" * trade["seeds"].nunique()]
+        for steps, rows in trade.groupby("steps"):
+            cells = {row.seeds: f"MDE {row.mde:.4f}{'*' if row.measured else ''}, {row.minutes:.1f} min"
+                     for row in rows.itertuples()}
+            lines.append(f"| {steps} | " + " | ".join(cells.get(n, "") for n in sorted(trade["seeds"].unique()))
+                         + " |")
     return "\n".join(lines) + "\n"
 
 

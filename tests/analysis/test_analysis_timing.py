@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from analysis.load import load_sweep
+from analysis.statistics import minimum_detectable_effect
 from analysis.timing import main as timing_main
-from analysis.timing import time_split
+from analysis.timing import time_split, tradeoff
 from dataflex_rl import keys
 from dataflex_rl.tracking import run_store
 from tests.analysis.synthetic import write_fake_run
@@ -90,3 +91,39 @@ def test_the_command_prints_the_table_and_names_what_it_left_out(tmp_path, capsy
     assert "| warm start: SFT training and its checks | 25 | 25% |" in out
     assert "wall time 1.7 min with 2 run(s) at once: its processes used 25% of the 3.3 slot-minutes" in out
     assert "1 process(es) not counted" in out
+
+
+def test_the_tradeoff_truncates_the_runs_at_each_evaluation_step_and_prices_the_sweep(tmp_path):
+    """Two arms x 3 seeds, val/accuracy at steps 0, 10, 20, the baseline flat at 0.5. Stopped at step 10 the final
+    window is the mean of steps 0 and 10: per-seed differences (0.1, 0.2, 0.3) / 2; at step 20 the mean of all three:
+    (0.1 + 0.1, 0.2 + 0.1, 0.3 + 0.5) / 3."""
+    sweep = tmp_path / "trade"
+    baseline = {1: [0.5, 0.5, 0.5], 2: [0.5, 0.5, 0.5], 3: [0.5, 0.5, 0.5]}
+    arm = {1: [0.5, 0.6, 0.6], 2: [0.5, 0.7, 0.6], 3: [0.5, 0.8, 1.0]}
+    entries = []
+    for alpha, values in ((0.0, baseline), (0.5, arm)):
+        for seed, curve in values.items():
+            name = f"a{alpha}-s{seed}"
+            write_fake_run(sweep / name, steps=[0, 10, 20], sweep="trade", run=name, alpha=alpha, seed=seed,
+                           metrics={keys.VAL_ACCURACY: curve, keys.TIMING_VAL: [2.0, 2.0, 2.0],
+                                    keys.TIMING_STEP: [NAN, 10.0, 10.0], keys.TIMING_STARTUP: [NAN, 4.0, NAN]})
+            # wall: start-up 4 + steps 20 + validations 6 + finish 10 = 40
+            entries.append({"run": name, "state": run_store.COMPLETED, "alpha": alpha, "seed": seed, "attempts": 1,
+                            "start": iso(0), "end": iso(40), "wall_time_s": 40.0})
+    run_store.atomic_write_json(sweep / run_store.SWEEP_FILE, {
+        "sweep": "trade", "grid": {"alpha": [0.0, 0.5], "seed": [1, 2, 3]}, "jobs": 1, "runs": entries,
+        "warm_starts": [], "invocations": [{"argv": [], "start": iso(0), "end": iso(60), "exit_code": 0}]})
+    data = load_sweep(sweep, histograms=False)
+    table, _ = time_split(data)
+    trade = tradeoff(data, table, seeds=(3, 6)).set_index(["steps", "seeds"])
+    at_10 = pd.Series([0.1, 0.2, 0.3]) / 2  # the final window at step 10: mean of steps 0 and 10
+    at_20 = (pd.Series([0.1, 0.2, 0.3]) + pd.Series([0.1, 0.1, 0.5])) / 3
+    for steps, differences in ((10, at_10), (20, at_20)):
+        spread = differences.std(ddof=1)
+        assert trade.loc[(steps, 3), "mde"] == pytest.approx(minimum_detectable_effect(spread, 3))
+        assert trade.loc[(steps, 6), "mde"] == pytest.approx(minimum_detectable_effect(spread, 6))
+        assert bool(trade.loc[(steps, 3), "measured"]) and not bool(trade.loc[(steps, 6), "measured"])
+    # costs: a run's start-up and finish 4 + 10 = 14 s, a step 10 s, a validation 2 s; no warm start; the driver
+    # alone 60 - 40 = 20 s; 2 arms, one at a time
+    assert trade.loc[(10, 3), "minutes"] == pytest.approx((3 * 2 * (14 + 10 * 10 + 2 * 2)) / 60 + 20 / 60)
+    assert trade.loc[(20, 6), "minutes"] == pytest.approx((6 * 2 * (14 + 20 * 10 + 3 * 2)) / 60 + 20 / 60)

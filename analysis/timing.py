@@ -77,54 +77,54 @@ def _sft_seconds(entry: Mapping, checkpoints: Sequence[str]) -> float:
     return 0.0
 
 
+def _whole(entries: Sequence[Mapping], names: set[str] | None = None) -> list[Mapping]:
+    """The entries of processes that completed in one attempt with a wall time (and are in ``names``)."""
+    return [entry for entry in entries if entry.get("state") == COMPLETED and entry.get("attempts", 1) == 1
+            and entry.get("wall_time_s") is not None and (names is None or entry.get("run") in names)]
+
+
+def _run_stages(parts: pd.Series, wall: float) -> dict[str, float]:
+    """One run's seconds by stage from its summed ``timing_s/*`` metrics and its wall time."""
+    part = {metric: float(parts.get(metric, 0.0)) for metric in (*STEP_PARTS, keys.TIMING_STEP, keys.TIMING_VAL,
+                                                                 keys.TIMING_LOG, keys.TIMING_STARTUP)}
+    stages = dict.fromkeys(STEP_PARTS.values(), 0.0)
+    for metric, stage in STEP_PARTS.items():
+        stages[stage] += part[metric]
+    return {**stages, STEP_REST: part[keys.TIMING_STEP] - sum(part[m] for m in STEP_PARTS),
+            RUN_STARTUP: part[keys.TIMING_STARTUP], EVALUATION: part[keys.TIMING_VAL], LOGGING: part[keys.TIMING_LOG],
+            RUN_REST: wall - sum(part[m] for m in (keys.TIMING_STEP, keys.TIMING_VAL, keys.TIMING_LOG,
+                                                   keys.TIMING_STARTUP))}
+
+
 def time_split(data: SweepData) -> tuple[pd.DataFrame, dict[str, float]]:
     """``(table, totals)``: seconds per stage (rows in :data:`STAGES` order, with their share of the processes'
     seconds) over the completed single-attempt processes; totals: ``wall``, ``slots`` (jobs x wall), ``processes``,
     ``left_out`` (processes not counted: failed or resumed)."""
     manifest = data.manifest or {}
     seconds = dict.fromkeys(STAGES, 0.0)
-    left_out = 0
-    counted = []
-    for entry in manifest.get("warm_starts", []):
-        if entry.get("state") != COMPLETED or entry.get("attempts", 1) != 1 or entry.get("wall_time_s") is None:
-            left_out += 1
-            continue
+    warm_starts = _whole(manifest.get("warm_starts", []))
+    runs = _whole(manifest.get("runs", []), set(data.included_runs["run"].astype(str)))
+    for entry in warm_starts:
         seed = entry.get("run", "").removeprefix("sft-seed")
-        runs = data.runs[data.runs["warm_start_seed"].astype(str) == seed] if seed.isdigit() else data.runs
-        training = min(_sft_seconds(entry, runs["warm_start"].dropna().unique().tolist()), entry["wall_time_s"])
+        owners = data.runs[data.runs["warm_start_seed"].astype(str) == seed] if seed.isdigit() else data.runs
+        training = min(_sft_seconds(entry, owners["warm_start"].dropna().unique().tolist()), entry["wall_time_s"])
         seconds[SFT_TRAINING] += training
         seconds[SFT_STARTUP] += entry["wall_time_s"] - training
-        counted.append(entry)
     timing = data.metrics[data.metrics["metric"].astype(str).str.startswith("timing_s/")]
     by_run = timing.groupby(["run", "metric"], observed=True)["value"].sum()
-    included = set(data.included_runs["run"].astype(str))
-    for entry in manifest.get("runs", []):
-        name = entry.get("run")
-        if (name not in included or entry.get("state") != COMPLETED or entry.get("attempts", 1) != 1
-                or entry.get("wall_time_s") is None):
-            left_out += 1
-            continue
-        parts = by_run.get(name, pd.Series(dtype=float))
-        part = {metric: float(parts.get(metric, 0.0)) for metric in (*STEP_PARTS, keys.TIMING_STEP, keys.TIMING_VAL,
-                                                                     keys.TIMING_LOG, keys.TIMING_STARTUP)}
-        for metric, stage in STEP_PARTS.items():
-            seconds[stage] += part[metric]
-        seconds[STEP_REST] += part[keys.TIMING_STEP] - sum(part[m] for m in STEP_PARTS)
-        seconds[RUN_STARTUP] += part[keys.TIMING_STARTUP]
-        seconds[EVALUATION] += part[keys.TIMING_VAL]
-        seconds[LOGGING] += part[keys.TIMING_LOG]
-        seconds[RUN_REST] += entry["wall_time_s"] - sum(
-            part[m] for m in (keys.TIMING_STEP, keys.TIMING_VAL, keys.TIMING_LOG, keys.TIMING_STARTUP))
-        counted.append(entry)
-    intervals = [interval for interval in map(_interval, counted) if interval is not None]
+    for entry in runs:
+        parts = by_run[entry["run"]] if entry["run"] in by_run.index.get_level_values(0) else pd.Series(dtype=float)
+        for stage, value in _run_stages(parts, entry["wall_time_s"]).items():
+            seconds[stage] += value
+    intervals = [interval for interval in map(_interval, [*warm_starts, *runs]) if interval is not None]
     invocations = [interval for interval in map(_interval, manifest.get("invocations", [])) if interval]
     wall = sum((end - start).total_seconds() for start, end in invocations)
     seconds[DRIVER] = wall - sum(_union_seconds(intervals, invocation) for invocation in invocations)
     table = pd.DataFrame({"stage": list(seconds), "seconds": list(seconds.values())})
-    processes = table["seconds"].iloc[:-1].sum()
     table["share"] = table["seconds"] / table["seconds"].sum()
-    return table, {"wall": wall, "slots": wall * int(manifest.get("jobs") or 1), "processes": processes,
-                   "left_out": left_out}
+    left_out = len(manifest.get("warm_starts", [])) + len(manifest.get("runs", [])) - len(warm_starts) - len(runs)
+    return table, {"wall": wall, "slots": wall * int(manifest.get("jobs") or 1),
+                   "processes": table["seconds"].iloc[:-1].sum(), "left_out": left_out}
 
 
 def step_costs(data: SweepData, table: pd.DataFrame) -> dict[str, float]:
@@ -132,8 +132,8 @@ def step_costs(data: SweepData, table: pd.DataFrame) -> dict[str, float]:
     launch), ``step`` (a training step with its logging) and ``validation`` (one evaluation); ``driver``: its own."""
     seconds = dict(zip(table["stage"], table["seconds"]))
     manifest = data.manifest or {}
-    runs = [e for e in manifest.get("runs", []) if e.get("state") == COMPLETED and e.get("attempts", 1) == 1]
-    warm = [e for e in manifest.get("warm_starts", []) if e.get("state") == COMPLETED and e.get("attempts", 1) == 1]
+    runs = _whole(manifest.get("runs", []), set(data.included_runs["run"].astype(str)))
+    warm = _whole(manifest.get("warm_starts", []))
     timing = data.metrics[data.metrics["run"].astype(str).isin({e["run"] for e in runs})]
     count = {metric: int((timing["metric"].astype(str) == metric).sum()) for metric in (keys.TIMING_STEP,
                                                                                          keys.TIMING_VAL)}

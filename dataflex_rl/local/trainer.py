@@ -330,7 +330,7 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        start = time.perf_counter()
+        began = time.perf_counter()
         self.model.eval()
         correct_by_difficulty: dict[int, list[bool]] = defaultdict(list)
         for start in range(0, len(self.val_problems), VAL_CHUNK):
@@ -340,7 +340,7 @@ class GRPOTrainer:
             for problem, completion in zip(problems, decode_responses(self.tokenizer, batch)):
                 correct_by_difficulty[problem.difficulty].append(self.task.is_correct(problem, completion))
         all_correct = [value for values in correct_by_difficulty.values() for value in values]
-        result = {keys.VAL_ACCURACY: float(np.mean(all_correct)), keys.TIMING_VAL: time.perf_counter() - start}
+        result = {keys.VAL_ACCURACY: float(np.mean(all_correct)), keys.TIMING_VAL: time.perf_counter() - began}
         for difficulty, values in sorted(correct_by_difficulty.items()):
             result[keys.val_accuracy_by_difficulty(difficulty)] = float(np.mean(values))
         return result

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import default_baseline, default_group_keys, paired_differences, run_summaries
+from analysis.aggregate import (DEFAULT_FINAL_WINDOW, default_baseline, default_group_keys, paired_differences,
+                                run_summaries)
 from analysis.frames import SweepData
 from analysis.load import load_sweep
 from analysis.statistics import minimum_detectable_effect
@@ -145,10 +146,12 @@ def step_costs(data: SweepData, table: pd.DataFrame) -> dict[str, float]:
 
 
 def tradeoff(data: SweepData, table: pd.DataFrame, seeds: Sequence[int] = (4, 6, 8, 12, 16),
-             metric: str = keys.VAL_ACCURACY) -> pd.DataFrame:
+             metric: str = keys.VAL_ACCURACY, final_window: int = DEFAULT_FINAL_WINDOW) -> pd.DataFrame:
     """One row per (steps, seeds): the largest MDE of the paired deltas of ``metric``'s final window against the
     baseline (measured at the sweep's own seed count, projected at the others from the measured SD) and the
-    minutes of such a sweep (its arms, one warm start per seed, ``jobs`` at once, at :func:`step_costs`)."""
+    minutes of such a sweep (its arms, one warm start per seed, ``jobs`` at once, at :func:`step_costs`). Only the
+    steps whose final window leaves out the first evaluation: a window holding it averages in the warm start's
+    accuracy, the same in every arm, and shrinks every difference with its spread."""
     manifest = data.manifest or {}
     jobs, costs = int(manifest.get("jobs") or 1), step_costs(data, table)
     long = data.metrics[data.metrics["metric"].astype(str) == metric]
@@ -157,10 +160,10 @@ def tradeoff(data: SweepData, table: pd.DataFrame, seeds: Sequence[int] = (4, 6,
     arms = long[list(group_keys)].drop_duplicates().shape[0]
     evaluated = np.sort(long["step"].unique())
     rows = []
-    for steps in evaluated[1:]:
-        summaries = run_summaries(long[long["step"] <= steps], metrics=[metric])
+    for steps in evaluated[final_window:]:
+        summaries = run_summaries(long[long["step"] <= steps], metrics=[metric], final_window=final_window)
         baseline = default_baseline(summaries, group_keys)
-        deltas = paired_differences(summaries, group_keys=group_keys, baseline=baseline)
+        deltas = paired_differences(summaries, group_keys=group_keys, baseline=baseline, n_bootstrap=0)
         measured = deltas.dropna(subset=["std_difference"])
         if measured.empty:
             continue
@@ -191,7 +194,8 @@ def time_split_text(data: SweepData, sweep_dir: Path, name: str | None = None) -
     if len(trade):
         costs = step_costs(data, table)
         lines += ["", f"What fewer steps or other seed counts would buy ({keys.VAL_ACCURACY}, final window, the paired "
-                  f"delta's MDE; * measured, else projected from the measured SD; minutes from a warm start of "
+                  f"delta's MDE, at each step whose window of {DEFAULT_FINAL_WINDOW} evaluations leaves out step 0; "
+                  f"* measured, else projected from the measured SD; minutes from a warm start of "
                   f"{costs['warm_start']:.0f} s, a run's {costs['run']:.0f} s of start-up and finish, "
                   f"{costs['step']:.2f} s a step and {costs['validation']:.2f} s a validation, one core each, "
                   f"{int(totals['slots'] / totals['wall']) if totals['wall'] else 1} at once, "

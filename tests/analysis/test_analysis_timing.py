@@ -94,9 +94,9 @@ def test_the_command_prints_the_table_and_names_what_it_left_out(tmp_path, capsy
 
 
 def test_the_tradeoff_truncates_the_runs_at_each_evaluation_step_and_prices_the_sweep(tmp_path):
-    """Two arms x 3 seeds, val/accuracy at steps 0, 10, 20, the baseline flat at 0.5. Stopped at step 10 the final
-    window is the mean of steps 0 and 10: per-seed differences (0.1, 0.2, 0.3) / 2; at step 20 the mean of all three:
-    (0.1 + 0.1, 0.2 + 0.1, 0.3 + 0.5) / 3."""
+    """Two arms x 3 seeds, val/accuracy at steps 0, 10, 20, the baseline flat at 0.5; a final window of one
+    evaluation: stopped at step 10 the per-seed differences are (0.1, 0.2, 0.3), at step 20 (0.1, 0.1, 0.5). With
+    the default window of 5 every step's window holds step 0 (the warm start, the same in both arms): no row."""
     sweep = tmp_path / "trade"
     baseline = {1: [0.5, 0.5, 0.5], 2: [0.5, 0.5, 0.5], 3: [0.5, 0.5, 0.5]}
     arm = {1: [0.5, 0.6, 0.6], 2: [0.5, 0.7, 0.6], 3: [0.5, 0.8, 1.0]}
@@ -115,9 +115,9 @@ def test_the_tradeoff_truncates_the_runs_at_each_evaluation_step_and_prices_the_
         "warm_starts": [], "invocations": [{"argv": [], "start": iso(0), "end": iso(60), "exit_code": 0}]})
     data = load_sweep(sweep, histograms=False)
     table, _ = time_split(data)
-    trade = tradeoff(data, table, seeds=(3, 6)).set_index(["steps", "seeds"])
-    at_10 = pd.Series([0.1, 0.2, 0.3]) / 2  # the final window at step 10: mean of steps 0 and 10
-    at_20 = (pd.Series([0.1, 0.2, 0.3]) + pd.Series([0.1, 0.1, 0.5])) / 3
+    assert tradeoff(data, table, seeds=(3, 6)).empty
+    trade = tradeoff(data, table, seeds=(3, 6), final_window=1).set_index(["steps", "seeds"])
+    at_10, at_20 = pd.Series([0.1, 0.2, 0.3]), pd.Series([0.1, 0.1, 0.5])
     for steps, differences in ((10, at_10), (20, at_20)):
         spread = differences.std(ddof=1)
         assert trade.loc[(steps, 3), "mde"] == pytest.approx(minimum_detectable_effect(spread, 3))

@@ -62,11 +62,15 @@ def _union_seconds(intervals: Sequence[tuple[pd.Timestamp, pd.Timestamp]], withi
     return total + (0.0 if current is None else (current[1] - current[0]).total_seconds())
 
 
-def _sft_seconds(entry: Mapping, checkpoints: Sequence[str]) -> float:
-    """The training seconds of a warm start this entry built (0 when it found its checkpoint cached)."""
+def _sft_seconds(entry: Mapping, checkpoints: Sequence[str], sweep_dir: Path) -> float:
+    """The training seconds of a warm start this entry built (0 when it found its checkpoint cached). A relative
+    checkpoint path (``sft.cache_dir`` is relative by default) is taken from the folder the sweep's ``runs`` root is
+    in (where ``make sweep`` ran), else from this one."""
     interval = _interval(entry)
     for checkpoint in checkpoints:
-        path = Path(checkpoint) / SFT_DONE_FILE
+        bases = [] if Path(checkpoint).is_absolute() else [sweep_dir.resolve().parent.parent]
+        path = next((base / checkpoint / SFT_DONE_FILE for base in bases
+                     if (base / checkpoint / SFT_DONE_FILE).is_file()), Path(checkpoint) / SFT_DONE_FILE)
         if interval is None or not path.is_file():
             continue
         written = pd.Timestamp(path.stat().st_mtime, unit="s", tz="UTC")
@@ -108,7 +112,8 @@ def time_split(data: SweepData) -> tuple[pd.DataFrame, dict[str, float]]:
     for entry in warm_starts:
         seed = entry.get("run", "").removeprefix("sft-seed")
         owners = data.runs[data.runs["warm_start_seed"].astype(str) == seed] if seed.isdigit() else data.runs
-        training = min(_sft_seconds(entry, owners["warm_start"].dropna().unique().tolist()), entry["wall_time_s"])
+        checkpoints = owners["warm_start"].dropna().unique().tolist()
+        training = min(_sft_seconds(entry, checkpoints, Path(data.source)), entry["wall_time_s"])
         seconds[SFT_TRAINING] += training
         seconds[SFT_STARTUP] += entry["wall_time_s"] - training
     timing = data.metrics[data.metrics["metric"].astype(str).str.startswith("timing_s/")]
@@ -163,7 +168,7 @@ def tradeoff(data: SweepData, table: pd.DataFrame, seeds: Sequence[int] = (4, 6,
     for steps in evaluated[final_window:]:
         summaries = run_summaries(long[long["step"] <= steps], metrics=[metric], final_window=final_window)
         baseline = default_baseline(summaries, group_keys)
-        deltas = paired_differences(summaries, group_keys=group_keys, baseline=baseline, n_bootstrap=0)
+        deltas = paired_differences(summaries, group_keys=group_keys, baseline=baseline)
         measured = deltas.dropna(subset=["std_difference"])
         if measured.empty:
             continue

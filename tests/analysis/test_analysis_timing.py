@@ -26,8 +26,9 @@ def iso(seconds: float) -> str:
 
 
 def write_sweep(tmp_path, *, sft_built_inside: bool = True):
-    """Invocation 0-100 s; warm start 2-32 s (25 s of SFT in done.json); one run 32-52 s, one failed run."""
-    sweep = tmp_path / "timed"
+    """Invocation 0-100 s; warm start 2-32 s (25 s of SFT in done.json); one run 32-52 s, one failed run. The runs
+    record their warm start as a path relative to the folder holding ``runs/`` (``sft.cache_dir``'s default)."""
+    sweep = tmp_path / "runs" / "timed"
     checkpoint = tmp_path / "sft" / "key"
     checkpoint.mkdir(parents=True)
     (checkpoint / "done.json").write_text(json.dumps({"seconds": 25.0, "steps": 10}))
@@ -46,7 +47,7 @@ def write_sweep(tmp_path, *, sft_built_inside: bool = True):
                                  metrics_format="parquet" if state == run_store.COMPLETED else "jsonl",
                                  error=None if state == run_store.COMPLETED else "RuntimeError: boom")
         meta = json.loads((run_dir / "meta.json").read_text())
-        meta["warm_start"] = {"checkpoint": str(checkpoint), "design": "per_seed", "sft_seed": 1}
+        meta["warm_start"] = {"checkpoint": "sft/key", "design": "per_seed", "sft_seed": 1}
         (run_dir / "meta.json").write_text(json.dumps(meta))
         entries.append({"run": name, "state": state, "alpha": 0.0, "seed": 1, "attempts": 1,
                         "start": iso(32), "end": iso(52), "wall_time_s": 20.0})

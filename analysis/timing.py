@@ -3,10 +3,10 @@
 
 The split: its processes' seconds by stage, each process one thread on one core: a run's wall time (``sweep.json``)
 split by its ``timing_s/*`` metrics, a warm start's by its ``done.json`` training seconds; the driver's own time is
-the sweep's wall time when none of its processes ran (planning before, the report after). The trade-off: the paired
-delta's MDE had the runs stopped at an earlier step (exact: a run's first S steps are what a run of S steps does, the
-learning rate being constant, where S is an evaluation step) and with other seed counts (projected from the measured
-spread), against the sweep's minutes from the split's costs."""
+the sweep's wall time when none of its processes ran (the report, written after the invocation ends, is not in it).
+The trade-off: the paired delta's MDE had the runs stopped at an earlier step (exact: a run's first S steps are what
+a run of S steps does, the learning rate being constant, where S is an evaluation step) and with other seed counts
+(projected from the measured spread), against the sweep's minutes from the split's costs."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ SFT_STARTUP, SFT_TRAINING = "warm start: process start-up and save", "warm start
 RUN_STARTUP, STEP_REST = "run: process start-up (imports, config, warm-start load, loggers)", \
     "reward, advantages, old log-probs"
 EVALUATION, LOGGING, RUN_REST = "evaluation (greedy validation)", "logging (run store, W&B)", "run: finish and launch"
-DRIVER = "driver alone (plan, closing tables, report)"
+DRIVER = "driver alone, inside its invocation (the closing tables and report come after it)"
 STAGES = (SFT_STARTUP, SFT_TRAINING, RUN_STARTUP, "rollout (sampling)", STEP_REST, "mechanism and its statistics",
           "update (loss, backward, optimizer)", EVALUATION, LOGGING, RUN_REST, DRIVER)
 

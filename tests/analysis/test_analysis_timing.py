@@ -73,7 +73,8 @@ def test_each_stage_is_the_hand_derived_sum(tmp_path):
         "evaluation (greedy validation)": 2.0,
         "logging (run store, W&B)": 0.2,
         "run: finish and launch": 20.0 - (6.0 + 2.0 + 0.2 + 5.0),
-        "driver alone (plan, closing tables, report)": 100.0 - 50.0,  # no process ran in 0-2 s and 52-100 s
+        # no process ran in 0-2 s and 52-100 s
+        "driver alone, inside its invocation (the closing tables and report come after it)": 100.0 - 50.0,
     })
     assert totals == pytest.approx({"wall": 100.0, "slots": 200.0, "processes": 50.0, "left_out": 1})
     assert table["share"].sum() == pytest.approx(1.0)

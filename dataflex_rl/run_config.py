@@ -78,6 +78,7 @@ class SFTConfig:
     steps: int = 1000  # the cap of the stopping rule below (without a target: the steps trained)
     batch_size: int = 128
     lr: float = 1e-3
+    warmup_steps: int = 20  # the learning rate rises linearly to lr over these steps, then stays
     weight_decay: float = 0.0
     seed: int = 0
     cache_dir: str = ".cache/sft"
@@ -94,6 +95,7 @@ class SFTConfig:
         check_non_negative_int("steps", self.steps)
         check_int_at_least("batch_size", self.batch_size, 1)
         _set(self, "lr", check_number("lr", self.lr, minimum=0.0, exclusive=True))
+        check_int_at_least("warmup_steps", self.warmup_steps, 1)
         _set(self, "weight_decay", check_number("weight_decay", self.weight_decay, minimum=0.0))
         check_non_negative_int("seed", self.seed)
         if self.target_accuracy is not None:

@@ -1,9 +1,9 @@
 """The SFT recipe search behind the default warm start: ``python -m sweeps.sft_search``.
 
-Each point (lr x batch_size x target_accuracy x check_every, the other SFT settings at their defaults) trains one
-warm start per seed of the default experiment's model and task, one thread each, and measures its stop step, its
-CPU seconds (training and the stopping rule's checks: one core's time, whatever else the machine runs) and its
-greedy accuracy on the RL validation problems (the runs' step-0 ``val/accuracy``). Written as
+Each point (lr x batch_size x warmup_steps x target_accuracy x check_every, the other SFT settings at their
+defaults) trains one warm start per seed of the default experiment's model and task, one thread each, and measures
+its stop step, its CPU seconds (training and the stopping rule's checks: one core's time, whatever else the machine
+runs) and its greedy accuracy on the RL validation problems (the runs' step-0 ``val/accuracy``). Written as
 ``docs/results/<name>.md``.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from dataflex_rl.validation import ConfigError
 
-POINT_KEYS = ("lr", "batch_size", "target_accuracy", "check_every")
+POINT_KEYS = ("lr", "batch_size", "warmup_steps", "target_accuracy", "check_every")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,14 +76,15 @@ def results_text(name: str, rows: list[tuple[dict, list[Measured]]], seeds: Sequ
              f"cap {cap} steps, the default model and arithmetic task; each warm start one thread, its CPU seconds "
              f"(one core's time) measured by the process. val/accuracy: greedy, on the RL validation problems "
              f"(the runs' step 0). RL gain is not measured here: the chosen point's is the default sweep's.", "",
-             "| lr | batch_size | target_accuracy | check_every | steps (per seed) | CPU s mean (max) "
-             "| val/accuracy per seed | mean | SD | reached |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| lr | batch_size | warmup_steps | target_accuracy | check_every | steps (per seed) | CPU s mean (max) "
+             "| val/accuracy per seed | mean | SD | reached |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for point, measured in rows:
         accuracies = [m.val_accuracy for m in measured]
         spread = statistics.stdev(accuracies) if len(accuracies) > 1 else float("nan")
         reached = sum(m.reached is True for m in measured)
         lines.append(
-            f"| {_cell(point, 'lr')} | {_cell(point, 'batch_size')} | {_cell(point, 'target_accuracy')} "
+            f"| {_cell(point, 'lr')} | {_cell(point, 'batch_size')} | {_cell(point, 'warmup_steps')} "
+            f"| {_cell(point, 'target_accuracy')} "
             f"| {_cell(point, 'check_every')} "
             f"| {', '.join(str(m.steps) for m in measured)} "
             f"| {statistics.mean(m.cpu_seconds for m in measured):.1f} ({max(m.cpu_seconds for m in measured):.1f}) "
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweeps.sft_search", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lr", default="0.001", help="comma-separated SFT learning rates")
     parser.add_argument("--batch-size", default="128", help="comma-separated SFT batch sizes")
+    parser.add_argument("--warmup", default="20", help="comma-separated warm-up lengths (steps)")
     parser.add_argument("--target", default="none", help="comma-separated target accuracies; none: all steps")
     parser.add_argument("--check-every", default="25", help="comma-separated check intervals (steps)")
     parser.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds")
@@ -118,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         axes = {"lr": _values("--lr", options.lr, float),
                 "batch_size": _values("--batch-size", options.batch_size, int),
+                "warmup_steps": _values("--warmup", options.warmup, int),
                 "target_accuracy": _values("--target", options.target, float),
                 "check_every": _values("--check-every", options.check_every, int)}
         seeds = _values("--seeds", options.seeds, int)

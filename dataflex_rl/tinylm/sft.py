@@ -179,7 +179,8 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: Any,
     """Train up to ``sft.steps`` steps; with ``sft.target_accuracy``, stop at the first check at or above it
     (``accuracy`` measures a check; default: greedy accuracy on :func:`check_problems`)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 20))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor,
+                                                                          warmup_steps=sft.warmup_steps))
     packed = supported(model) is None
     if accuracy is None and sft.target_accuracy is not None:
         problems = check_problems(task, sft)
@@ -210,6 +211,11 @@ def run_sft(model: torch.nn.Module, tokenizer: Tokenizer, task: Task, sft: Any,
         log.warning("SFT warm start did not reach target_accuracy %.3f in %d steps (last check %s)",
                     sft.target_accuracy, steps_done, "none" if checked is None else f"{checked:.3f}")
     return SFTOutcome(loss_value, steps_done, sft.target_accuracy, checked, reached)
+
+
+def lr_factor(step: int, warmup_steps: int) -> float:
+    """The SFT learning rate's multiplier at optimizer step ``step`` (0-based): a linear warm-up, then 1."""
+    return min(1.0, (step + 1) / warmup_steps)
 
 
 def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: SequenceBatch, packed: bool) -> float:

@@ -73,11 +73,18 @@ def test_without_a_target_every_step_is_trained_and_nothing_is_checked():
 def test_the_cache_key_changes_with_every_setting_of_the_rule_and_not_without_a_target():
     base = SFTConfig(target_accuracy=0.8)
     key = sft.sft_cache_key(MODEL, TASK, base)
-    for change in ({"target_accuracy": 0.85}, {"check_every": 7}, {"check_size": 64}, {"target_accuracy": None}):
+    for change in ({"target_accuracy": 0.85}, {"check_every": 7}, {"check_size": 64}, {"target_accuracy": None},
+                   {"warmup_steps": 50}):
         assert sft.sft_cache_key(MODEL, TASK, dataclasses.replace(base, **change)) != key, change
     fixed = SFTConfig(target_accuracy=None)
     assert sft.sft_cache_key(MODEL, TASK, dataclasses.replace(fixed, check_every=7, check_size=64)) == \
         sft.sft_cache_key(MODEL, TASK, fixed)  # the rule's settings do nothing without a target
+
+
+def test_the_learning_rate_warms_up_linearly_over_warmup_steps_then_stays():
+    # optimizer step k (0-based) trains at lr * min(1, (k + 1) / warmup_steps)
+    assert [sft.lr_factor(step, 4) for step in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert sft.lr_factor(0, SFTConfig().warmup_steps) == 1 / 20  # the default warm-up: 20 steps
 
 
 def test_the_check_problems_lie_outside_the_rl_test_pool_and_are_the_same_for_every_seed():
@@ -88,7 +95,7 @@ def test_the_check_problems_lie_outside_the_rl_test_pool_and_are_the_same_for_ev
 
 
 @pytest.mark.parametrize("key, value", [("target_accuracy", 1.5), ("target_accuracy", -0.1), ("check_every", 0),
-                                        ("check_size", 0)])
+                                        ("check_size", 0), ("warmup_steps", 0)])
 def test_a_bad_rule_setting_is_refused_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=rf"^{key} = {value!r} is not allowed"):
         SFTConfig(**{key: value})

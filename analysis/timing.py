@@ -28,17 +28,17 @@ from dataflex_rl.tracking.run_store import COMPLETED
 from dataflex_rl.tracking.run_store.files import read_json_object
 from dataflex_rl.tracking.run_store.schema import SFT_DONE_FILE
 
-# The stages, in a run's order; a run's seconds outside its timed parts are "run finish and launch".
-STEP_PARTS = {keys.TIMING_GEN: "rollout (sampling)", keys.TIMING_MECHANISM: "mechanism and its statistics",
-              keys.TIMING_EXACT_GRAD: "mechanism and its statistics", keys.TIMING_PROB_CHANGE:
-              "mechanism and its statistics", keys.TIMING_UPDATE: "update (loss, backward, optimizer)"}
+# The stages, in a run's order; a run's seconds outside its timed parts are "run: finish and launch".
 SFT_STARTUP, SFT_TRAINING = "warm start: process start-up and save", "warm start: SFT training and its checks"
-RUN_STARTUP, STEP_REST = "run: process start-up (imports, config, warm-start load, loggers)", \
-    "reward, advantages, old log-probs"
+RUN_STARTUP = "run: process start-up (imports, config, warm-start load, loggers)"
+ROLLOUT, STEP_REST = "rollout (sampling)", "reward, advantages, old log-probs"
+MECHANISM, UPDATE = "mechanism and its statistics", "update (loss, backward, optimizer)"
 EVALUATION, LOGGING, RUN_REST = "evaluation (greedy validation)", "logging (run store, W&B)", "run: finish and launch"
 DRIVER = "driver alone, inside its invocation (the closing tables and report come after it)"
-STAGES = (SFT_STARTUP, SFT_TRAINING, RUN_STARTUP, "rollout (sampling)", STEP_REST, "mechanism and its statistics",
-          "update (loss, backward, optimizer)", EVALUATION, LOGGING, RUN_REST, DRIVER)
+STAGES = (SFT_STARTUP, SFT_TRAINING, RUN_STARTUP, ROLLOUT, STEP_REST, MECHANISM, UPDATE, EVALUATION, LOGGING,
+          RUN_REST, DRIVER)
+STEP_PARTS = {keys.TIMING_GEN: ROLLOUT, keys.TIMING_MECHANISM: MECHANISM, keys.TIMING_EXACT_GRAD: MECHANISM,
+              keys.TIMING_PROB_CHANGE: MECHANISM, keys.TIMING_UPDATE: UPDATE}
 
 
 def _interval(entry: Mapping) -> tuple[pd.Timestamp, pd.Timestamp] | None:
@@ -68,9 +68,9 @@ def _sft_seconds(entry: Mapping, checkpoints: Sequence[str], sweep_dir: Path) ->
     in (where ``make sweep`` ran), else from this one."""
     interval = _interval(entry)
     for checkpoint in checkpoints:
-        bases = [] if Path(checkpoint).is_absolute() else [sweep_dir.resolve().parent.parent]
-        path = next((base / checkpoint / SFT_DONE_FILE for base in bases
-                     if (base / checkpoint / SFT_DONE_FILE).is_file()), Path(checkpoint) / SFT_DONE_FILE)
+        path = sweep_dir.resolve().parent.parent / checkpoint / SFT_DONE_FILE  # an absolute checkpoint stays itself
+        if not path.is_file():
+            path = Path(checkpoint) / SFT_DONE_FILE
         if interval is None or not path.is_file():
             continue
         written = pd.Timestamp(path.stat().st_mtime, unit="s", tz="UTC")
@@ -143,7 +143,7 @@ def step_costs(data: SweepData, table: pd.DataFrame) -> dict[str, float]:
     timing = data.metrics[data.metrics["run"].astype(str).isin({e["run"] for e in runs})]
     count = {metric: int((timing["metric"].astype(str) == metric).sum()) for metric in (keys.TIMING_STEP,
                                                                                          keys.TIMING_VAL)}
-    per_step = sum(seconds[stage] for stage in (*dict.fromkeys(STEP_PARTS.values()), STEP_REST, LOGGING))
+    per_step = sum(seconds[stage] for stage in (ROLLOUT, STEP_REST, MECHANISM, UPDATE, LOGGING))
     return {"warm_start": (seconds[SFT_STARTUP] + seconds[SFT_TRAINING]) / max(1, len(warm)),
             "run": (seconds[RUN_STARTUP] + seconds[RUN_REST]) / max(1, len(runs)),
             "step": per_step / max(1, count[keys.TIMING_STEP]),
@@ -151,14 +151,15 @@ def step_costs(data: SweepData, table: pd.DataFrame) -> dict[str, float]:
 
 
 def tradeoff(data: SweepData, table: pd.DataFrame, seeds: Sequence[int] = (4, 6, 8, 12, 16),
-             metric: str = keys.VAL_ACCURACY, final_window: int = DEFAULT_FINAL_WINDOW) -> pd.DataFrame:
+             metric: str = keys.VAL_ACCURACY, final_window: int = DEFAULT_FINAL_WINDOW,
+             costs: Mapping[str, float] | None = None) -> pd.DataFrame:
     """One row per (steps, seeds): the largest MDE of the paired deltas of ``metric``'s final window against the
     baseline (measured at the sweep's own seed count, projected at the others from the measured SD) and the
     minutes of such a sweep (its arms, one warm start per seed, ``jobs`` at once, at :func:`step_costs`). Only the
     steps whose final window leaves out the first evaluation: a window holding it averages in the warm start's
     accuracy, the same in every arm, and shrinks every difference with its spread."""
-    manifest = data.manifest or {}
-    jobs, costs = int(manifest.get("jobs") or 1), step_costs(data, table)
+    jobs = int((data.manifest or {}).get("jobs") or 1)
+    costs = costs or step_costs(data, table)
     long = data.metrics[data.metrics["metric"].astype(str) == metric]
     group_keys = default_group_keys(data.included_runs)
     long = long.merge(data.included_runs[["run", *[k for k in group_keys if k not in long.columns]]], on="run")
@@ -184,26 +185,27 @@ def tradeoff(data: SweepData, table: pd.DataFrame, seeds: Sequence[int] = (4, 6,
 
 def time_split_text(data: SweepData, sweep_dir: Path, name: str | None = None) -> str:
     table, totals = time_split(data)
+    jobs = int((data.manifest or {}).get("jobs") or 1)
     lines = [] if name is None else [f"<!-- {name}: written by `python -m analysis.timing {sweep_dir} --name {name}`; "
                                      f"do not edit by hand -->", ""]
     lines += ["| stage | seconds (one core each) | share |", "|---|---:|---:|"]
     lines += [f"| {row.stage} | {row.seconds:.0f} | {row.share:.0%} |" for row in table.itertuples()]
     lines += ["", f"- sweep {sweep_dir.name}: wall time {totals['wall'] / 60:.1f} min with "
-              f"{int(totals['slots'] / totals['wall']) if totals['wall'] else 0} run(s) at once: its processes used "
+              f"{jobs} run(s) at once: its processes used "
               f"{totals['processes'] / totals['slots']:.0%} of the {totals['slots'] / 60:.1f} slot-minutes"
               if totals["slots"] else f"- sweep {sweep_dir.name}: no invocation with an end on record"]
     if totals["left_out"]:
         lines.append(f"- {totals['left_out']} process(es) not counted: not completed, or resumed (their wall time "
                      f"is of the last attempt)")
-    trade = tradeoff(data, table)
+    costs = step_costs(data, table)
+    trade = tradeoff(data, table, costs=costs)
     if len(trade):
-        costs = step_costs(data, table)
         lines += ["", f"What fewer steps or other seed counts would buy ({keys.VAL_ACCURACY}, final window, the paired "
                   f"delta's MDE, at each step whose window of {DEFAULT_FINAL_WINDOW} evaluations leaves out step 0; "
                   f"* measured, else projected from the measured SD; minutes from a warm start of "
                   f"{costs['warm_start']:.0f} s, a run's {costs['run']:.0f} s of start-up and finish, "
                   f"{costs['step']:.2f} s a step and {costs['validation']:.2f} s a validation, one core each, "
-                  f"{int(totals['slots'] / totals['wall']) if totals['wall'] else 1} at once, "
+                  f"{jobs} at once, "
                   f"and the driver's {costs['driver']:.0f} s):", "",
                   "| steps | " + " | ".join(f"{n} seeds" for n in sorted(trade["seeds"].unique())) + " |",
                   "|---:|" + "---:|" * trade["seeds"].nunique()]

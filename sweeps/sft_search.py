@@ -105,10 +105,12 @@ def _values(flag: str, text: str, convert) -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dataflex_rl.run_config import SFTConfig
+
     parser = argparse.ArgumentParser(prog="python -m sweeps.sft_search", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lr", default="0.001", help="comma-separated SFT learning rates")
-    parser.add_argument("--batch-size", default="128", help="comma-separated SFT batch sizes")
-    parser.add_argument("--warmup", default="20", help="comma-separated warm-up lengths (steps)")
+    parser.add_argument("--lr", default=f"{SFTConfig.lr:g}", help="comma-separated SFT learning rates")
+    parser.add_argument("--batch-size", default=str(SFTConfig.batch_size), help="comma-separated SFT batch sizes")
+    parser.add_argument("--warmup", default=str(SFTConfig.warmup_steps), help="comma-separated warm-up lengths (steps)")
     parser.add_argument("--target", default="none", help="comma-separated target accuracies; none: all steps")
     parser.add_argument("--check-every", default="25", help="comma-separated check intervals (steps)")
     parser.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds")
@@ -124,7 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "target_accuracy": _values("--target", options.target, float),
                 "check_every": _values("--check-every", options.check_every, int)}
         seeds = _values("--seeds", options.seeds, int)
-        from dataflex_rl.run_config import SFTConfig
         points = [dict(zip(POINT_KEYS, values)) for values in itertools.product(*axes.values())]
         for point in points:
             SFTConfig(steps=options.cap, **point)  # each point checked before any training

@@ -1,7 +1,7 @@
 """The SFT recipe search behind the default warm start: ``python -m sweeps.sft_search``.
 
-Each point (lr x batch_size x warmup_steps x target_accuracy x check_every, the other SFT settings at their
-defaults) trains one warm start per seed of the default experiment's model and task, one thread each, and measures
+Each point (the model's num_layers x lr x batch_size x warmup_steps x target_accuracy x check_every, the other
+settings at their defaults) trains one warm start per seed of the default experiment's model and task, one thread each, and measures
 its stop step, its CPU seconds (training and the stopping rule's checks: one core's time, whatever else the machine
 runs) and its greedy accuracy on the RL validation problems (the runs' step-0 ``val/accuracy``). Written as
 ``docs/results/<name>.md``.
@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 from dataflex_rl.validation import ConfigError
 
-POINT_KEYS = ("lr", "batch_size", "warmup_steps", "target_accuracy", "check_every")
+MODEL_KEYS = ("num_layers",)  # a point's keys of the model block; the others are the sft block's
+POINT_KEYS = (*MODEL_KEYS, "lr", "batch_size", "warmup_steps", "target_accuracy", "check_every")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,8 @@ def measure(point: dict, seed: int, cap: int) -> Measured:
 
     torch.set_num_threads(1)
     overrides = [f"sft.steps={cap}", f"sft.seed={seed}",
-                 *(f"sft.{key}={'null' if value is None else value}" for key, value in point.items())]
+                 *(f"{'model' if key in MODEL_KEYS else 'sft'}.{key}={'null' if value is None else value}"
+                   for key, value in point.items())]
     config = parse_train_config(compose_train_config(overrides))
     task = build_task(config.task.name, config.task.params)
     model, tokenizer = build_model(config.model, task.alphabet, seed=seed)
@@ -76,14 +78,15 @@ def results_text(name: str, rows: list[tuple[dict, list[Measured]]], seeds: Sequ
              f"cap {cap} steps, the default model and arithmetic task; each warm start one thread, its CPU seconds "
              f"(one core's time) measured by the process. val/accuracy: greedy, on the RL validation problems "
              f"(the runs' step 0). RL gain is not measured here: the chosen point's is the default sweep's.", "",
-             "| lr | batch_size | warmup_steps | target_accuracy | check_every | steps (per seed) | CPU s mean (max) "
-             "| val/accuracy per seed | mean | SD | reached |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| num_layers | lr | batch_size | warmup_steps | target_accuracy | check_every | steps (per seed) "
+             "| CPU s mean (max) | val/accuracy per seed | mean | SD | reached |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for point, measured in rows:
         accuracies = [m.val_accuracy for m in measured]
         spread = statistics.stdev(accuracies) if len(accuracies) > 1 else float("nan")
         reached = sum(m.reached is True for m in measured)
         lines.append(
-            f"| {_cell(point, 'lr')} | {_cell(point, 'batch_size')} | {_cell(point, 'warmup_steps')} "
+            f"| {_cell(point, 'num_layers')} | {_cell(point, 'lr')} | {_cell(point, 'batch_size')} | {_cell(point, 'warmup_steps')} "
             f"| {_cell(point, 'target_accuracy')} "
             f"| {_cell(point, 'check_every')} "
             f"| {', '.join(str(m.steps) for m in measured)} "
@@ -105,9 +108,10 @@ def _values(flag: str, text: str, convert) -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dataflex_rl.run_config import SFTConfig
+    from dataflex_rl.run_config import ModelConfig, SFTConfig
 
     parser = argparse.ArgumentParser(prog="python -m sweeps.sft_search", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", default=str(ModelConfig.num_layers), help="comma-separated model depths")
     parser.add_argument("--lr", default=f"{SFTConfig.lr:g}", help="comma-separated SFT learning rates")
     parser.add_argument("--batch-size", default=str(SFTConfig.batch_size), help="comma-separated SFT batch sizes")
     parser.add_argument("--warmup", default=str(SFTConfig.warmup_steps), help="comma-separated warm-up lengths (steps)")
@@ -120,15 +124,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     options = parser.parse_args(argv)
     try:
-        axes = {"lr": _values("--lr", options.lr, float),
+        axes = {"num_layers": _values("--layers", options.layers, int),
+                "lr": _values("--lr", options.lr, float),
                 "batch_size": _values("--batch-size", options.batch_size, int),
                 "warmup_steps": _values("--warmup", options.warmup, int),
                 "target_accuracy": _values("--target", options.target, float),
                 "check_every": _values("--check-every", options.check_every, int)}
         seeds = _values("--seeds", options.seeds, int)
         points = [dict(zip(POINT_KEYS, values)) for values in itertools.product(*axes.values())]
-        for point in points:
-            SFTConfig(steps=options.cap, **point)  # each point checked before any training
+        for point in points:  # each point checked before any training
+            ModelConfig(**{key: point[key] for key in MODEL_KEYS})
+            SFTConfig(steps=options.cap, **{key: value for key, value in point.items() if key not in MODEL_KEYS})
     except (ConfigError, ValueError) as error:
         parser.error(str(error))
     from analysis.results import check_results_name, publish

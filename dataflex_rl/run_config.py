@@ -296,8 +296,10 @@ def _check_verl_name(key: str, value: str, kind: str) -> None:
                         if {name for name, parameter in inspect.signature(function).parameters.items()
                             if parameter.default is inspect.Parameter.empty and parameter.kind not in (
                                 inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)} <= ESTIMATOR_INPUTS)
-    else:
-        usable = sorted(core_algos.POLICY_LOSS_REGISTRY)
+    else:  # verl's own losses: a plugin's (the dataflex route of backend=verl) is not for the local trainer, which
+        # applies the dataflex block itself, and its runs leave verl's plugins unloaded (sweeps/backends/local.py)
+        usable = sorted(name for name, function in core_algos.POLICY_LOSS_REGISTRY.items()
+                        if function.__module__.startswith("verl."))
     if value not in usable:
         raise ConfigError(f"{key} = {value!r} is not allowed; allowed values (verl's, usable here): "
                           f"{', '.join(usable)}")

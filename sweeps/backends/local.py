@@ -68,7 +68,7 @@ class LocalBackend(Backend):
         sweep_dir = sweep_dir.resolve()
         entries = [(spec, self.overrides(config, spec, sweep, sweep_dir, threads), sweep_dir / spec.name)
                    for spec in specs]
-        return self.runs(config, entries, sweep_dir, thread_environment(threads))[0]
+        return self.runs(config, entries, sweep_dir, local_environment(threads))[0]
 
     def overrides(self, config: SweepConfig, spec: RunSpec, sweep: str, sweep_dir: Path,
                   threads: int | None) -> list[str]:
@@ -131,7 +131,7 @@ class LocalBackend(Backend):
             if threads is not None:
                 overrides.append(f"threads={threads}")
             entries.append((RunSpec(name=name), overrides, sweep_dir / SFT_FOLDER))
-        planned, train_configs = self.runs(config, entries, sweep_dir, thread_environment(threads))
+        planned, train_configs = self.runs(config, entries, sweep_dir, local_environment(threads))
         planned = [dataclasses.replace(run, serves=tuple(served[variant]))
                    for run, variant in zip(planned, variants, strict=True)]
         if config.validate:
@@ -179,6 +179,13 @@ def steps_override(config: SweepConfig) -> list[str]:
     """``trainer.total_steps=<steps>`` when the sweep sets a run's steps (:func:`sweeps.sweep_config.run_steps`)."""
     steps = run_steps(config)
     return [] if steps is None else [f"{LocalBackend.steps_key}={steps}"]
+
+
+def local_environment(threads: int | None) -> dict[str, str]:
+    """A local run's or warm start's environment: the thread caps, and verl's plugins left unloaded (the local
+    trainer uses verl's own math only; this project's plugin, the trainer modes and the dataflex loss route of
+    ``backend=verl``, costs about a second of imports per process)."""
+    return {**thread_environment(threads), "VERL_USE_EXTERNAL_PLUGINS": "none"}
 
 
 def warm_start_key(train_config: Any) -> str:

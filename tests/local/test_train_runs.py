@@ -167,6 +167,9 @@ def test_restart_of_a_run_that_left_no_checkpoint_logs_each_step_once(tmp_path, 
         ("trainer.kl_type=full", "trainer.kl_type = 'full' is not allowed"),
         ("trainer.adv_estimator=gae", "trainer.adv_estimator = 'gae' is not allowed; allowed values"),
         ("trainer.policy_loss=nope", "trainer.policy_loss = 'nope' is not allowed"),
+        # registered by this project's verl plugin (loaded in this process), for verl's trainers only
+        ("trainer.policy_loss=dataflex", "trainer.policy_loss = 'dataflex' is not allowed; allowed values (verl's, "
+                                         "usable here): bypass_mode, cispo"),
         ("dataflex.actuator.name=lopti", "cannot drive dataflex.mechanism = 'reweight'"),
     ],
 )

@@ -146,7 +146,7 @@ def test_commands_carry_threads_run_dir_and_identity(tmp_path):
                            "seed=3", "sft.seed=3", "axes=[dataflex.actuator.params.alpha,seed]",
                            f"run_dir={tmp_path / 'demo' / 'a0.5-s3'}", "sweep=demo", "run_name=a0.5-s3",
                            "warm_start=per_seed", "threads=1")
-    assert runs[1].env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert runs[1].env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VERL_USE_EXTERNAL_PLUGINS": "none"}
     assert runs[1].log_path == (tmp_path / "demo" / "logs" / "a0.5-s3.log").resolve()
 
 

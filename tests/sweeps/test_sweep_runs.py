@@ -38,7 +38,7 @@ def test_sweep_completes_both_runs_then_skips_them(tmp_path, sft_cache, capsys):
     for name, entry in runs.items():
         assert (entry["state"], entry["exit_code"], entry["attempts"]) == ("completed", 0, 1)
         assert entry["overrides"][-3:] == [f"run_name={name}", "warm_start=per_seed", "threads=1"]  # 2 cores / 2 jobs
-        assert entry["env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        assert entry["env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VERL_USE_EXTERNAL_PLUGINS": "none"}
         run_dir = sweep_dir / name
         assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
         meta = json.loads((run_dir / "meta.json").read_text())

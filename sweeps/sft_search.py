@@ -1,10 +1,10 @@
 """The SFT recipe search behind the default warm start: ``python -m sweeps.sft_search``.
 
 Each point (the model's num_layers x lr x batch_size x warmup_steps x target_accuracy x check_every, the other
-settings at their defaults) trains one warm start per seed of the default experiment's model and task, one thread each, and measures
-its stop step, its CPU seconds (training and the stopping rule's checks: one core's time, whatever else the machine
-runs) and its greedy accuracy on the RL validation problems (the runs' step-0 ``val/accuracy``). Written as
-``docs/results/<name>.md``.
+settings at their defaults) trains one warm start per seed of the default experiment's model and task, one thread
+each, and measures its stop step, its CPU seconds (training and the stopping rule's checks: one core's time,
+whatever else the machine runs) and its greedy accuracy on the RL validation problems (the runs' step-0
+``val/accuracy``). Written as ``docs/results/<name>.md``.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def _cell(point: dict, key: str) -> str:
 def results_text(name: str, rows: list[tuple[dict, list[Measured]]], seeds: Sequence[int], cap: int,
                  argv: Sequence[str], wall_seconds: float) -> str:
     lines = [f"<!-- {name}: written by `python -m sweeps.sft_search {' '.join(argv)}`; do not edit by hand -->", "",
-             f"SFT recipe search, seeds {', '.join(map(str, seeds))}, "
-             f"cap {cap} steps, the default model and arithmetic task; each warm start one thread, its CPU seconds "
-             f"(one core's time) measured by the process. val/accuracy: greedy, on the RL validation problems "
-             f"(the runs' step 0). RL gain is not measured here: the chosen point's is the default sweep's.", "",
+             f"SFT recipe search, seeds {', '.join(map(str, seeds))}, cap {cap} steps, the default model at each "
+             f"row's depth and the arithmetic task; each warm start one thread, its CPU seconds (one core's time) "
+             f"measured by the process. val/accuracy: greedy, on the RL validation problems (the runs' step 0). RL "
+             f"gain is not measured here: the chosen point's is the default sweep's.", "",
              "| num_layers | lr | batch_size | warmup_steps | target_accuracy | check_every | steps (per seed) "
              "| CPU s mean (max) | val/accuracy per seed | mean | SD | reached |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -86,9 +86,8 @@ def results_text(name: str, rows: list[tuple[dict, list[Measured]]], seeds: Sequ
         spread = statistics.stdev(accuracies) if len(accuracies) > 1 else float("nan")
         reached = sum(m.reached is True for m in measured)
         lines.append(
-            f"| {_cell(point, 'num_layers')} | {_cell(point, 'lr')} | {_cell(point, 'batch_size')} | {_cell(point, 'warmup_steps')} "
-            f"| {_cell(point, 'target_accuracy')} "
-            f"| {_cell(point, 'check_every')} "
+            f"| {_cell(point, 'num_layers')} | {_cell(point, 'lr')} | {_cell(point, 'batch_size')} "
+            f"| {_cell(point, 'warmup_steps')} | {_cell(point, 'target_accuracy')} | {_cell(point, 'check_every')} "
             f"| {', '.join(str(m.steps) for m in measured)} "
             f"| {statistics.mean(m.cpu_seconds for m in measured):.1f} ({max(m.cpu_seconds for m in measured):.1f}) "
             f"| {', '.join(f'{a:.3f}' for a in accuracies)} | {statistics.mean(accuracies):.3f} | {spread:.3f} "

@@ -35,7 +35,8 @@ def cache_keys(config, tmp_path: Path) -> dict[str, str]:
             for spec, train in zip(specs, train_configs, strict=True)}
 
 
-def test_per_seed_warm_starts_differ_across_seeds_and_agree_across_arms(tmp_path):
+def test_per_seed_warm_starts_differ_across_seeds_and_agree_across_arms(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default sft.cache_dir, relative, empty here: both warm starts are to build
     config = config_of("alpha=0.25,0.5", "seeds=1,2")
     assert config.warm_start == "per_seed"  # the default: the recipe's answer
     specs = expand_grid(config)

@@ -44,6 +44,16 @@ def test_overrides_reach_the_stored_defaults_with_their_types():
         ("+", "-"), "team", 3, ("seed",))
 
 
+def test_each_experiment_keeps_the_model_depth_its_results_were_measured_with():
+    """docs/results: the default sweep's with 2 layers (sft_search_layers), K&K's and long addition's with 4."""
+    depth = {name: parse_train_config(compose_train_config(["run_dir=x", *extra])).model.num_layers
+             for name, extra in (("default", []), ("kk", ["experiment=kk"]),
+                                 ("long_addition", ["experiment=long_addition"]))}
+    assert depth == {"default": 2, "kk": 4, "long_addition": 4}
+    verl_cpu = OmegaConf.load(CONF / "verl_experiment" / "verl_cpu_tiny.yaml")
+    assert "model.num_layers=4" in verl_cpu.prepare.overrides
+
+
 @pytest.mark.parametrize(("override", "message"), [
     ("trainer.lrr=1", "trainer.lrr = '1' is not allowed: trainer has no key 'lrr'; allowed keys of trainer: "
                       "total_steps, prompts_per_step"),

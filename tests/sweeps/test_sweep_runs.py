@@ -7,6 +7,7 @@ import json
 import os
 import signal
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -142,6 +143,13 @@ def test_sigint_stops_every_run_cleanly_and_the_same_command_resumes(tmp_path, r
 
 
 @pytest.mark.slow
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_runs_of_a_sigkilled_driver_stop_and_the_next_invocation_resumes_them(tmp_path, repo_on_path, monkeypatch):
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0.3")
     sweep_dir = tmp_path / "runs" / "orphans"
@@ -156,6 +164,9 @@ def test_runs_of_a_sigkilled_driver_stop_and_the_next_invocation_resumes_them(tm
     wait_for(lambda: all(json.loads((sweep_dir / run / "status.json").read_text())["state"] == "interrupted"
                          for run in ("a0.0-s1", "a0.5-s1")), timeout=120, what="the runs to stop")
     assert {entry["state"] for entry in runs_by_name(sweep_dir).values()} == {"running"}  # as the driver left it
+    # A run marks itself interrupted, then exits; until it has, the next invocation rightly refuses to resume it.
+    pids = [entry["launch"]["pid"] for entry in runs_by_name(sweep_dir).values()]
+    wait_for(lambda: not any(map(_alive, pids)), timeout=60, what="the runs' processes to exit")
     monkeypatch.setenv("SCRIPTED_TRAIN_STEP_S", "0")
     assert main(argv) == 0
     assert {entry["state"] for entry in runs_by_name(sweep_dir).values()} == {"completed"}

@@ -88,6 +88,13 @@ def _whole(entries: Sequence[Mapping], names: set[str] | None = None) -> list[Ma
             and entry.get("wall_time_s") is not None and (names is None or entry.get("run") in names)]
 
 
+def _counted(data: SweepData) -> tuple[list[Mapping], list[Mapping]]:
+    """``(warm starts, runs)``: the manifest entries the split counts (whole processes; runs the report includes)."""
+    manifest = data.manifest or {}
+    return (_whole(manifest.get("warm_starts", [])),
+            _whole(manifest.get("runs", []), set(data.included_runs["run"].astype(str))))
+
+
 def _run_stages(parts: pd.Series, wall: float) -> dict[str, float]:
     """One run's seconds by stage from its summed ``timing_s/*`` metrics and its wall time."""
     part = {metric: float(parts.get(metric, 0.0)) for metric in (*STEP_PARTS, keys.TIMING_STEP, keys.TIMING_VAL,
@@ -107,8 +114,7 @@ def time_split(data: SweepData) -> tuple[pd.DataFrame, dict[str, float]]:
     ``left_out`` (processes not counted: failed or resumed)."""
     manifest = data.manifest or {}
     seconds = dict.fromkeys(STAGES, 0.0)
-    warm_starts = _whole(manifest.get("warm_starts", []))
-    runs = _whole(manifest.get("runs", []), set(data.included_runs["run"].astype(str)))
+    warm_starts, runs = _counted(data)
     for entry in warm_starts:
         seed = entry.get("run", "").removeprefix("sft-seed")
         owners = data.runs[data.runs["warm_start_seed"].astype(str) == seed] if seed.isdigit() else data.runs
@@ -137,9 +143,7 @@ def step_costs(data: SweepData, table: pd.DataFrame) -> dict[str, float]:
     """Mean seconds, one core: ``warm_start`` (a whole warm-start process), ``run`` (a run's start-up, finish and
     launch), ``step`` (a training step with its logging) and ``validation`` (one evaluation); ``driver``: its own."""
     seconds = dict(zip(table["stage"], table["seconds"]))
-    manifest = data.manifest or {}
-    runs = _whole(manifest.get("runs", []), set(data.included_runs["run"].astype(str)))
-    warm = _whole(manifest.get("warm_starts", []))
+    warm, runs = _counted(data)
     timing = data.metrics[data.metrics["run"].astype(str).isin({e["run"] for e in runs})]
     count = {metric: int((timing["metric"].astype(str) == metric).sum()) for metric in (keys.TIMING_STEP,
                                                                                          keys.TIMING_VAL)}

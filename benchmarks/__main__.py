@@ -42,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
             failures += 1
             traceback.print_exc()
     print("\n== all benchmarks (min / median over interleaved rounds; ratio = after / before of the medians)")
-    print(format_table(rows))
+    table = format_table(rows)
+    print(table)
     if options.results is not None and not failures:
         from analysis.results import publish
 
-        text = results_text(options.results, argv, format_table(rows), (load_before, os.getloadavg()[0]))
+        text = results_text(options.results, argv, table, (load_before, os.getloadavg()[0]))
         path, changed = publish(options.results, lambda: text)
         print(f"results: {path}" + (f"; docs updated: {', '.join(map(str, changed))}" if changed else ""))
     return 1 if failures else 0
